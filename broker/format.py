@@ -1,0 +1,402 @@
+"""On-disk formats of the broker's data directory, readable without the broker running.
+
+Layout of a data directory (format 1)::
+
+    FORMAT                      {"format": 1}
+    messages/<20 digits>.seg    message log segments, all subjects, append-only
+    actions/<20 digits>.seg     action log segments (leases, acks, retries, dead letters)
+    index/<subject>.idx         per-subject fixed-width index, seq -> (segment, offset, length)
+    checkpoint.json             positions up to which index and group state are saved
+
+Every segment starts with a 16-byte header (magic, kind, format version) and then holds
+frames ``[u32 payload length][u32 crc32(payload)][payload]``. A frame that is cut short
+or whose CRC does not match ends the readable part of a segment: recovery truncates a torn
+tail there, and readers never return such bytes as a record.
+
+This module is shared by the broker and by ``spark_reconcile``; it imports nothing from the
+server side.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+from enum import IntEnum
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from broker.errors import CorruptRecord
+
+FORMAT_VERSION = 1
+SEGMENT_MAGIC = b"QMQSEG\x00\x01"
+INDEX_MAGIC = b"QMQIDX\x00\x01"
+HEADER = struct.Struct("<8sHHI")  # magic, kind, version, reserved
+HEADER_SIZE = HEADER.size  # 16
+FRAME = struct.Struct("<II")  # payload length, crc32
+FRAME_SIZE = FRAME.size
+MAX_PAYLOAD = 64 * 1024 * 1024
+SEGMENT_SUFFIX = ".seg"
+INDEX_SUFFIX = ".idx"
+NONE_LEN = 0xFFFF
+
+
+class SegmentKind(IntEnum):
+    MESSAGES = 1
+    ACTIONS = 2
+    SCHEDULE = 3
+    DISPATCH = 4
+
+
+KIND_DIRS = {
+    SegmentKind.MESSAGES: "messages",
+    SegmentKind.ACTIONS: "actions",
+    SegmentKind.SCHEDULE: "schedule",
+    SegmentKind.DISPATCH: "dispatch",
+}
+
+
+def segment_header(kind: SegmentKind) -> bytes:
+    return HEADER.pack(SEGMENT_MAGIC, int(kind), FORMAT_VERSION, 0)
+
+
+def read_segment_header(data: bytes, *, path: str) -> SegmentKind:
+    """Check a segment header; raise ``CorruptRecord`` naming the file if it is not ours."""
+    if len(data) < HEADER_SIZE:
+        raise CorruptRecord(path=path, offset=0, reason="segment header cut short")
+    magic, kind, version, _ = HEADER.unpack_from(data, 0)
+    if magic != SEGMENT_MAGIC:
+        raise CorruptRecord(path=path, offset=0, reason="not a qmq segment (bad magic)")
+    if version != FORMAT_VERSION:
+        raise CorruptRecord(path=path, offset=0, reason=f"unsupported format version {version}")
+    try:
+        return SegmentKind(kind)
+    except ValueError:
+        raise CorruptRecord(path=path, offset=0, reason=f"unknown segment kind {kind}") from None
+
+
+def frame(payload: bytes) -> bytes:
+    return FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+def segment_name(number: int) -> str:
+    return f"{number:020d}{SEGMENT_SUFFIX}"
+
+
+def segment_number(path: Path) -> int:
+    return int(path.name[: -len(SEGMENT_SUFFIX)])
+
+
+def list_segments(data_dir: str | os.PathLike[str], kind: SegmentKind) -> list[Path]:
+    """Segments of one kind in a data directory, oldest first."""
+    folder = Path(data_dir) / KIND_DIRS[kind]
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if p.name.endswith(SEGMENT_SUFFIX)]
+    return sorted(found, key=segment_number)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ScanResult:
+    """Where the readable part of a segment ends, and why."""
+
+    valid_end: int
+    file_size: int
+    problem: str | None
+
+
+def iter_frames(
+    data: bytes, *, path: str, start: int = HEADER_SIZE
+) -> Iterator[tuple[int, bytes]]:
+    """Yield ``(offset, payload)`` for every whole, CRC-valid frame from ``start``.
+
+    Stops at the first frame that is cut short or fails its CRC; use ``scan_frames`` to
+    learn where and why.
+    """
+    for offset, payload in _frames(data, start):
+        if payload is None:
+            return
+        yield offset, payload
+
+
+def scan_frames(data: bytes, *, start: int = HEADER_SIZE) -> ScanResult:
+    """Find the end of the last whole, CRC-valid frame (the truncation point for recovery)."""
+    end = start
+    problem: str | None = None
+    for offset, payload in _frames(data, start):
+        if payload is None:
+            problem = f"torn or corrupt frame at offset {offset}"
+            end = offset
+            break
+        end = offset + FRAME_SIZE + len(payload)
+    return ScanResult(valid_end=end, file_size=len(data), problem=problem)
+
+
+def _frames(data: bytes, start: int) -> Iterator[tuple[int, bytes | None]]:
+    view = memoryview(data)
+    size = len(data)
+    offset = start
+    while offset < size:
+        if offset + FRAME_SIZE > size:
+            yield offset, None
+            return
+        length, crc = FRAME.unpack_from(data, offset)
+        body_start = offset + FRAME_SIZE
+        if length == 0 or length > MAX_PAYLOAD or body_start + length > size:
+            yield offset, None
+            return
+        payload = bytes(view[body_start : body_start + length])
+        if zlib.crc32(payload) != crc:
+            yield offset, None
+            return
+        yield offset, payload
+        offset = body_start + length
+
+
+def read_frame_at(data: bytes | memoryview, *, offset: int, path: str) -> bytes:
+    """Read one frame at a known offset, verifying its CRC."""
+    if len(data) < FRAME_SIZE:
+        raise CorruptRecord(path=path, offset=offset, reason="frame header cut short")
+    length, crc = FRAME.unpack_from(data, 0)
+    payload = bytes(data[FRAME_SIZE : FRAME_SIZE + length])
+    if len(payload) != length:
+        raise CorruptRecord(path=path, offset=offset, reason="frame cut short")
+    if zlib.crc32(payload) != crc:
+        raise CorruptRecord(path=path, offset=offset, reason="CRC mismatch")
+    return payload
+
+
+# --- message records -------------------------------------------------------------------
+
+_MSG_FIXED = struct.Struct("<BBQqqq")  # type, flags, seq, created_us, stored_us, deliver_us
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+RECORD_MESSAGE = 1
+FLAG_BODY_BASE64 = 1
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class MessageRecord:
+    """One stored message, as framed in the message log."""
+
+    seq: int
+    id: str
+    subject: str
+    key: str | None
+    headers: dict[str, str]
+    body: bytes
+    body_base64: bool
+    producer: str | None
+    created_at_us: int
+    stored_at_us: int
+    deliver_at_us: int  # 0: delivered on arrival
+
+    def encode(self) -> bytes:
+        parts = [
+            _MSG_FIXED.pack(
+                RECORD_MESSAGE,
+                FLAG_BODY_BASE64 if self.body_base64 else 0,
+                self.seq,
+                self.created_at_us,
+                self.stored_at_us,
+                self.deliver_at_us,
+            ),
+            _pack_str(self.subject),
+            _pack_str(self.id),
+            _pack_str(self.key),
+            _pack_str(self.producer),
+        ]
+        headers = orjson.dumps(self.headers) if self.headers else b""
+        parts += [_U32.pack(len(headers)), headers, _U32.pack(len(self.body)), self.body]
+        return b"".join(parts)
+
+    @classmethod
+    def decode(cls, payload: bytes, *, path: str = "?", offset: int = -1) -> MessageRecord:
+        try:
+            kind, flags, seq, created, stored, deliver = _MSG_FIXED.unpack_from(payload, 0)
+            if kind != RECORD_MESSAGE:
+                raise ValueError(f"record type {kind} is not a message")
+            pos = _MSG_FIXED.size
+            subject, pos = _unpack_str(payload, pos)
+            message_id, pos = _unpack_str(payload, pos)
+            key, pos = _unpack_str(payload, pos)
+            producer, pos = _unpack_str(payload, pos)
+            (hlen,) = _U32.unpack_from(payload, pos)
+            pos += 4
+            headers = orjson.loads(payload[pos : pos + hlen]) if hlen else {}
+            pos += hlen
+            (blen,) = _U32.unpack_from(payload, pos)
+            pos += 4
+            body = payload[pos : pos + blen]
+            if len(body) != blen or pos + blen != len(payload) or subject is None:
+                raise ValueError("lengths do not add up")
+            if message_id is None:
+                raise ValueError("message without id")
+        except (struct.error, ValueError, orjson.JSONDecodeError) as exc:
+            raise CorruptRecord(path=path, offset=offset, reason=str(exc)) from exc
+        return cls(
+            seq=seq,
+            id=message_id,
+            subject=subject,
+            key=key,
+            headers=headers,
+            body=body,
+            body_base64=bool(flags & FLAG_BODY_BASE64),
+            producer=producer,
+            created_at_us=created,
+            stored_at_us=stored,
+            deliver_at_us=deliver,
+        )
+
+
+def _pack_str(value: str | None) -> bytes:
+    if value is None:
+        return _U16.pack(NONE_LEN)
+    raw = value.encode("utf-8")
+    return _U16.pack(len(raw)) + raw
+
+
+def _unpack_str(payload: bytes, pos: int) -> tuple[str | None, int]:
+    (length,) = _U16.unpack_from(payload, pos)
+    pos += 2
+    if length == NONE_LEN:
+        return None, pos
+    raw = payload[pos : pos + length]
+    if len(raw) != length:
+        raise ValueError("string cut short")
+    return raw.decode("utf-8"), pos + length
+
+
+def id_hash(message_id: str) -> int:
+    """64-bit hash of a message id, kept in the index to rebuild dedup without the log."""
+    return int.from_bytes(
+        hashlib.blake2b(message_id.encode(), digest_size=8).digest(), "little"
+    )
+
+
+# --- subject index ---------------------------------------------------------------------
+
+INDEX_ENTRY = struct.Struct("<IIQqQ")  # segment, frame length, offset, stored_us, id hash
+INDEX_ENTRY_SIZE = INDEX_ENTRY.size  # 32
+INDEX_HEADER = struct.Struct("<8sHHI")  # magic, version, entry size, reserved
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class IndexEntry:
+    """Where message ``seq`` of a subject lives in the message log."""
+
+    segment: int
+    offset: int
+    length: int
+    stored_at_us: int
+    id_hash: int
+
+    def encode(self) -> bytes:
+        return INDEX_ENTRY.pack(
+            self.segment, self.length, self.offset, self.stored_at_us, self.id_hash
+        )
+
+    @classmethod
+    def decode(cls, raw: bytes | memoryview, at: int = 0) -> IndexEntry:
+        segment, length, offset, stored, hashed = INDEX_ENTRY.unpack_from(raw, at)
+        return cls(
+            segment=segment, offset=offset, length=length, stored_at_us=stored, id_hash=hashed
+        )
+
+
+def index_header() -> bytes:
+    return INDEX_HEADER.pack(INDEX_MAGIC, FORMAT_VERSION, INDEX_ENTRY_SIZE, 0)
+
+
+def index_path(data_dir: str | os.PathLike[str], subject: str) -> Path:
+    return Path(data_dir) / "index" / f"{subject}{INDEX_SUFFIX}"
+
+
+# --- action records --------------------------------------------------------------------
+
+
+class ActionType(IntEnum):
+    GROUP = 1  # a group (or broadcast consumer) first seen: start position and mode
+    LEASE = 2  # seqs leased to a consumer with their attempt numbers and deadline
+    ACK = 3  # seqs finished
+    RETRY = 4  # seqs to be delivered again no earlier than `due`
+    DEAD = 5  # seqs moved to dead letters with an error
+    REDRIVE = 6  # dead seqs put back for delivery
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ActionRecord:
+    """One change of a consumer group's state, as framed in the action log.
+
+    ``state`` names the state owner: the group itself in shared mode, or one consumer of
+    the group in broadcast mode (each broadcast consumer has its own cursor).
+    """
+
+    type: ActionType
+    at_us: int
+    subject: str
+    group: str
+    state: str = ""
+    seqs: tuple[int, ...] = ()
+    fields: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        doc: dict[str, Any] = {
+            "t": self.at_us,
+            "s": self.subject,
+            "g": self.group,
+            "q": self.seqs,
+        }
+        if self.state:
+            doc["c"] = self.state
+        if self.fields:
+            doc["f"] = self.fields
+        return bytes([int(self.type)]) + orjson.dumps(doc)
+
+    @classmethod
+    def decode(cls, payload: bytes, *, path: str = "?", offset: int = -1) -> ActionRecord:
+        try:
+            kind = ActionType(payload[0])
+            doc = orjson.loads(payload[1:])
+            return cls(
+                type=kind,
+                at_us=int(doc["t"]),
+                subject=str(doc["s"]),
+                group=str(doc["g"]),
+                state=str(doc.get("c", "")),
+                seqs=tuple(int(s) for s in doc["q"]),
+                fields=dict(doc.get("f", {})),
+            )
+        except (IndexError, ValueError, KeyError, TypeError, orjson.JSONDecodeError) as exc:
+            raise CorruptRecord(path=path, offset=offset, reason=str(exc)) from exc
+
+
+# --- readers for tools (spark_reconcile, tests) -----------------------------------------
+
+
+def read_segment(path: Path) -> tuple[bytes, SegmentKind]:
+    data = path.read_bytes()
+    return data, read_segment_header(data, path=str(path))
+
+
+def iter_message_records(path: Path) -> Iterator[tuple[int, MessageRecord]]:
+    """Every whole message record of a segment file with its offset."""
+    data, kind = read_segment(path)
+    if kind is not SegmentKind.MESSAGES:
+        raise CorruptRecord(path=str(path), offset=0, reason=f"a {kind.name} segment")
+    for offset, payload in iter_frames(data, path=str(path)):
+        yield offset, MessageRecord.decode(payload, path=str(path), offset=offset)
+
+
+def iter_action_records(path: Path) -> Iterator[tuple[int, ActionRecord]]:
+    """Every whole action record of a segment file with its offset."""
+    data, kind = read_segment(path)
+    if kind is not SegmentKind.ACTIONS:
+        raise CorruptRecord(path=str(path), offset=0, reason=f"a {kind.name} segment")
+    for offset, payload in iter_frames(data, path=str(path)):
+        yield offset, ActionRecord.decode(payload, path=str(path), offset=offset)

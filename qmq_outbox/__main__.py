@@ -1,0 +1,3 @@
+from qmq_outbox.cli import main
+
+main()
