@@ -1,0 +1,48 @@
+"""Error responses: ``{"error": {"code", "message", "field"}}`` naming the offending field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+from starlette.responses import Response
+
+from broker.errors import RequestError
+
+
+def error_response(error: RequestError) -> Response:
+    body = {"error": {"code": error.code, "message": error.message, "field": error.field}}
+    return Response(orjson.dumps(body), status_code=error.status, media_type="application/json", headers=error.headers)
+
+
+def field_path(loc: tuple[int | str, ...]) -> str:
+    """``("messages", 3, "subject")`` -> ``messages[3].subject``."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part == "[key]":
+            continue
+        else:
+            path += f".{part}" if path else str(part)
+    return path
+
+
+def from_validation(exc: ValidationError) -> RequestError:
+    first: Any = exc.errors(include_url=False)[0]
+    loc = tuple(first["loc"])
+    kind = first["type"]
+    field = field_path(loc) or None
+    if kind == "json_invalid":
+        return RequestError(status=400, code="invalid_json", message=f"request body is not valid JSON: {first['msg']}")
+    if kind in ("model_type", "model_attributes_type") and not loc:
+        return RequestError(status=400, code="invalid_body", message="request body must be a JSON object")
+    if kind == "missing":
+        code = "missing_field"
+    elif kind == "extra_forbidden":
+        code = "unknown_field"
+    else:
+        names = [p for p in loc if isinstance(p, str) and p != "[key]"]
+        code = f"invalid_{names[-1]}" if names else "invalid_request"
+    return RequestError(status=400, code=code, message=f"{field or 'body'}: {first['msg']}", field=field)

@@ -1,0 +1,289 @@
+"""The journal: group commit of the message log, the action log and the subject indexes.
+
+Appends are placed on the event loop and collected into the current batch; one flusher
+task hands each batch to a single writer thread that writes it and, under ``fsync
+always``, fsyncs it before the batch's future resolves. While one batch is being written
+the next one fills up, so concurrent producers share one write + fsync. This module is the
+one place where the broker's data reaches the disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from broker.config import FsyncPolicy
+from broker.errors import StorageError
+from broker.format import INDEX_ENTRY, KIND_DIRS, SegmentKind, frame, index_header, index_path, segment_header
+from broker.storage.segments import LogPlacer, Position, segment_path
+
+logger = logging.getLogger(__name__)
+
+FsyncObserver = Callable[[float], None]
+
+
+@dataclasses.dataclass(slots=True)
+class _Batch:
+    messages: list[tuple[Position, bytes]] = dataclasses.field(default_factory=list)
+    actions: list[tuple[Position, bytes]] = dataclasses.field(default_factory=list)
+    index: dict[str, list[bytes]] = dataclasses.field(default_factory=dict)
+    jobs: list[Callable[[], None]] = dataclasses.field(default_factory=list)
+    future: asyncio.Future[None] | None = None
+
+    def empty(self) -> bool:
+        return not (self.messages or self.actions or self.jobs)
+
+
+class _AppendFiles:
+    """Writer-thread side: open append descriptors per log and per index."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self._data_dir = data_dir
+        self._logs: dict[SegmentKind, tuple[int, int]] = {}  # kind -> (segment, fd)
+        self._index: dict[str, int] = {}
+        self.dirty: set[int] = set()
+
+    def log_fd(self, kind: SegmentKind, segment: int) -> int:
+        current = self._logs.get(kind)
+        if current is not None and current[0] == segment:
+            return current[1]
+        path = segment_path(self._data_dir, kind, segment)
+        existed = path.exists()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        if not existed or os.fstat(fd).st_size == 0:
+            os.pwrite(fd, segment_header(kind), 0)
+            os.fsync(fd)
+            _fsync_dir(path.parent)
+        if current is not None:
+            os.fsync(current[1])
+            os.close(current[1])
+            self.dirty.discard(current[1])
+        self._logs[kind] = (segment, fd)
+        return fd
+
+    def index_fd(self, subject: str) -> int:
+        fd = self._index.get(subject)
+        if fd is None:
+            path = index_path(self._data_dir, subject)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            if os.fstat(fd).st_size == 0:
+                os.write(fd, index_header())
+                _fsync_dir(path.parent)
+            self._index[subject] = fd
+        return fd
+
+    def fsync_logs(self) -> None:
+        for fd in list(self.dirty):
+            os.fdatasync(fd)
+        self.dirty.clear()
+
+    def fsync_indexes(self) -> None:
+        for fd in self._index.values():
+            os.fdatasync(fd)
+
+    def close(self) -> None:
+        for _, fd in self._logs.values():
+            os.fsync(fd)
+            os.close(fd)
+        for fd in self._index.values():
+            os.fsync(fd)
+            os.close(fd)
+        self._logs.clear()
+        self._index.clear()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Journal:
+    """Group-committed appends to the message log, the action log and subject indexes."""
+
+    def __init__(
+        self,
+        *,
+        data_dir: Path,
+        fsync: FsyncPolicy,
+        segment_bytes: int,
+        messages_at: tuple[int, int],
+        actions_at: tuple[int, int],
+        on_fsync: FsyncObserver | None = None,
+    ) -> None:
+        self._data_dir = data_dir
+        self._fsync = fsync
+        self.messages = LogPlacer(
+            segment_bytes=segment_bytes, segment=messages_at[0], end_offset=messages_at[1]
+        )
+        self.actions = LogPlacer(
+            segment_bytes=segment_bytes, segment=actions_at[0], end_offset=actions_at[1]
+        )
+        self._files = _AppendFiles(data_dir)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qmq-journal")
+        self._batch = _Batch()
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._failed: BaseException | None = None
+        self._on_fsync = on_fsync
+        self._tasks: list[asyncio.Task[None]] = []
+        for kind in (SegmentKind.MESSAGES, SegmentKind.ACTIONS):
+            (data_dir / KIND_DIRS[kind]).mkdir(parents=True, exist_ok=True)
+        (data_dir / "index").mkdir(parents=True, exist_ok=True)
+
+    # --- event-loop side -----------------------------------------------------------------
+
+    def start(self) -> None:
+        self._tasks.append(asyncio.create_task(self._flush_loop(), name="qmq-journal-flusher"))
+        if self._fsync.mode == "interval":
+            self._tasks.append(
+                asyncio.create_task(self._interval_fsync_loop(), name="qmq-journal-fsync")
+            )
+
+    def _future(self) -> asyncio.Future[None]:
+        if self._failed is not None:
+            raise StorageError("the journal failed earlier; the broker is read-only") from (
+                self._failed
+            )
+        if self._closing:
+            raise StorageError("the journal is closed")
+        if self._batch.future is None:
+            self._batch.future = asyncio.get_running_loop().create_future()
+        self._wake.set()
+        return self._batch.future
+
+    def append_message(
+        self, payload: bytes, *, subject: str, stored_at_us: int, hashed_id: int
+    ) -> bytes:
+        """Place one message frame and its index entry; returns the packed index entry.
+
+        Durable once ``commit_point()`` resolves.
+        """
+        framed = frame(payload)
+        position = self.messages.place(len(framed))
+        entry = INDEX_ENTRY.pack(
+            position.segment, position.length, position.offset, stored_at_us, hashed_id
+        )
+        self._batch.messages.append((position, framed))
+        self._batch.index.setdefault(subject, []).append(entry)
+        return entry
+
+    def append_action(self, payload: bytes) -> Position:
+        framed = frame(payload)
+        position = self.actions.place(len(framed))
+        self._batch.actions.append((position, framed))
+        return position
+
+    def commit_point(self) -> asyncio.Future[None]:
+        """A future that resolves once everything appended so far is durable (per policy)."""
+        return self._future()
+
+    def run_after_flush(self, job: Callable[[], None]) -> asyncio.Future[None]:
+        """Run ``job`` on the writer thread after everything appended so far is written."""
+        self._batch.jobs.append(job)
+        return self._future()
+
+    def fsync_indexes(self) -> None:
+        """Writer-thread only (call from a ``run_after_flush`` job)."""
+        self._files.fsync_indexes()
+
+    def fsync_logs(self) -> None:
+        """Writer-thread only (call from a ``run_after_flush`` job)."""
+        self._files.fsync_logs()
+
+    @property
+    def failed(self) -> BaseException | None:
+        return self._failed
+
+    async def _flush_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            batch, self._batch = self._batch, _Batch()
+            if batch.empty():
+                if batch.future is not None and not batch.future.done():
+                    batch.future.set_result(None)
+                if self._closing:
+                    return
+                continue
+            try:
+                await loop.run_in_executor(self._executor, self._write, batch)
+            except BaseException as exc:  # a failed write leaves the log in doubt: stop taking writes
+                self._failed = exc
+                logger.critical(
+                    "journal write failed; broker is now read-only",
+                    extra={"action": "broker.journal_failed"},
+                    exc_info=True,
+                )
+                if batch.future is not None and not batch.future.done():
+                    batch.future.set_exception(StorageError(f"write failed: {exc!r}"))
+                if self._batch.future is not None and not self._batch.future.done():
+                    self._batch.future.set_exception(StorageError(f"write failed: {exc!r}"))
+                return
+            if batch.future is not None and not batch.future.done():
+                batch.future.set_result(None)
+
+    async def _interval_fsync_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._closing:
+            await asyncio.sleep(self._fsync.interval_ms / 1000)
+            await loop.run_in_executor(self._executor, self._timed_fsync)
+
+    # --- writer-thread side ---------------------------------------------------------------
+
+    def _write(self, batch: _Batch) -> None:
+        self._write_log(SegmentKind.MESSAGES, batch.messages)
+        self._write_log(SegmentKind.ACTIONS, batch.actions)
+        for subject, entries in batch.index.items():
+            os.write(self._files.index_fd(subject), b"".join(entries))
+        if self._fsync.mode == "always":
+            self._timed_fsync()
+        for job in batch.jobs:
+            job()
+
+    def _write_log(self, kind: SegmentKind, frames: list[tuple[Position, bytes]]) -> None:
+        start = 0
+        while start < len(frames):
+            segment = frames[start][0].segment
+            end = start
+            while end < len(frames) and frames[end][0].segment == segment:
+                end += 1
+            fd = self._files.log_fd(kind, segment)
+            data = b"".join(f for _, f in frames[start:end])
+            written = os.pwrite(fd, data, frames[start][0].offset)
+            if written != len(data):
+                raise StorageError(f"short write to {kind.name} segment {segment}")
+            self._files.dirty.add(fd)
+            start = end
+
+    def _timed_fsync(self) -> None:
+        began = time.perf_counter()
+        self._files.fsync_logs()
+        if self._on_fsync is not None:
+            self._on_fsync(time.perf_counter() - began)
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Write and fsync everything pending, then stop the writer thread."""
+        if self._failed is None:
+            with contextlib.suppress(StorageError):
+                await self.run_after_flush(self._files.fsync_logs)
+        self._closing = True
+        self._wake.set()
+        for task in self._tasks:
+            task.cancel() if task.get_name() == "qmq-journal-fsync" else None
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._files.close)
+        self._executor.shutdown(wait=True)
