@@ -75,7 +75,9 @@ class Broker:
             )
         except BrokerError:
             self.status = "failed"
-            logger.critical("recovery failed", extra={"action": "broker.recovery_failed"}, exc_info=True)
+            logger.critical(
+                "recovery failed", extra={"action": "broker.recovery_failed"}, exc_info=True
+            )
             raise
         self.recovered = recovered
         self._subjects = recovered.subjects
@@ -324,7 +326,12 @@ class Broker:
             except (StorageError, CorruptRecord) as exc:
                 logger.error(
                     "unreadable message not served",
-                    extra={"action": "broker.unreadable", "subject": subject, "seq": seq, "error": str(exc)},
+                    extra={
+                        "action": "broker.unreadable",
+                        "subject": subject,
+                        "seq": seq,
+                        "error": str(exc),
+                    },
                 )
                 unreadable.append(seq)
                 continue
@@ -345,18 +352,31 @@ class Broker:
         )
         if unreadable:
             self._record(
-                _action(ActionType.DEAD, now, subject, group, key, unreadable, {"error": "unreadable record"})
+                _action(
+                    ActionType.DEAD,
+                    now,
+                    subject,
+                    group,
+                    key,
+                    unreadable,
+                    {"error": "unreadable record"},
+                )
             )
         self.metrics.pulled.inc(len(out))
         return out
 
     # --- ack / nack -------------------------------------------------------------------------
 
-    def _existing_state(self, subject: str, group: str, consumer: str) -> tuple[Group, DeliveryState, str]:
+    def _existing_state(
+        self, subject: str, group: str, consumer: str
+    ) -> tuple[Group, DeliveryState, str]:
         found = self._groups.get((subject, group))
         if found is None:
             raise RequestError(
-                status=404, code="group_not_found", message=f"no group {group!r} on {subject!r}", field="group"
+                status=404,
+                code="group_not_found",
+                message=f"no group {group!r} on {subject!r}",
+                field="group",
             )
         key = found.state_key(consumer)
         state = found.states.get(key)
@@ -369,7 +389,9 @@ class Broker:
             )
         return found, state, key
 
-    async def ack(self, *, subject: str, group: str, consumer: str, seqs: list[int]) -> dict[str, Any]:
+    async def ack(
+        self, *, subject: str, group: str, consumer: str, seqs: list[int]
+    ) -> dict[str, Any]:
         journal = self._require()
         _, state, key = self._existing_state(subject, group, consumer)
         unique = list(dict.fromkeys(seqs))
@@ -400,7 +422,11 @@ class Broker:
         )
         retrying = 0
         for due, batch in sorted(retry.items()):
-            self._record(_action(ActionType.RETRY, now, subject, group, key, batch, {"due": due, "error": error}))
+            self._record(
+                _action(
+                    ActionType.RETRY, now, subject, group, key, batch, {"due": due, "error": error}
+                )
+            )
             retrying += len(batch)
         if dead:
             self._record(_action(ActionType.DEAD, now, subject, group, key, dead, {"error": error}))
@@ -418,7 +444,9 @@ class Broker:
 
     # --- dead letters -----------------------------------------------------------------------
 
-    def dead_letters(self, *, subject: str, group: str, limit: int, after_seq: int | None) -> dict[str, Any]:
+    def dead_letters(
+        self, *, subject: str, group: str, limit: int, after_seq: int | None
+    ) -> dict[str, Any]:
         self._require(write=False)
         found = self._group_or_404(subject, group)
         rows: list[tuple[int, str, Any]] = []
@@ -452,9 +480,15 @@ class Broker:
         now = self.now_us()
         total = 0
         for key, state in found.states.items():
-            chosen = list(state.dead) if seqs is None else [s for s in dict.fromkeys(seqs) if s in state.dead]
+            chosen = (
+                list(state.dead)
+                if seqs is None
+                else [s for s in dict.fromkeys(seqs) if s in state.dead]
+            )
             if chosen:
-                self._record(_action(ActionType.REDRIVE, now, subject, group, key, sorted(chosen), {}))
+                self._record(
+                    _action(ActionType.REDRIVE, now, subject, group, key, sorted(chosen), {})
+                )
                 total += len(chosen)
         if total:
             self._signal(subject).fire()
@@ -463,10 +497,20 @@ class Broker:
 
     def _group_or_404(self, subject: str, group: str) -> Group:
         if subject not in self._subjects:
-            raise RequestError(status=404, code="subject_not_found", message=f"no subject {subject!r}", field="subject")
+            raise RequestError(
+                status=404,
+                code="subject_not_found",
+                message=f"no subject {subject!r}",
+                field="subject",
+            )
         found = self._groups.get((subject, group))
         if found is None:
-            raise RequestError(status=404, code="group_not_found", message=f"no group {group!r} on {subject!r}", field="group")
+            raise RequestError(
+                status=404,
+                code="group_not_found",
+                message=f"no group {group!r} on {subject!r}",
+                field="group",
+            )
         return found
 
     # --- stats ------------------------------------------------------------------------------
@@ -479,7 +523,12 @@ class Broker:
         self._require(write=False)
         subject = self._subjects.get(name)
         if subject is None:
-            raise RequestError(status=404, code="subject_not_found", message=f"no subject {name!r}", field="subject")
+            raise RequestError(
+                status=404,
+                code="subject_not_found",
+                message=f"no subject {name!r}",
+                field="subject",
+            )
         doc: dict[str, Any] = dict(subject.stats())
         doc["groups"] = [
             group.stats(subject.end_seq)
@@ -598,5 +647,11 @@ def _action(
     fields: dict[str, Any],
 ) -> ActionRecord:
     return ActionRecord(
-        type=kind, at_us=now, subject=subject, group=group, state=key, seqs=tuple(seqs), fields=fields
+        type=kind,
+        at_us=now,
+        subject=subject,
+        group=group,
+        state=key,
+        seqs=tuple(seqs),
+        fields=fields,
     )

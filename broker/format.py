@@ -110,9 +110,7 @@ class ScanResult:
     problem: str | None
 
 
-def iter_frames(
-    data: bytes, *, path: str, start: int = HEADER_SIZE
-) -> Iterator[tuple[int, bytes]]:
+def iter_frames(data: bytes, *, path: str, start: int = HEADER_SIZE) -> Iterator[tuple[int, bytes]]:
     """Yield ``(offset, payload)`` for every whole, CRC-valid frame from ``start``.
 
     Stops at the first frame that is cut short or fails its CRC; use ``scan_frames`` to
@@ -274,9 +272,7 @@ def _unpack_str(payload: bytes, pos: int) -> tuple[str | None, int]:
 
 def id_hash(message_id: str) -> int:
     """64-bit hash of a message id, kept in the index to rebuild dedup without the log."""
-    return int.from_bytes(
-        hashlib.blake2b(message_id.encode(), digest_size=8).digest(), "little"
-    )
+    return int.from_bytes(hashlib.blake2b(message_id.encode(), digest_size=8).digest(), "little")
 
 
 # --- subject index ---------------------------------------------------------------------

@@ -68,7 +68,9 @@ class DeliveryState:
 
     # --- decisions (return records; nothing changes until they are applied) --------------
 
-    def expire(self, *, now_us: int, policy: Policy) -> list[tuple[ActionType, list[int], dict[str, Any]]]:
+    def expire(
+        self, *, now_us: int, policy: Policy
+    ) -> list[tuple[ActionType, list[int], dict[str, Any]]]:
         """Leases past their deadline count as failed attempts: retry now, or dead."""
         retry: list[int] = []
         dead: list[int] = []
@@ -149,7 +151,8 @@ class DeliveryState:
             self._apply_lease(record)
         elif kind is ActionType.ACK:
             for seq in record.seqs:
-                if self.leases.pop(seq, None) is not None or self.retries.pop(seq, None):
+                leased = self.leases.pop(seq, None) is not None
+                if self.retries.pop(seq, None) is not None or leased:
                     self.acked += 1
         elif kind is ActionType.RETRY:
             due = int(record.fields["due"])
@@ -190,7 +193,7 @@ class DeliveryState:
         return {
             "cursor": self.cursor,
             "acked": self.acked,
-            "leases": [[s, l.consumer, l.attempt, l.deadline_us] for s, l in self.leases.items()],
+            "leases": [[s, x.consumer, x.attempt, x.deadline_us] for s, x in self.leases.items()],
             "retries": [[s, r.attempts, r.due_us, r.error] for s, r in self.retries.items()],
             "dead": [[s, d.attempts, d.error, d.at_us] for s, d in self.dead.items()],
         }

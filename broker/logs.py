@@ -11,7 +11,9 @@ from pythonjsonlogger.json import JsonFormatter
 def configure(level: str = "INFO") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
-        JsonFormatter("%(asctime)s %(levelname)s %(name)s %(message)s", rename_fields={"levelname": "level"})
+        JsonFormatter(
+            "%(asctime)s %(levelname)s %(name)s %(message)s", rename_fields={"levelname": "level"}
+        )
     )
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -9,7 +9,24 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-_LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+)
 
 GroupStats = Callable[[], Iterable[tuple[str, str, dict[str, Any]]]]
 
@@ -19,9 +36,13 @@ class BrokerMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.produced = Counter("qmq_broker_produced_messages", "Messages stored", registry=r)
-        self.pulled = Counter("qmq_broker_pulled_messages", "Messages delivered to consumers", registry=r)
+        self.pulled = Counter(
+            "qmq_broker_pulled_messages", "Messages delivered to consumers", registry=r
+        )
         self.acked = Counter("qmq_broker_acked_messages", "Messages acknowledged", registry=r)
-        self.nacked = Counter("qmq_broker_nacked_messages", "Messages negatively acknowledged", registry=r)
+        self.nacked = Counter(
+            "qmq_broker_nacked_messages", "Messages negatively acknowledged", registry=r
+        )
         self.requests = Histogram(
             "qmq_broker_request_seconds",
             "Request latency by endpoint",
@@ -30,10 +51,16 @@ class BrokerMetrics:
             registry=r,
         )
         self.fsync_seconds = Histogram(
-            "qmq_broker_fsync_seconds", "Latency of one group-commit fsync", buckets=_LATENCY_BUCKETS, registry=r
+            "qmq_broker_fsync_seconds",
+            "Latency of one group-commit fsync",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.checkpoint_seconds = Histogram(
-            "qmq_broker_checkpoint_seconds", "Time to write one checkpoint", buckets=_LATENCY_BUCKETS, registry=r
+            "qmq_broker_checkpoint_seconds",
+            "Time to write one checkpoint",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
 
     def watch_groups(self, stats: GroupStats) -> None:
@@ -47,7 +74,11 @@ class _GroupCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         families = {
-            name: GaugeMetricFamily(f"qmq_broker_group_{name}_messages", f"Messages {name} per group", labels=["subject", "group"])
+            name: GaugeMetricFamily(
+                f"qmq_broker_group_{name}_messages",
+                f"Messages {name} per group",
+                labels=["subject", "group"],
+            )
             for name in ("backlog", "in_flight", "retrying", "dead")
         }
         for subject, group, stats in self._stats():

@@ -24,7 +24,9 @@ from broker.metrics import BrokerMetrics
 logger = logging.getLogger(__name__)
 
 
-def build(config: BrokerConfig, *, authorizer: Authorizer | None = None) -> tuple[Broker, Starlette]:
+def build(
+    config: BrokerConfig, *, authorizer: Authorizer | None = None
+) -> tuple[Broker, Starlette]:
     metrics = BrokerMetrics()
     broker = Broker(config, metrics=metrics)
     metrics.watch_groups(broker.group_backlogs)
@@ -58,7 +60,9 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def serve(config: BrokerConfig, *, host: str, port: int, authorizer: Authorizer | None = None) -> None:
+def serve(
+    config: BrokerConfig, *, host: str, port: int, authorizer: Authorizer | None = None
+) -> None:
     broker, app = build(config, authorizer=authorizer)
     server_config = uvicorn.Config(
         app,
@@ -68,14 +72,20 @@ def serve(config: BrokerConfig, *, host: str, port: int, authorizer: Authorizer 
         http="httptools",
         access_log=False,
         log_config=None,
-        timeout_graceful_shutdown=config.shutdown_timeout_s,
+        timeout_graceful_shutdown=int(config.shutdown_timeout_s),
         limit_concurrency=None,
         backlog=2048,
     )
     server = _Server(server_config, broker)
     logger.info(
         "broker starting",
-        extra={"action": "broker.starting", "data_dir": str(config.data_dir), "host": host, "port": port, "fsync": str(config.fsync)},
+        extra={
+            "action": "broker.starting",
+            "data_dir": str(config.data_dir),
+            "host": host,
+            "port": port,
+            "fsync": str(config.fsync),
+        },
     )
     server.run()
     if broker.status == "failed":

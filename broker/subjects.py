@@ -32,7 +32,7 @@ class SubjectLog:
         return seq
 
     def entry(self, seq: int) -> IndexEntry:
-        return IndexEntry.decode(self.entries, seq * INDEX_ENTRY_SIZE)
+        return IndexEntry.decode(memoryview(self.entries), seq * INDEX_ENTRY_SIZE)
 
     def raw(self, seq: int) -> tuple[int, int, int, int, int]:
         """(segment, length, offset, stored_us, id_hash) of a seq, without an object."""

@@ -14,15 +14,15 @@ class Signal:
     def __init__(self) -> None:
         self._future: asyncio.Future[None] | None = None
 
-    async def wait(self, timeout: float) -> bool:
+    async def wait(self, seconds: float) -> bool:
         """True when fired, False on timeout."""
-        if timeout <= 0:
+        if seconds <= 0:
             return False
         if self._future is None or self._future.done():
             self._future = asyncio.get_running_loop().create_future()
         future = self._future
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(future), timeout)
+            await asyncio.wait_for(asyncio.shield(future), seconds)
             return True
         return False
 

@@ -217,9 +217,9 @@ class AsyncBrokerClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _post(self, path: str, content: bytes, *, timeout: float | None = None) -> Any:
+    async def _post(self, path: str, content: bytes, *, seconds: float | None = None) -> Any:
         try:
-            extra = {} if timeout is None else {"timeout": timeout}
+            extra = {} if seconds is None else {"timeout": seconds}
             response = await self._http.post(path, content=content, **extra)  # type: ignore[arg-type]
         except httpx.HTTPError as exc:
             raise BrokerUnavailable(f"broker unreachable: {exc!r}") from exc
@@ -245,7 +245,7 @@ class AsyncBrokerClient:
         start: StartAt = "earliest",
     ) -> list[Message]:
         body = _pull_body(subject, group, consumer, max_messages, wait_ms, mode, start)
-        doc = await self._post("/v1/pull", body, timeout=DEFAULT_TIMEOUT + wait_ms / 1000)
+        doc = await self._post("/v1/pull", body, seconds=DEFAULT_TIMEOUT + wait_ms / 1000)
         return [Message.from_wire(m) for m in doc["messages"]]
 
     async def ack(

@@ -35,7 +35,7 @@ def pg_url(pg_admin_url: str) -> Iterator[str]:
 
 @pytest.fixture
 def broker_factory(tmp_path: Path) -> Iterator[type[BrokerProcess]]:
-    """Start brokers with ``broker_factory(data_dir, extra_args=[...]).start()``; all are killed at the end."""
+    """``broker_factory(data_dir, extra_args=[...]).start()``; all are killed at the end."""
     started: list[BrokerProcess] = []
 
     class _Tracked(BrokerProcess):

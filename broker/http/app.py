@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import orjson
-from pydantic import BaseModel, TypeAdapter, ValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -58,13 +58,17 @@ class Api:
         limit = self.broker.config.max_request_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise RequestError(status=413, code="request_too_large", message=f"request body over {limit} bytes")
+            raise RequestError(
+                status=413, code="request_too_large", message=f"request body over {limit} bytes"
+            )
         chunks: list[bytes] = []
         size = 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
-                raise RequestError(status=413, code="request_too_large", message=f"request body over {limit} bytes")
+                raise RequestError(
+                    status=413, code="request_too_large", message=f"request body over {limit} bytes"
+                )
             chunks.append(chunk)
         return b"".join(chunks)
 
@@ -100,12 +104,22 @@ class Api:
             try:
                 body = base64.b64decode(envelope.body, validate=True)
             except (binascii.Error, ValueError):
-                raise RequestError(status=400, code="invalid_body", message="body is not valid base64", field=f"{field}.body") from None
+                raise RequestError(
+                    status=400,
+                    code="invalid_body",
+                    message="body is not valid base64",
+                    field=f"{field}.body",
+                ) from None
         else:
             body = envelope.body.encode("utf-8")
         limit = self.broker.config.max_body_bytes
         if len(body) > limit:
-            raise RequestError(status=413, code="body_too_large", message=f"body is {len(body)} bytes; the limit is {limit}", field=f"{field}.body")
+            raise RequestError(
+                status=413,
+                code="body_too_large",
+                message=f"body is {len(body)} bytes; the limit is {limit}",
+                field=f"{field}.body",
+            )
         deliver_at_us = 0
         if envelope.deliver_at is not None:
             due = _micros(envelope.deliver_at)
@@ -146,7 +160,9 @@ class Api:
     async def ack(self, request: Request) -> Response:
         parsed = await self._parse(request, AckRequest)
         self._authorize(request, "consume", parsed.subject, "subject")
-        result = await self.broker.ack(subject=parsed.subject, group=parsed.group, consumer=parsed.consumer, seqs=parsed.seqs)
+        result = await self.broker.ack(
+            subject=parsed.subject, group=parsed.group, consumer=parsed.consumer, seqs=parsed.seqs
+        )
         return _json(result)
 
     async def nack(self, request: Request) -> Response:
@@ -165,13 +181,23 @@ class Api:
     def _path_subject(self, request: Request) -> str:
         subject = str(request.path_params["subject"])
         if not _valid_name(subject):
-            raise RequestError(status=400, code="invalid_subject", message="subject does not match the subject rules", field="subject")
+            raise RequestError(
+                status=400,
+                code="invalid_subject",
+                message="subject does not match the subject rules",
+                field="subject",
+            )
         return subject
 
     def _path_group(self, request: Request) -> str:
         group = str(request.path_params["group"])
         if not _valid_name(group):
-            raise RequestError(status=400, code="invalid_group", message="group does not match the naming rules", field="group")
+            raise RequestError(
+                status=400,
+                code="invalid_group",
+                message="group does not match the naming rules",
+                field="group",
+            )
         return group
 
     async def subjects(self, request: Request) -> Response:
@@ -190,7 +216,9 @@ class Api:
         self._authorize(request, "consume", subject, "subject")
         limit = _int_param(request, "limit", default=100, low=1, high=1000)
         after = _int_param(request, "after_seq", default=None, low=0, high=2**63 - 1)
-        return _json(self.broker.dead_letters(subject=subject, group=group, limit=limit, after_seq=after))
+        return _json(
+            self.broker.dead_letters(subject=subject, group=group, limit=limit, after_seq=after)
+        )
 
     async def redrive(self, request: Request) -> Response:
         subject = self._path_subject(request)
@@ -198,7 +226,12 @@ class Api:
         parsed = await self._parse(request, RedriveRequest)
         self._authorize(request, "consume", subject, "subject")
         if (parsed.seqs is None) == (parsed.all is not True):
-            raise RequestError(status=400, code="invalid_redrive", message='give either "seqs" or "all": true', field="seqs")
+            raise RequestError(
+                status=400,
+                code="invalid_redrive",
+                message='give either "seqs" or "all": true',
+                field="seqs",
+            )
         redriven = await self.broker.redrive(subject=subject, group=group, seqs=parsed.seqs)
         return _json({"redriven": redriven})
 
@@ -209,7 +242,9 @@ class Api:
         return _json({"status": status}, status=503)
 
     async def metrics(self, request: Request) -> Response:
-        return Response(generate_latest(self.broker.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(
+            generate_latest(self.broker.metrics.registry), media_type=CONTENT_TYPE_LATEST
+        )
 
     async def openapi(self, request: Request) -> Response:
         return _json(openapi_document())
@@ -227,7 +262,12 @@ def _int_param(request: Request, name: str, *, default: int | None, low: int, hi
     if raw is None:
         return default
     if not raw.isdigit() or not low <= int(raw) <= high:
-        raise RequestError(status=400, code=f"invalid_{name}", message=f"{name} must be an integer in [{low}, {high}]", field=name)
+        raise RequestError(
+            status=400,
+            code=f"invalid_{name}",
+            message=f"{name} must be an integer in [{low}, {high}]",
+            field=name,
+        )
     return int(raw)
 
 
@@ -246,7 +286,9 @@ def _endpoint(api: Api, name: str, handler: Handler) -> Handler:
     return endpoint
 
 
-def create_app(broker: Broker, *, authorizer: Authorizer | None = None, lifespan: Any = None) -> Starlette:
+def create_app(
+    broker: Broker, *, authorizer: Authorizer | None = None, lifespan: Any = None
+) -> Starlette:
     api = Api(broker, authorizer=authorizer)
     routes = [
         ("/v1/messages", "produce", api.produce, ["POST"]),
@@ -262,7 +304,10 @@ def create_app(broker: Broker, *, authorizer: Authorizer | None = None, lifespan
         ("/openapi.json", "openapi", api.openapi, ["GET"]),
     ]
     app = Starlette(
-        routes=[Route(path, _endpoint(api, name, fn), methods=methods) for path, name, fn, methods in routes],
+        routes=[
+            Route(path, _endpoint(api, name, fn), methods=methods)
+            for path, name, fn, methods in routes
+        ],
         lifespan=lifespan,
         exception_handlers={404: _not_found, 405: _not_allowed, 500: _internal},
     )
@@ -270,12 +315,20 @@ def create_app(broker: Broker, *, authorizer: Authorizer | None = None, lifespan
 
 
 async def _not_found(request: Request, exc: Exception) -> Response:
-    return error_response(RequestError(status=404, code="not_found", message=f"no route {request.url.path}"))
+    return error_response(
+        RequestError(status=404, code="not_found", message=f"no route {request.url.path}")
+    )
 
 
 async def _not_allowed(request: Request, exc: Exception) -> Response:
-    return error_response(RequestError(status=405, code="method_not_allowed", message=f"{request.method} is not allowed here"))
+    return error_response(
+        RequestError(
+            status=405, code="method_not_allowed", message=f"{request.method} is not allowed here"
+        )
+    )
 
 
 async def _internal(request: Request, exc: Exception) -> Response:
-    return error_response(RequestError(status=500, code="internal", message="internal error; see the broker log"))
+    return error_response(
+        RequestError(status=500, code="internal", message="internal error; see the broker log")
+    )

@@ -59,16 +59,29 @@ class Authorizer:
 
     def grant_for(self, authorization: str | None) -> Grant:
         if not authorization or not authorization.startswith("Bearer "):
-            raise RequestError(status=401, code="unauthorized", message="a bearer token is required", headers={"WWW-Authenticate": "Bearer"})
+            raise RequestError(
+                status=401,
+                code="unauthorized",
+                message="a bearer token is required",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
         token = authorization[len("Bearer ") :].strip()
         for grant in self._grants:
             if hmac.compare_digest(grant.token, token):
                 return grant
-        raise RequestError(status=401, code="unauthorized", message="unknown token", headers={"WWW-Authenticate": "Bearer"})
+        raise RequestError(
+            status=401,
+            code="unauthorized",
+            message="unknown token",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
 
     def check(self, authorization: str | None, right: str, subject: str, field: str) -> None:
         grant = self.grant_for(authorization)
         if not grant.may(right, subject):
             raise RequestError(
-                status=403, code="forbidden", message=f"token {grant.name!r} may not {right} on {subject!r}", field=field
+                status=403,
+                code="forbidden",
+                message=f"token {grant.name!r} may not {right} on {subject!r}",
+                field=field,
             )

@@ -13,7 +13,12 @@ from broker.errors import RequestError
 
 def error_response(error: RequestError) -> Response:
     body = {"error": {"code": error.code, "message": error.message, "field": error.field}}
-    return Response(orjson.dumps(body), status_code=error.status, media_type="application/json", headers=error.headers)
+    return Response(
+        orjson.dumps(body),
+        status_code=error.status,
+        media_type="application/json",
+        headers=error.headers,
+    )
 
 
 def field_path(loc: tuple[int | str, ...]) -> str:
@@ -35,9 +40,15 @@ def from_validation(exc: ValidationError) -> RequestError:
     kind = first["type"]
     field = field_path(loc) or None
     if kind == "json_invalid":
-        return RequestError(status=400, code="invalid_json", message=f"request body is not valid JSON: {first['msg']}")
+        return RequestError(
+            status=400,
+            code="invalid_json",
+            message=f"request body is not valid JSON: {first['msg']}",
+        )
     if kind in ("model_type", "model_attributes_type") and not loc:
-        return RequestError(status=400, code="invalid_body", message="request body must be a JSON object")
+        return RequestError(
+            status=400, code="invalid_body", message="request body must be a JSON object"
+        )
     if kind == "missing":
         code = "missing_field"
     elif kind == "extra_forbidden":
@@ -45,4 +56,6 @@ def from_validation(exc: ValidationError) -> RequestError:
     else:
         names = [p for p in loc if isinstance(p, str) and p != "[key]"]
         code = f"invalid_{names[-1]}" if names else "invalid_request"
-    return RequestError(status=400, code=code, message=f"{field or 'body'}: {first['msg']}", field=field)
+    return RequestError(
+        status=400, code=code, message=f"{field or 'body'}: {first['msg']}", field=field
+    )

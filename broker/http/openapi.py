@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from broker.http.schemas import AckRequest, NackRequest, ProduceRequest, PullRequest, RedriveRequest
@@ -31,25 +32,43 @@ _MESSAGE = {
     "properties": {
         name: {"type": kind}
         for name, kind in [
-            ("id", "string"), ("subject", "string"), ("seq", "integer"), ("attempt", "integer"),
-            ("key", ["string", "null"]), ("headers", "object"), ("body", "string"),
-            ("body_encoding", "string"), ("producer", ["string", "null"]),
-            ("created_at", "string"), ("stored_at", "string"),
+            ("id", "string"),
+            ("subject", "string"),
+            ("seq", "integer"),
+            ("attempt", "integer"),
+            ("key", ["string", "null"]),
+            ("headers", "object"),
+            ("body", "string"),
+            ("body_encoding", "string"),
+            ("producer", ["string", "null"]),
+            ("created_at", "string"),
+            ("stored_at", "string"),
         ]
     },
 }
 
 
-def _op(summary: str, request: str | None, response: dict[str, Any], params: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def _op(
+    summary: str,
+    request: str | None,
+    response: dict[str, Any],
+    params: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     op: dict[str, Any] = {
         "summary": summary,
         "responses": {
             "200": {"description": "OK", "content": {"application/json": {"schema": response}}},
-            "default": {"description": "Error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}},
+            "default": {
+                "description": "Error",
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+            },
         },
     }
     if request:
-        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": {"$ref": _REF.format(model=request)}}}}
+        op["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": _REF.format(model=request)}}},
+        }
     if params:
         op["parameters"] = params
     return op
@@ -60,12 +79,23 @@ def _path_param(name: str) -> dict[str, Any]:
 
 
 def _query_param(name: str) -> dict[str, Any]:
-    return {"name": name, "in": "query", "required": False, "schema": {"type": "integer", "minimum": 0}}
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "schema": {"type": "integer", "minimum": 0},
+    }
 
 
 @functools.cache
 def openapi_document() -> dict[str, Any]:
-    models = [ProduceRequest, PullRequest, AckRequest, NackRequest, RedriveRequest]
+    models: list[type[BaseModel]] = [
+        ProduceRequest,
+        PullRequest,
+        AckRequest,
+        NackRequest,
+        RedriveRequest,
+    ]
     _, schema = models_json_schema([(m, "validation") for m in models], ref_template=_REF)
     components = dict(schema.get("$defs", {}))
     components["Error"] = _ERROR
@@ -76,23 +106,96 @@ def openapi_document() -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {"title": "qmq broker", "version": "1"},
         "paths": {
-            "/v1/messages": {"post": _op("Produce a batch of messages", "ProduceRequest", {
-                "type": "object", "properties": {"results": {"type": "array", "items": {"type": "object", "properties": {
-                    "id": {"type": "string"}, "subject": {"type": "string"},
-                    "status": {"enum": ["stored", "duplicate", "scheduled"]}, "seq": {"type": ["integer", "null"]}}}}}})},
-            "/v1/pull": {"post": _op("Lease messages for a consumer (long poll)", "PullRequest", {
-                "type": "object", "properties": {"messages": {"type": "array", "items": {"$ref": "#/components/schemas/Message"}}}})},
-            "/v1/ack": {"post": _op("Acknowledge leased messages", "AckRequest", {
-                "type": "object", "properties": {"acked": {"type": "integer"}, "unknown": {"type": "array", "items": {"type": "integer"}}}})},
-            "/v1/nack": {"post": _op("Reject leased messages for retry", "NackRequest", {
-                "type": "object", "properties": {"retrying": {"type": "integer"}, "dead": {"type": "integer"}}})},
+            "/v1/messages": {
+                "post": _op(
+                    "Produce a batch of messages",
+                    "ProduceRequest",
+                    {
+                        "type": "object",
+                        "properties": {
+                            "results": {
+                                "type": "array",
+                                "items": {
+                                    "type": "object",
+                                    "properties": {
+                                        "id": {"type": "string"},
+                                        "subject": {"type": "string"},
+                                        "status": {"enum": ["stored", "duplicate", "scheduled"]},
+                                        "seq": {"type": ["integer", "null"]},
+                                    },
+                                },
+                            }
+                        },
+                    },
+                )
+            },
+            "/v1/pull": {
+                "post": _op(
+                    "Lease messages for a consumer (long poll)",
+                    "PullRequest",
+                    {
+                        "type": "object",
+                        "properties": {
+                            "messages": {
+                                "type": "array",
+                                "items": {"$ref": "#/components/schemas/Message"},
+                            }
+                        },
+                    },
+                )
+            },
+            "/v1/ack": {
+                "post": _op(
+                    "Acknowledge leased messages",
+                    "AckRequest",
+                    {
+                        "type": "object",
+                        "properties": {
+                            "acked": {"type": "integer"},
+                            "unknown": {"type": "array", "items": {"type": "integer"}},
+                        },
+                    },
+                )
+            },
+            "/v1/nack": {
+                "post": _op(
+                    "Reject leased messages for retry",
+                    "NackRequest",
+                    {
+                        "type": "object",
+                        "properties": {
+                            "retrying": {"type": "integer"},
+                            "dead": {"type": "integer"},
+                        },
+                    },
+                )
+            },
             "/v1/subjects": {"get": _op("List subjects", None, obj)},
-            "/v1/subjects/{subject}": {"get": _op("Subject stats with its groups", None, obj, [_path_param("subject")])},
-            "/v1/subjects/{subject}/groups/{group}/dead": {"get": _op(
-                "Dead letters of a group", None, obj, [*subject_group, _query_param("limit"), _query_param("after_seq")])},
-            "/v1/subjects/{subject}/groups/{group}/dead/redrive": {"post": _op(
-                "Put dead letters back for delivery", "RedriveRequest", {"type": "object", "properties": {"redriven": {"type": "integer"}}}, subject_group)},
-            "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text format"}}}},
+            "/v1/subjects/{subject}": {
+                "get": _op("Subject stats with its groups", None, obj, [_path_param("subject")])
+            },
+            "/v1/subjects/{subject}/groups/{group}/dead": {
+                "get": _op(
+                    "Dead letters of a group",
+                    None,
+                    obj,
+                    [*subject_group, _query_param("limit"), _query_param("after_seq")],
+                )
+            },
+            "/v1/subjects/{subject}/groups/{group}/dead/redrive": {
+                "post": _op(
+                    "Put dead letters back for delivery",
+                    "RedriveRequest",
+                    {"type": "object", "properties": {"redriven": {"type": "integer"}}},
+                    subject_group,
+                )
+            },
+            "/metrics": {
+                "get": {
+                    "summary": "Prometheus metrics",
+                    "responses": {"200": {"description": "text format"}},
+                }
+            },
             "/healthz": {"get": _op("Ready once recovery finished (503 before)", None, obj)},
             "/openapi.json": {"get": _op("This document", None, obj)},
         },

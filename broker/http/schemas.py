@@ -24,7 +24,9 @@ class Envelope(_Strict):
     id: MessageId
     subject: Subject
     key: Annotated[str, StringConstraints(max_length=200)] | None = None
-    headers: Annotated[dict[HeaderName, HeaderValue], Field(max_length=64)] = Field(default_factory=dict)
+    headers: Annotated[dict[HeaderName, HeaderValue], Field(max_length=64)] = Field(
+        default_factory=dict
+    )
     body: str
     body_encoding: Literal["utf-8", "base64"] = "utf-8"
     producer: Annotated[str, StringConstraints(min_length=1, max_length=200)] | None = None

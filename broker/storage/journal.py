@@ -21,7 +21,15 @@ from pathlib import Path
 
 from broker.config import FsyncPolicy
 from broker.errors import StorageError
-from broker.format import INDEX_ENTRY, KIND_DIRS, SegmentKind, frame, index_header, index_path, segment_header
+from broker.format import (
+    INDEX_ENTRY,
+    KIND_DIRS,
+    SegmentKind,
+    frame,
+    index_header,
+    index_path,
+    segment_header,
+)
 from broker.storage.segments import LogPlacer, Position, segment_path
 
 logger = logging.getLogger(__name__)
@@ -218,7 +226,9 @@ class Journal:
                 continue
             try:
                 await loop.run_in_executor(self._executor, self._write, batch)
-            except BaseException as exc:  # a failed write leaves the log in doubt: stop taking writes
+            except (
+                BaseException
+            ) as exc:  # a failed write leaves the log in doubt: stop taking writes
                 self._failed = exc
                 logger.critical(
                     "journal write failed; broker is now read-only",

@@ -67,7 +67,9 @@ def check_format(data_dir: Path) -> None:
     if path.exists():
         version = orjson.loads(path.read_bytes()).get("format")
         if version != FORMAT_VERSION:
-            raise StorageError(f"{data_dir} holds format {version}; this broker reads {FORMAT_VERSION}")
+            raise StorageError(
+                f"{data_dir} holds format {version}; this broker reads {FORMAT_VERSION}"
+            )
     else:
         path.write_bytes(orjson.dumps({"format": FORMAT_VERSION}))
 
@@ -159,9 +161,13 @@ def _load_indexes(
             entries = bytearray()
         else:
             count = (len(data) - INDEX_HEADER.size) // INDEX_ENTRY_SIZE
-            entries = bytearray(data[INDEX_HEADER.size : INDEX_HEADER.size + count * INDEX_ENTRY_SIZE])
+            entries = bytearray(
+                data[INDEX_HEADER.size : INDEX_HEADER.size + count * INDEX_ENTRY_SIZE]
+            )
         while entries:
-            segment, length, offset, _, _ = INDEX_ENTRY.unpack_from(entries, len(entries) - INDEX_ENTRY_SIZE)
+            segment, length, offset, _, _ = INDEX_ENTRY.unpack_from(
+                entries, len(entries) - INDEX_ENTRY_SIZE
+            )
             end = valid_ends.get(segment)
             if segment <= last_segment and (end is None or offset + length <= end):
                 break
@@ -181,7 +187,7 @@ def _index_tail(
         number = segment_number(path)
         if number < scan_from[0]:
             continue
-        data = path.read_bytes()[: valid_ends.get(number, None)]
+        data = path.read_bytes()[: valid_ends.get(number)]
         start = scan_from[1] if number == scan_from[0] else HEADER_SIZE
         for offset, payload in iter_frames(data, path=str(path), start=start):
             record = MessageRecord.decode(payload, path=str(path), offset=offset)

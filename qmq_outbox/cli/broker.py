@@ -15,20 +15,97 @@ def _seconds(value: timedelta) -> float:
 
 
 @click.command(context_settings={"show_default": True})
-@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), required=True, show_envvar=True, help="Where the logs, indexes and checkpoints live.")
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    show_envvar=True,
+    help="Where the logs, indexes and checkpoints live.",
+)
 @click.option("--host", default="127.0.0.1", show_envvar=True, help="Address to listen on.")
-@click.option("--port", type=click.IntRange(1, 65535), default=8931, show_envvar=True, help="Port to listen on.")
-@click.option("--fsync", "fsync_policy", default="always", show_envvar=True, help="always | interval:<ms> | never. With always, a produce is answered after fsync.")
-@click.option("--segment-size", type=click.IntRange(1024 * 1024, 2**31), default=64 * 1024 * 1024, show_envvar=True, help="Roll log segments at this many bytes.")
-@click.option("--retention", type=DURATION, default="72h", show_envvar=True, help="Delete whole segments older than this.")
-@click.option("--dedup-window", type=DURATION, default="7d", show_envvar=True, help="A message id seen within this window is answered 'duplicate'.")
-@click.option("--ack-timeout", type=DURATION, default="30s", show_envvar=True, help="Lease length of a pulled message in shared mode.")
-@click.option("--max-attempts", type=click.IntRange(1, 1000), default=16, show_envvar=True, help="Deliveries before a message goes to the group's dead letters.")
-@click.option("--max-body-size", type=click.IntRange(1, 2**30), default=1024 * 1024, show_envvar=True, help="Largest message body in bytes (413 beyond).")
-@click.option("--max-request-size", type=click.IntRange(1024, 2**31), default=64 * 1024 * 1024, show_envvar=True, help="Largest request body in bytes (413 beyond).")
-@click.option("--checkpoint-interval", type=DURATION, default="10s", show_envvar=True, help="How often group state and indexes are checkpointed.")
-@click.option("--auth-file", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None, show_envvar=True, help="JSON file of bearer tokens with produce/consume rights; no auth when absent.")
-@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False), default="INFO", show_envvar=True)
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=8931,
+    show_envvar=True,
+    help="Port to listen on.",
+)
+@click.option(
+    "--fsync",
+    "fsync_policy",
+    default="always",
+    show_envvar=True,
+    help="always | interval:<ms> | never. With always, a produce is answered after fsync.",
+)
+@click.option(
+    "--segment-size",
+    type=click.IntRange(1024 * 1024, 2**31),
+    default=64 * 1024 * 1024,
+    show_envvar=True,
+    help="Roll log segments at this many bytes.",
+)
+@click.option(
+    "--retention",
+    type=DURATION,
+    default="72h",
+    show_envvar=True,
+    help="Delete whole segments older than this.",
+)
+@click.option(
+    "--dedup-window",
+    type=DURATION,
+    default="7d",
+    show_envvar=True,
+    help="A message id seen within this window is answered 'duplicate'.",
+)
+@click.option(
+    "--ack-timeout",
+    type=DURATION,
+    default="30s",
+    show_envvar=True,
+    help="Lease length of a pulled message in shared mode.",
+)
+@click.option(
+    "--max-attempts",
+    type=click.IntRange(1, 1000),
+    default=16,
+    show_envvar=True,
+    help="Deliveries before a message goes to the group's dead letters.",
+)
+@click.option(
+    "--max-body-size",
+    type=click.IntRange(1, 2**30),
+    default=1024 * 1024,
+    show_envvar=True,
+    help="Largest message body in bytes (413 beyond).",
+)
+@click.option(
+    "--max-request-size",
+    type=click.IntRange(1024, 2**31),
+    default=64 * 1024 * 1024,
+    show_envvar=True,
+    help="Largest request body in bytes (413 beyond).",
+)
+@click.option(
+    "--checkpoint-interval",
+    type=DURATION,
+    default="10s",
+    show_envvar=True,
+    help="How often group state and indexes are checkpointed.",
+)
+@click.option(
+    "--auth-file",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    show_envvar=True,
+    help="JSON file of bearer tokens with produce/consume rights; no auth when absent.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    default="INFO",
+    show_envvar=True,
+)
 def broker(
     data_dir: Path,
     host: str,
@@ -53,7 +130,9 @@ def broker(
         from broker.http.auth import Authorizer
         from broker.server import serve
     except ImportError as exc:  # pragma: no cover - depends on the installed extras
-        raise click.ClickException(f"the broker needs the 'broker' extra: pip install 'qmq-outbox[broker]' ({exc})") from exc
+        raise click.ClickException(
+            f"the broker needs the 'broker' extra: pip install 'qmq-outbox[broker]' ({exc})"
+        ) from exc
 
     try:
         policy = FsyncPolicy.parse(fsync_policy)

@@ -20,7 +20,7 @@ def parse_duration(text: str) -> timedelta:
     return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
 
 
-class Duration(click.ParamType):
+class Duration(click.ParamType):  # type: ignore[type-arg]
     name = "duration"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
