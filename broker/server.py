@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import uvicorn
@@ -34,6 +34,7 @@ def build(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         starting = asyncio.create_task(broker.start(), name="qmq-recovery")
+        starting.add_done_callback(_report_start_failure)
         try:
             yield
         finally:
@@ -47,12 +48,29 @@ def build(
     return broker, create_app(broker, authorizer=authorizer, lifespan=lifespan)
 
 
+def _report_start_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.critical(
+            "broker failed to start",
+            extra={"action": "broker.start_failed"},
+            exc_info=task.exception(),
+        )
+
+
 class _Server(uvicorn.Server):
     """uvicorn server that tells the broker to stop taking work as soon as a signal arrives."""
 
     def __init__(self, config: uvicorn.Config, broker: Broker) -> None:
         super().__init__(config)
         self._broker = broker
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # uvicorn re-raises the captured signal after shutting down, so the process would
+        # die of SIGTERM; a graceful stop is a normal exit (status 0).
+        with super().capture_signals():
+            yield
+            self._captured_signals.clear()
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         logger.info("shutting down", extra={"action": "broker.shutdown", "signal": sig})

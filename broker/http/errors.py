@@ -9,6 +9,21 @@ from pydantic import ValidationError
 from starlette.responses import Response
 
 from broker.errors import RequestError
+from broker.http.schemas import (
+    AckRequest,
+    Envelope,
+    NackRequest,
+    ProduceRequest,
+    PullRequest,
+    RedriveRequest,
+)
+
+
+_FIELD_NAMES = frozenset(
+    name
+    for model in (Envelope, ProduceRequest, PullRequest, AckRequest, NackRequest, RedriveRequest)
+    for name in model.model_fields
+)
 
 
 def error_response(error: RequestError) -> Response:
@@ -54,7 +69,7 @@ def from_validation(exc: ValidationError) -> RequestError:
     elif kind == "extra_forbidden":
         code = "unknown_field"
     else:
-        names = [p for p in loc if isinstance(p, str) and p != "[key]"]
+        names = [p for p in loc if isinstance(p, str) and p in _FIELD_NAMES]
         code = f"invalid_{names[-1]}" if names else "invalid_request"
     return RequestError(
         status=400, code=code, message=f"{field or 'body'}: {first['msg']}", field=field
