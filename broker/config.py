@@ -53,6 +53,18 @@ class BrokerConfig:
     retention_check_interval_s: float = 60.0
     max_wait_ms: int = 60_000
     shutdown_timeout_s: float = 30.0
+    # pull scheduling (broker/scheduling): fair = one actor per (subject, group) by virtual
+    # runtime; fifo = one shared request queue, kept for comparison in benchmarks
+    scheduler: str = "fair"
+    workers: int = 4  # actors served at once; also the number of read threads
+    time_slice_s: float = 0.005  # longest run of one actor before it yields
+    mailbox_size: int = 10_000  # pending pulls per (subject, group) before 429
+    pull_grace_s: float = 5.0  # a pull not started within wait_ms + this is answered 503
+    # benchmarks/tests only: (subject, group, seconds) slept before each pull read
+    debug_read_delay_s: tuple[tuple[str, str, float], ...] = ()
+    max_delay_s: float = 730 * 86400  # deliver_at at most this far ahead (2 years)
+    schedule_load_ahead_s: float = 300.0  # an hour's delayed messages enter the wheel this early
+    schedule_tick_s: float = 0.5  # slot width of the in-memory timing wheel
 
     def backoff_for(self, attempt: int) -> float:
         """Delay before retry number ``attempt`` (1-based) when a nack names none."""

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from broker.config import BrokerConfig
@@ -27,12 +28,17 @@ from broker.format import (
 from broker.groups import DeliveryState, Group, Policy
 from broker.messages import IncomingMessage, rfc3339, to_wire
 from broker.metrics import BrokerMetrics
+from broker.pulls import PullService
+from broker.schedule.metrics import ScheduleMetrics
+from broker.schedule.recovery import recover_schedule
+from broker.schedule.scheduler import Scheduler
+from broker.scheduling import SCHEDULERS, ActorMetrics, LoopClock
+from broker.scheduling import Scheduler as PullScheduler
 from broker.storage.checkpoint import Checkpoint
 from broker.storage.journal import Journal
 from broker.storage.recovery import Recovered, apply_action, recover
 from broker.storage.segments import SegmentReader
 from broker.subjects import SubjectLog
-from broker.waiters import Signal
 
 logger = logging.getLogger(__name__)
 Clock = Callable[[], int]
@@ -54,7 +60,9 @@ class Broker:
         self.status = "recovering"  # -> "ready" -> "stopping" | "failed"
         self._subjects: dict[str, SubjectLog] = {}
         self._groups: dict[tuple[str, str], Group] = {}
-        self._signals: dict[str, Signal] = {}
+        self._pulls: PullScheduler | None = None  # built once recovery has the groups
+        self._read_pool: ThreadPoolExecutor | None = None
+        self._actor_metrics = ActorMetrics(metrics.registry)
         self._journal: Journal | None = None
         self._reader = SegmentReader(config.data_dir, SegmentKind.MESSAGES)
         self._tasks: list[asyncio.Task[None]] = []
@@ -64,6 +72,8 @@ class Broker:
             backoff_s=config.backoff_s,
         )
         self.recovered: Recovered | None = None
+        self._schedule: Scheduler | None = None
+        self._schedule_metrics = ScheduleMetrics(metrics.registry)
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -79,6 +89,16 @@ class Broker:
                 "recovery failed", extra={"action": "broker.recovery_failed"}, exc_info=True
             )
             raise
+        try:
+            scheduled = await asyncio.to_thread(recover_schedule, self.config.data_dir)
+        except BrokerError:
+            self.status = "failed"
+            logger.critical(
+                "schedule recovery failed",
+                extra={"action": "broker.recovery_failed"},
+                exc_info=True,
+            )
+            raise
         self.recovered = recovered
         self._subjects = recovered.subjects
         self._groups = recovered.groups
@@ -88,9 +108,23 @@ class Broker:
             segment_bytes=self.config.segment_bytes,
             messages_at=recovered.messages_at,
             actions_at=recovered.actions_at,
+            buckets_at=scheduled.ends,
             on_fsync=self.metrics.fsync_seconds.observe,
         )
         self._journal.start()
+        self._schedule = Scheduler(
+            data_dir=self.config.data_dir,
+            journal=self._journal,
+            recovered=scheduled,
+            store_due=self._store_due,
+            metrics=self._schedule_metrics,
+            clock=self._clock,
+            tick_us=int(self.config.schedule_tick_s * 1_000_000),
+            load_ahead_us=int(self.config.schedule_load_ahead_s * 1_000_000),
+        )
+        self._schedule_metrics.watch(self._schedule.snapshot)
+        self._spawn(self._schedule.run, "qmq-schedule-wheel")
+        self._start_pulls()
         self._spawn(self._checkpoint_loop, "qmq-checkpointer")
         self._spawn(self._retention_loop, "qmq-retention")
         self.status = "ready"
@@ -102,7 +136,8 @@ class Broker:
                 "subjects": len(self._subjects),
                 "messages": sum(s.next_seq - s.first_seq for s in self._subjects.values()),
                 "groups": len(self._groups),
-                "problems": recovered.problems,
+                "scheduled": len(scheduled.ids),
+                "problems": recovered.problems + scheduled.problems,
             },
         )
 
@@ -119,12 +154,44 @@ class Broker:
 
         self._tasks.append(asyncio.create_task(supervised(), name=name))
 
+    def _start_pulls(self) -> None:
+        """Pull actors, their scheduler and its workers (needs the recovered groups)."""
+        config = self.config
+        import os, sys  # EXPERIMENT
+        if os.environ.get("QMQ_EXP_SWITCH"):
+            sys.setswitchinterval(float(os.environ["QMQ_EXP_SWITCH"]))
+        self._read_pool = ThreadPoolExecutor(config.workers, thread_name_prefix="qmq-pull-read")
+        clock = LoopClock()
+        service = PullService(
+            groups=self._groups,
+            subjects=self._subjects,
+            record=self._record,
+            reader=self._reader,
+            policy=self._policy,
+            now_us=self.now_us,
+            clock=clock,
+            executor=self._read_pool,
+            metrics=self.metrics,
+            read_delays={(s, g): d for s, g, d in config.debug_read_delay_s},
+        )
+        self._pulls = SCHEDULERS[config.scheduler](
+            processor=service,
+            clock=clock,
+            workers=config.workers,
+            time_slice_s=config.time_slice_s,
+            mailbox_size=config.mailbox_size,
+            deadline_grace_s=config.pull_grace_s,
+            metrics=self._actor_metrics,
+        )
+        for index in range(config.workers):
+            self._spawn(self._pulls.run_worker, f"qmq-pull-worker-{index}")
+
     def begin_shutdown(self) -> None:
         """Stop taking requests and wake every long poll so it answers now."""
         if self.status == "ready":
             self.status = "stopping"
-        for signal in self._signals.values():
-            signal.fire()
+        if self._pulls is not None:
+            self._pulls.drain()
 
     async def close(self) -> None:
         """Checkpoint and close the journal (after in-flight requests finished)."""
@@ -133,10 +200,16 @@ class Broker:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self._pulls is not None:
+            self._pulls.close()
+        if self._read_pool is not None:
+            self._read_pool.shutdown(wait=False, cancel_futures=True)
         if self._journal is not None:
             if self._journal.failed is None:
                 await self.checkpoint()
             await self._journal.close()
+        if self._schedule is not None:
+            self._schedule.close()
         self._reader.close()
         logger.info("broker stopped", extra={"action": "broker.stopped"})
 
@@ -159,55 +232,121 @@ class Broker:
     def now_us(self) -> int:
         return self._clock()
 
+    @property
+    def schedule(self) -> Scheduler:
+        if self._schedule is None:
+            raise Unavailable(code="recovering", message="the broker is still recovering")
+        return self._schedule
+
     # --- produce ----------------------------------------------------------------------------
 
     async def produce(self, messages: list[IncomingMessage]) -> list[dict[str, Any]]:
-        """Store a validated batch; answers once it is durable under the fsync policy."""
+        """Store a validated batch; answers once it is durable under the fsync policy.
+
+        A message due later (``deliver_at_us`` after now) goes to the schedule log and is
+        answered ``scheduled`` with seq null; the scheduler stores it here when it is due.
+        """
         journal = self._require()
+        schedule = self.schedule
         now = self.now_us()
         results: list[dict[str, Any]] = []
         visible: dict[str, int] = {}
-        wait_for_earlier = False
         for message in messages:
-            subject = self._subject(message.subject)
+            subject = self._subjects.get(message.subject)
             hashed = id_hash(message.id)
-            seq = subject.dedup.get(hashed)
-            if seq is not None and self._same_id(subject, seq, message.id):
+            seq = subject.dedup.get(hashed) if subject is not None else None
+            if subject is not None and seq is not None and self._same_id(subject, seq, message.id):
                 results.append(_result(message, "duplicate", seq))
-                wait_for_earlier = True
-                continue
-            seq = subject.next_seq
-            record = MessageRecord(
-                seq=seq,
-                id=message.id,
-                subject=message.subject,
-                key=message.key,
-                headers=message.headers,
-                body=message.body,
-                body_base64=message.body_base64,
-                producer=message.producer,
-                created_at_us=message.created_at_us if message.created_at_us is not None else now,
-                stored_at_us=now,
-                deliver_at_us=message.deliver_at_us,
-            )
-            entry = journal.append_message(
-                record.encode(), subject=subject.name, stored_at_us=now, hashed_id=hashed
-            )
-            subject.allocate(entry)
-            subject.bytes_total += subject.raw(seq)[1]
-            subject.dedup[hashed] = seq
-            visible[subject.name] = seq + 1
-            results.append(_result(message, "stored", seq))
-        if visible or wait_for_earlier:
-            durable = journal.commit_point()
-            if visible:
-                durable.add_done_callback(lambda f: self._make_visible(f, visible))
-            try:
-                await asyncio.shield(durable)
-            except StorageError as exc:
-                raise Unavailable(code="storage_failed", message=str(exc)) from exc
+            elif schedule.is_scheduled(message.subject, message.id):
+                results.append(_result(message, "duplicate", None))
+            elif message.deliver_at_us > now:
+                schedule.accept(message, now_us=now)
+                results.append(_result(message, "scheduled", None))
+            else:
+                seq = self._append(journal, message, hashed, now, visible)
+                results.append(_result(message, "stored", seq))
+        await self._settle(journal, visible)
         self.metrics.produced.inc(sum(1 for r in results if r["status"] == "stored"))
         return results
+
+    async def _store_due(self, records: list[MessageRecord]) -> tuple[list[int], int]:
+        """The scheduler's way in: store due messages like produced ones, same ids and dedup.
+
+        Returns each one's seq, or -1 when its subject already holds the id (a dispatch
+        repeated after a crash), and the stored_at time, once durable.
+        """
+        journal = self._require()
+        now = self.now_us()
+        visible: dict[str, int] = {}
+        seqs: list[int] = []
+        for record in records:
+            hashed = id_hash(record.id)
+            subject = self._subjects.get(record.subject)
+            seq = subject.dedup.get(hashed) if subject is not None else None
+            if subject is not None and seq is not None and self._same_id(subject, seq, record.id):
+                seqs.append(-1)
+                continue
+            message = IncomingMessage(
+                id=record.id,
+                subject=record.subject,
+                key=record.key,
+                headers=record.headers,
+                body=record.body,
+                body_base64=record.body_base64,
+                producer=record.producer,
+                created_at_us=record.created_at_us,
+                deliver_at_us=record.deliver_at_us,
+            )
+            seqs.append(self._append(journal, message, hashed, now, visible))
+        await self._settle(journal, visible)
+        self.metrics.produced.inc(sum(1 for seq in seqs if seq >= 0))
+        return seqs, now
+
+    def _append(
+        self,
+        journal: Journal,
+        message: IncomingMessage,
+        hashed: int,
+        now: int,
+        visible: dict[str, int],
+    ) -> int:
+        subject = self._subject(message.subject)
+        seq = subject.next_seq
+        record = MessageRecord(
+            seq=seq,
+            id=message.id,
+            subject=message.subject,
+            key=message.key,
+            headers=message.headers,
+            body=message.body,
+            body_base64=message.body_base64,
+            producer=message.producer,
+            created_at_us=message.created_at_us if message.created_at_us is not None else now,
+            stored_at_us=now,
+            deliver_at_us=message.deliver_at_us,
+        )
+        entry = journal.append_message(
+            record.encode(), subject=subject.name, stored_at_us=now, hashed_id=hashed
+        )
+        subject.allocate(entry)
+        subject.bytes_total += subject.raw(seq)[1]
+        subject.dedup[hashed] = seq
+        visible[subject.name] = seq + 1
+        return seq
+
+    async def _settle(self, journal: Journal, visible: dict[str, int]) -> None:
+        """Wait until everything appended so far is durable; then make new seqs visible.
+
+        Always waits, even for a batch of duplicates only: the original may still be in
+        flight, and a ``duplicate`` answer must not come before it is durable.
+        """
+        durable = journal.commit_point()
+        if visible:
+            durable.add_done_callback(lambda f: self._make_visible(f, visible))
+        try:
+            await asyncio.shield(durable)
+        except StorageError as exc:
+            raise Unavailable(code="storage_failed", message=str(exc)) from exc
 
     def _same_id(self, subject: SubjectLog, seq: int, message_id: str) -> bool:
         if seq >= subject.end_seq or seq < subject.first_seq:
@@ -232,11 +371,9 @@ class Broker:
             subject = self._subjects[name] = SubjectLog(name)
         return subject
 
-    def _signal(self, name: str) -> Signal:
-        signal = self._signals.get(name)
-        if signal is None:
-            signal = self._signals[name] = Signal()
-        return signal
+    def _signal(self, name: str) -> _SubjectWake:
+        """``.fire()`` resumes the long polls parked on a subject (new data, nack, redrive)."""
+        return _SubjectWake(self._pulls, name)
 
     def _read(self, subject: SubjectLog, seq: int) -> MessageRecord:
         segment, length, offset, _, _ = subject.raw(seq)
@@ -257,20 +394,25 @@ class Broker:
         mode: str,
         start: str,
     ) -> list[dict[str, Any]]:
+        """Queue a pull in its group's actor (``broker.scheduling``) and wait for the answer.
+
+        Messages as soon as there are some; an empty list when ``wait_ms`` ran out; 429
+        ``mailbox_full`` or 503 ``deadline_exceeded`` when the group is overloaded.
+        """
         self._require()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_ms / 1000
-        state = self._state_for_pull(subject, group, consumer, mode, start)
-        signal = self._signal(subject)
-        while True:
-            messages = self._take(subject, group, consumer, state, max_messages)
-            remaining = deadline - loop.time()
-            if messages or remaining <= 0 or self.status != "ready":
-                return messages
-            wakeup = state.next_wakeup_us()
-            if wakeup is not None:
-                remaining = min(remaining, max((wakeup - self.now_us()) / 1_000_000, 0.001))
-            await signal.wait(remaining)
+        pulls = self._pulls
+        if pulls is None:
+            raise Unavailable(code="recovering", message="the broker is still recovering")
+        self._state_for_pull(subject, group, consumer, mode, start)
+        future = pulls.submit(
+            subject=subject,
+            group=group,
+            key=self._groups[(subject, group)].state_key(consumer),
+            consumer=consumer,
+            max_messages=max_messages,
+            wait_s=wait_ms / 1000,
+        )
+        return await future
 
     def _state_for_pull(
         self, subject: str, group: str, consumer: str, mode: str, start: str
@@ -302,68 +444,6 @@ class Broker:
     def _record(self, record: ActionRecord) -> None:
         self.journal.append_action(record.encode())
         apply_action(self._groups, record)
-
-    def _take(
-        self, subject: str, group: str, consumer: str, state: DeliveryState, limit: int
-    ) -> list[dict[str, Any]]:
-        now = self.now_us()
-        key = consumer if self._groups[(subject, group)].mode == "broadcast" else ""
-        for kind, seqs, fields in state.expire(now_us=now, policy=self._policy):
-            self._record(_action(kind, now, subject, group, key, seqs, fields))
-        log = self._subjects[subject]
-        if state.cursor < log.first_seq:
-            state.cursor = log.first_seq  # retention removed what this group never read
-        seqs, attempts = state.choose(limit=limit, now_us=now, end_seq=log.end_seq)
-        if not seqs:
-            return []
-        out: list[dict[str, Any]] = []
-        leased: list[int] = []
-        leased_attempts: list[int] = []
-        unreadable: list[int] = []
-        for seq, attempt in zip(seqs, attempts, strict=True):
-            try:
-                record = self._read(log, seq)
-            except (StorageError, CorruptRecord) as exc:
-                logger.error(
-                    "unreadable message not served",
-                    extra={
-                        "action": "broker.unreadable",
-                        "subject": subject,
-                        "seq": seq,
-                        "error": str(exc),
-                    },
-                )
-                unreadable.append(seq)
-                continue
-            out.append(to_wire(record, attempt=attempt))
-            leased.append(seq)
-            leased_attempts.append(attempt)
-        deadline = now + self._policy.ack_timeout_us
-        self._record(
-            _action(
-                ActionType.LEASE,
-                now,
-                subject,
-                group,
-                key,
-                seqs,
-                {"consumer": consumer, "deadline": deadline, "attempts": attempts},
-            )
-        )
-        if unreadable:
-            self._record(
-                _action(
-                    ActionType.DEAD,
-                    now,
-                    subject,
-                    group,
-                    key,
-                    unreadable,
-                    {"error": "unreadable record"},
-                )
-            )
-        self.metrics.pulled.inc(len(out))
-        return out
 
     # --- ack / nack -------------------------------------------------------------------------
 
@@ -522,6 +602,8 @@ class Broker:
     def subject_stats(self, name: str) -> dict[str, Any]:
         self._require(write=False)
         subject = self._subjects.get(name)
+        if subject is None and self.schedule.knows(name):
+            subject = SubjectLog(name)  # only delayed messages so far
         if subject is None:
             raise RequestError(
                 status=404,
@@ -530,12 +612,18 @@ class Broker:
                 field="subject",
             )
         doc: dict[str, Any] = dict(subject.stats())
+        doc["scheduled"] = self.schedule.subject_stats(name)
         doc["groups"] = [
             group.stats(subject.end_seq)
             for (s, _), group in sorted(self._groups.items())
             if s == name
         ]
         return doc
+
+    def schedule_stats(self, *, limit: int) -> dict[str, Any]:
+        """``GET /v1/schedule``: pending delayed messages by hour, next due time, lag."""
+        self._require(write=False)
+        return self.schedule.stats(limit=limit)
 
     def group_backlogs(self) -> Iterable[tuple[str, str, dict[str, Any]]]:
         for (subject, name), group in self._groups.items():
@@ -633,7 +721,7 @@ class Broker:
                 del subject.dedup[hashed]
 
 
-def _result(message: IncomingMessage, status: str, seq: int) -> dict[str, Any]:
+def _result(message: IncomingMessage, status: str, seq: int | None) -> dict[str, Any]:
     return {"id": message.id, "subject": message.subject, "status": status, "seq": seq}
 
 
@@ -655,3 +743,17 @@ def _action(
         seqs=tuple(seqs),
         fields=fields,
     )
+
+
+class _SubjectWake:
+    """What ``Broker._signal`` hands out: firing it resumes a subject's parked pulls."""
+
+    __slots__ = ("_pulls", "_subject")
+
+    def __init__(self, pulls: PullScheduler | None, subject: str) -> None:
+        self._pulls = pulls
+        self._subject = subject
+
+    def fire(self) -> None:
+        if self._pulls is not None:
+            self._pulls.wake_subject(self._subject)

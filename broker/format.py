@@ -6,6 +6,9 @@ Layout of a data directory (format 1)::
     messages/<20 digits>.seg    message log segments, all subjects, append-only
     actions/<20 digits>.seg     action log segments (leases, acks, retries, dead letters)
     index/<subject>.idx         per-subject fixed-width index, seq -> (segment, offset, length)
+    schedule/<20 digits>.seg    delayed messages, one segment per hour of their due time
+                                (the number is the hour since the Unix epoch), whole messages
+    dispatch/<20 digits>.seg    which records of the same-numbered schedule segment went out
     checkpoint.json             positions up to which index and group state are saved
 
 Every segment starts with a 16-byte header (magic, kind, format version) and then holds
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import mmap
 import os
 import struct
 import zlib
@@ -396,3 +400,141 @@ def iter_action_records(path: Path) -> Iterator[tuple[int, ActionRecord]]:
         raise CorruptRecord(path=str(path), offset=0, reason=f"a {kind.name} segment")
     for offset, payload in iter_frames(data, path=str(path)):
         yield offset, ActionRecord.decode(payload, path=str(path), offset=offset)
+
+
+# --- schedule and dispatch records ----------------------------------------------------
+
+HOUR_US = 3_600_000_000
+_SCHED_FIXED = struct.Struct("<BBqQ")  # type, flags, deliver_us, schedule key
+SCHEDULE_FIXED_SIZE = _SCHED_FIXED.size
+_DISPATCH_FIXED = struct.Struct("<BqI")  # type, at_us, count
+_DISPATCH_ITEM = struct.Struct("<Qq")  # schedule offset, seq stored as (-1: already stored)
+RECORD_SCHEDULE = 2
+RECORD_DISPATCH = 3
+
+
+def hour_bucket(deliver_at_us: int) -> int:
+    """The schedule segment (hour since the Unix epoch) a due time belongs to."""
+    return deliver_at_us // HOUR_US
+
+
+def schedule_key(subject: str, message_id: str) -> int:
+    """64-bit hash of (subject, id): the dedup key of a scheduled message."""
+    raw = subject.encode() + b"\x00" + message_id.encode()
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleRecord:
+    """A delayed message as framed in its hour's schedule segment.
+
+    ``message`` is the whole message as it will be stored when due (``seq`` 0,
+    ``stored_at_us`` = when it was accepted, ``deliver_at_us`` = when it is due), so the
+    schedule log does not depend on the message log's retention.
+    """
+
+    message: MessageRecord
+    key: int  # schedule_key(subject, id)
+
+    @property
+    def deliver_at_us(self) -> int:
+        return self.message.deliver_at_us
+
+    def encode(self) -> bytes:
+        fixed = _SCHED_FIXED.pack(RECORD_SCHEDULE, 0, self.message.deliver_at_us, self.key)
+        return fixed + self.message.encode()
+
+    @classmethod
+    def decode(cls, payload: bytes, *, path: str = "?", offset: int = -1) -> ScheduleRecord:
+        deliver, key = cls.peek(payload, path=path, offset=offset)
+        message = MessageRecord.decode(payload[SCHEDULE_FIXED_SIZE:], path=path, offset=offset)
+        if message.deliver_at_us != deliver:
+            raise CorruptRecord(path=path, offset=offset, reason="due times do not agree")
+        return cls(message=message, key=key)
+
+    @staticmethod
+    def peek(
+        buf: bytes | memoryview | mmap.mmap, at: int = 0, *, path: str = "?", offset: int = -1
+    ) -> tuple[int, int]:
+        """``(deliver_at_us, key)`` of the payload at ``at``, decoding nothing else."""
+        try:
+            kind, _, deliver, key = _SCHED_FIXED.unpack_from(buf, at)
+        except struct.error as exc:
+            raise CorruptRecord(path=path, offset=offset, reason=str(exc)) from exc
+        if kind != RECORD_SCHEDULE:
+            raise CorruptRecord(path=path, offset=offset, reason=f"record type {kind}")
+        return deliver, key
+
+    @staticmethod
+    def peek_subject(
+        buf: bytes | memoryview | mmap.mmap, at: int = 0, *, path: str = "?", offset: int = -1
+    ) -> str:
+        """The subject of the schedule payload at ``at``, decoding nothing else."""
+        pos = at + SCHEDULE_FIXED_SIZE + _MSG_FIXED.size
+        try:
+            (length,) = _U16.unpack_from(buf, pos)
+            raw = buf[pos + 2 : pos + 2 + length]
+            if length == NONE_LEN or len(raw) != length:
+                raise ValueError("subject cut short or missing")
+            return bytes(raw).decode("utf-8")
+        except (struct.error, ValueError) as exc:
+            raise CorruptRecord(path=path, offset=offset, reason=str(exc)) from exc
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class DispatchRecord:
+    """Records of one schedule segment that were appended to their subjects.
+
+    ``offsets[i]`` is a record's offset in the schedule segment of the same number;
+    ``seqs[i]`` the seq it got, or -1 when the message log already held it (a dispatch
+    repeated after a crash, answered as a duplicate and not stored again), or -2 when the
+    schedule record could not be read back (logged and dropped, never served).
+    """
+
+    at_us: int
+    offsets: tuple[int, ...]
+    seqs: tuple[int, ...]
+
+    def encode(self) -> bytes:
+        if len(self.offsets) != len(self.seqs):
+            raise ValueError("offsets and seqs differ in length")
+        head = _DISPATCH_FIXED.pack(RECORD_DISPATCH, self.at_us, len(self.offsets))
+        items = b"".join(
+            _DISPATCH_ITEM.pack(o, s) for o, s in zip(self.offsets, self.seqs, strict=True)
+        )
+        return head + items
+
+    @classmethod
+    def decode(cls, payload: bytes, *, path: str = "?", offset: int = -1) -> DispatchRecord:
+        try:
+            kind, at_us, count = _DISPATCH_FIXED.unpack_from(payload, 0)
+            if kind != RECORD_DISPATCH:
+                raise ValueError(f"record type {kind} is not a dispatch")
+            if len(payload) != _DISPATCH_FIXED.size + count * _DISPATCH_ITEM.size:
+                raise ValueError("lengths do not add up")
+            items = list(_DISPATCH_ITEM.iter_unpack(payload[_DISPATCH_FIXED.size :]))
+        except (struct.error, ValueError) as exc:
+            raise CorruptRecord(path=path, offset=offset, reason=str(exc)) from exc
+        return cls(
+            at_us=at_us,
+            offsets=tuple(o for o, _ in items),
+            seqs=tuple(s for _, s in items),
+        )
+
+
+def iter_schedule_records(path: Path) -> Iterator[tuple[int, ScheduleRecord]]:
+    """Every whole schedule record of a segment file with its offset."""
+    data, kind = read_segment(path)
+    if kind is not SegmentKind.SCHEDULE:
+        raise CorruptRecord(path=str(path), offset=0, reason=f"a {kind.name} segment")
+    for offset, payload in iter_frames(data, path=str(path)):
+        yield offset, ScheduleRecord.decode(payload, path=str(path), offset=offset)
+
+
+def iter_dispatch_records(path: Path) -> Iterator[tuple[int, DispatchRecord]]:
+    """Every whole dispatch record of a segment file with its offset."""
+    data, kind = read_segment(path)
+    if kind is not SegmentKind.DISPATCH:
+        raise CorruptRecord(path=str(path), offset=0, reason=f"a {kind.name} segment")
+    for offset, payload in iter_frames(data, path=str(path)):
+        yield offset, DispatchRecord.decode(payload, path=str(path), offset=offset)

@@ -1,6 +1,8 @@
 """qmq-outbox: transactional outbox producer and idempotent consumer SDK."""
 
 from qmq_outbox.client import AsyncBrokerClient, BrokerClient
+from qmq_outbox.compensator import Compensator
+from qmq_outbox.consumer import Consumer, RetryLater
 from qmq_outbox.envelope import Message, OutgoingMessage, ProduceResult
 from qmq_outbox.errors import (
     BrokerError,
@@ -9,6 +11,9 @@ from qmq_outbox.errors import (
     ConfigurationError,
     QmqError,
 )
+from qmq_outbox.idempotent import IdempotentStore
+from qmq_outbox.outbox import Outbox
+from qmq_outbox.serializers import JsonSerializer, Serializer
 
 __all__ = [
     "AsyncBrokerClient",
@@ -16,9 +21,16 @@ __all__ = [
     "BrokerError",
     "BrokerRejected",
     "BrokerUnavailable",
+    "Compensator",
     "ConfigurationError",
+    "Consumer",
+    "IdempotentStore",
+    "JsonSerializer",
     "Message",
+    "Outbox",
     "OutgoingMessage",
     "ProduceResult",
     "QmqError",
+    "RetryLater",
+    "Serializer",
 ]

@@ -22,9 +22,7 @@ class BrokerUnavailable(BrokerError):
 class BrokerRejected(BrokerError):
     """The broker rejected the request as invalid (4xx other than 429): retrying won't help."""
 
-    def __init__(
-        self, *, status: int, code: str, message: str, field: str | None = None
-    ) -> None:
+    def __init__(self, *, status: int, code: str, message: str, field: str | None = None) -> None:
         where = f" ({field})" if field else ""
         super().__init__(f"broker answered {status} {code}{where}: {message}")
         self.status = status

@@ -7,7 +7,7 @@ import binascii
 import re
 import time
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import orjson
@@ -45,6 +45,19 @@ def _json(doc: Any, status: int = 200) -> Response:
 
 def _micros(value: datetime) -> int:
     return int(value.astimezone(UTC).timestamp() * 1_000_000)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _exact_micros(value: datetime) -> int:
+    """Microseconds since the epoch without float rounding (due times must not move early)."""
+    return (value - _EPOCH) // timedelta(microseconds=1)
+
+
+def _span(seconds: float) -> str:
+    days = seconds / 86400
+    return f"{days:g} days" if days >= 1 else f"{seconds:g} s"
 
 
 class Api:
@@ -122,14 +135,7 @@ class Api:
             )
         deliver_at_us = 0
         if envelope.deliver_at is not None:
-            due = _micros(envelope.deliver_at)
-            if due > now_us:
-                raise RequestError(
-                    status=400,
-                    code="delay_not_supported",
-                    message="delayed delivery is not supported by this broker yet",
-                    field=f"{field}.deliver_at",
-                )
+            deliver_at_us = self._deliver_at(envelope.deliver_at, now_us, f"{field}.deliver_at")
         return IncomingMessage(
             id=envelope.id,
             subject=envelope.subject,
@@ -141,6 +147,21 @@ class Api:
             created_at_us=_micros(envelope.created_at) if envelope.created_at else None,
             deliver_at_us=deliver_at_us,
         )
+
+    def _deliver_at(self, value: datetime, now_us: int, field: str) -> int:
+        """A future due time in microseconds, or 0 (deliver now) for one in the past."""
+        due = _exact_micros(value)
+        if due <= now_us:
+            return 0
+        limit_s = self.broker.config.max_delay_s
+        if due - now_us > limit_s * 1_000_000:
+            raise RequestError(
+                status=400,
+                code="delay_too_long",
+                message=f"deliver_at is more than {_span(limit_s)} ahead (--max-delay)",
+                field=field,
+            )
+        return due
 
     async def pull(self, request: Request) -> Response:
         parsed = await self._parse(request, PullRequest)
@@ -235,6 +256,12 @@ class Api:
         redriven = await self.broker.redrive(subject=subject, group=group, seqs=parsed.seqs)
         return _json({"redriven": redriven})
 
+    async def schedule(self, request: Request) -> Response:
+        if self.authorizer is not None:
+            self.authorizer.grant_for(request.headers.get("authorization"))
+        limit = _int_param(request, "limit", default=48, low=1, high=20000)
+        return _json(self.broker.schedule_stats(limit=limit))
+
     async def healthz(self, request: Request) -> Response:
         status = self.broker.status
         if status == "ready":
@@ -299,6 +326,7 @@ def create_app(
         ("/v1/subjects/{subject}", "subject", api.subject, ["GET"]),
         ("/v1/subjects/{subject}/groups/{group}/dead", "dead", api.dead, ["GET"]),
         ("/v1/subjects/{subject}/groups/{group}/dead/redrive", "redrive", api.redrive, ["POST"]),
+        ("/v1/schedule", "schedule", api.schedule, ["GET"]),
         ("/healthz", "healthz", api.healthz, ["GET"]),
         ("/metrics", "metrics", api.metrics, ["GET"]),
         ("/openapi.json", "openapi", api.openapi, ["GET"]),

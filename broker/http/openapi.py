@@ -48,6 +48,36 @@ _MESSAGE = {
 }
 
 
+_SCHEDULE = {
+    "type": "object",
+    "properties": {
+        "messages": {"type": "integer"},
+        "bytes": {"type": "integer"},
+        "next_due_at": {"type": ["string", "null"]},
+        "dispatch_lag_ms": {"type": "number"},
+        "wheel_messages": {"type": "integer"},
+        "dispatched": {"type": "integer"},
+        "last_dispatch": {
+            "type": ["object", "null"],
+            "properties": {"at": {"type": "string"}, "lateness_ms": {"type": "number"}},
+        },
+        "hours": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "hour": {"type": "string"},
+                    "messages": {"type": "integer"},
+                    "bytes": {"type": "integer"},
+                    "loaded": {"type": "boolean"},
+                },
+            },
+        },
+        "more_hours": {"type": "boolean"},
+    },
+}
+
+
 def _op(
     summary: str,
     request: str | None,
@@ -121,7 +151,14 @@ def openapi_document() -> dict[str, Any]:
                                         "id": {"type": "string"},
                                         "subject": {"type": "string"},
                                         "status": {"enum": ["stored", "duplicate", "scheduled"]},
-                                        "seq": {"type": ["integer", "null"]},
+                                        "seq": {
+                                            "type": ["integer", "null"],
+                                            "description": (
+                                                "null when scheduled (deliver_at in the future: "
+                                                "the seq is assigned when it is due) and for a "
+                                                "duplicate of a message still scheduled"
+                                            ),
+                                        },
                                     },
                                 },
                             }
@@ -188,6 +225,15 @@ def openapi_document() -> dict[str, Any]:
                     "RedriveRequest",
                     {"type": "object", "properties": {"redriven": {"type": "integer"}}},
                     subject_group,
+                )
+            },
+            "/v1/schedule": {
+                "get": _op(
+                    "Delayed messages not yet due: totals, per-hour counts (earliest first, "
+                    "up to limit), next due time and dispatch lag",
+                    None,
+                    _SCHEDULE,
+                    [_query_param("limit")],
                 )
             },
             "/metrics": {

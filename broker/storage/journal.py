@@ -1,4 +1,5 @@
-"""The journal: group commit of the message log, the action log and the subject indexes.
+"""The journal: group commit of the message log, the action log, the subject indexes and
+the bucketed schedule and dispatch logs.
 
 Appends are placed on the event loop and collected into the current batch; one flusher
 task hands each batch to a single writer thread that writes it and, under ``fsync
@@ -30,6 +31,7 @@ from broker.format import (
     index_path,
     segment_header,
 )
+from broker.storage.buckets import BucketFiles, BucketKey, BucketPlacer
 from broker.storage.segments import LogPlacer, Position, segment_path
 
 logger = logging.getLogger(__name__)
@@ -42,11 +44,12 @@ class _Batch:
     messages: list[tuple[Position, bytes]] = dataclasses.field(default_factory=list)
     actions: list[tuple[Position, bytes]] = dataclasses.field(default_factory=list)
     index: dict[str, list[bytes]] = dataclasses.field(default_factory=dict)
+    buckets: list[tuple[SegmentKind, Position, bytes]] = dataclasses.field(default_factory=list)
     jobs: list[Callable[[], None]] = dataclasses.field(default_factory=list)
     future: asyncio.Future[None] | None = None
 
     def empty(self) -> bool:
-        return not (self.messages or self.actions or self.jobs)
+        return not (self.messages or self.actions or self.buckets or self.jobs)
 
 
 class _AppendFiles:
@@ -57,6 +60,7 @@ class _AppendFiles:
         self._logs: dict[SegmentKind, tuple[int, int]] = {}  # kind -> (segment, fd)
         self._index: dict[str, int] = {}
         self.dirty: set[int] = set()
+        self.buckets = BucketFiles(data_dir)
 
     def log_fd(self, kind: SegmentKind, segment: int) -> int:
         current = self._logs.get(kind)
@@ -91,6 +95,7 @@ class _AppendFiles:
         for fd in list(self.dirty):
             os.fdatasync(fd)
         self.dirty.clear()
+        self.buckets.fsync()
 
     def fsync_indexes(self) -> None:
         for fd in self._index.values():
@@ -105,6 +110,7 @@ class _AppendFiles:
             os.close(fd)
         self._logs.clear()
         self._index.clear()
+        self.buckets.close()
 
 
 def _fsync_dir(path: Path) -> None:
@@ -126,6 +132,7 @@ class Journal:
         segment_bytes: int,
         messages_at: tuple[int, int],
         actions_at: tuple[int, int],
+        buckets_at: dict[BucketKey, int] | None = None,
         on_fsync: FsyncObserver | None = None,
     ) -> None:
         self._data_dir = data_dir
@@ -136,6 +143,7 @@ class Journal:
         self.actions = LogPlacer(
             segment_bytes=segment_bytes, segment=actions_at[0], end_offset=actions_at[1]
         )
+        self.buckets = BucketPlacer(buckets_at)
         self._files = _AppendFiles(data_dir)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qmq-journal")
         self._batch = _Batch()
@@ -190,6 +198,24 @@ class Journal:
         position = self.actions.place(len(framed))
         self._batch.actions.append((position, framed))
         return position
+
+    def append_bucket(self, kind: SegmentKind, bucket: int, payload: bytes) -> Position:
+        """Place one frame in a bucketed log (schedule, dispatch); durable with the batch."""
+        framed = frame(payload)
+        position = self.buckets.place(kind, bucket, len(framed))
+        self._batch.buckets.append((kind, position, framed))
+        return position
+
+    def remove_buckets(self, keys: list[BucketKey]) -> asyncio.Future[None]:
+        """Delete bucket segments once everything appended so far is written."""
+        for kind, bucket in keys:
+            self.buckets.forget(kind, bucket)
+
+        def job() -> None:
+            for kind, bucket in keys:
+                self._files.buckets.remove(kind, bucket)
+
+        return self.run_after_flush(job)
 
     def commit_point(self) -> asyncio.Future[None]:
         """A future that resolves once everything appended so far is durable (per policy)."""
@@ -254,6 +280,7 @@ class Journal:
     def _write(self, batch: _Batch) -> None:
         self._write_log(SegmentKind.MESSAGES, batch.messages)
         self._write_log(SegmentKind.ACTIONS, batch.actions)
+        self._write_buckets(batch.buckets)
         for subject, entries in batch.index.items():
             os.write(self._files.index_fd(subject), b"".join(entries))
         if self._fsync.mode == "always":
@@ -275,6 +302,18 @@ class Journal:
                 raise StorageError(f"short write to {kind.name} segment {segment}")
             self._files.dirty.add(fd)
             start = end
+
+    def _write_buckets(self, frames: list[tuple[SegmentKind, Position, bytes]]) -> None:
+        grouped: dict[BucketKey, list[tuple[Position, bytes]]] = {}
+        for kind, position, framed in frames:
+            grouped.setdefault((kind, position.segment), []).append((position, framed))
+        files = self._files.buckets
+        for (kind, bucket), items in grouped.items():
+            fd = files.fd(kind, bucket)
+            data = b"".join(f for _, f in items)
+            if os.pwrite(fd, data, items[0][0].offset) != len(data):
+                raise StorageError(f"short write to {kind.name} segment {bucket}")
+            files.dirty.add(fd)
 
     def _timed_fsync(self) -> None:
         began = time.perf_counter()

@@ -82,7 +82,7 @@ def recover(data_dir: Path, *, dedup_window_s: float, now_us: int | None = None)
     problems: list[str] = []
 
     segments = list_segments(data_dir, SegmentKind.MESSAGES)
-    valid_ends = _repair_tails(segments, checkpoint.messages_at[0], SegmentKind.MESSAGES, problems)
+    valid_ends = _repair_tails(segments, checkpoint.messages_at, SegmentKind.MESSAGES, problems)
     segments = list_segments(data_dir, SegmentKind.MESSAGES)
     oldest = segment_number(segments[0]) if segments else 0
     subjects = _load_indexes(data_dir, segments, valid_ends, problems)
@@ -94,7 +94,7 @@ def recover(data_dir: Path, *, dedup_window_s: float, now_us: int | None = None)
 
     action_segments = list_segments(data_dir, SegmentKind.ACTIONS)
     action_ends = _repair_tails(
-        action_segments, checkpoint.actions_at[0], SegmentKind.ACTIONS, problems
+        action_segments, checkpoint.actions_at, SegmentKind.ACTIONS, problems
     )
     action_segments = list_segments(data_dir, SegmentKind.ACTIONS)
     groups = _restore_groups(checkpoint)
@@ -115,13 +115,17 @@ def recover(data_dir: Path, *, dedup_window_s: float, now_us: int | None = None)
 
 
 def _repair_tails(
-    segments: list[Path], from_segment: int, kind: SegmentKind, problems: list[str]
+    segments: list[Path], checkpointed: tuple[int, int], kind: SegmentKind, problems: list[str]
 ) -> dict[int, int]:
-    """Truncate torn tails at or after ``from_segment``; return each scanned segment's end."""
+    """Truncate torn tails past the checkpoint; return each scanned segment's valid end.
+
+    Records before the checkpoint position were fsynced and indexed, so they are trusted
+    here; damage to them is caught by the CRC when they are read and never served.
+    """
     ends: dict[int, int] = {}
     for index, path in enumerate(segments):
         number = segment_number(path)
-        if number < from_segment:
+        if number < checkpointed[0]:
             continue
         data = path.read_bytes()
         last = index == len(segments) - 1
@@ -131,7 +135,8 @@ def _repair_tails(
             continue
         if read_segment_header(data, path=str(path)) is not kind:
             raise StorageError(f"{path} is not a {kind.name} segment")
-        scan = scan_frames(data)
+        start = checkpointed[1] if number == checkpointed[0] else HEADER_SIZE
+        scan = scan_frames(data, start=min(start, len(data)))
         if scan.problem is not None:
             if not last:
                 raise CorruptRecord(path=str(path), offset=scan.valid_end, reason=scan.problem)

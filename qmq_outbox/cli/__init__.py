@@ -15,7 +15,11 @@ SUBCOMMANDS = {
     "broker": ("qmq_outbox.cli.broker", "broker", "Run the broker."),
     "compensator": ("qmq_outbox.cli.compensator", "compensator", "Resend unconfirmed outbox rows."),
     "db": ("qmq_outbox.cli.db", "db", "Migrate the SDK's tables (Alembic)."),
-    "reconcile": ("qmq_outbox.cli.reconcile", "reconcile", "Reconcile outboxes with broker logs (Spark)."),
+    "reconcile": (
+        "qmq_outbox.cli.reconcile",
+        "reconcile",
+        "Reconcile outboxes with broker logs (Spark).",
+    ),
 }
 
 

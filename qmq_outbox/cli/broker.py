@@ -94,6 +94,66 @@ def _seconds(value: timedelta) -> float:
     help="How often group state and indexes are checkpointed.",
 )
 @click.option(
+    "--max-delay",
+    type=DURATION,
+    default="730d",
+    show_envvar=True,
+    help="Furthest deliver_at accepted (400 delay_too_long beyond).",
+)
+@click.option(
+    "--schedule-load-ahead",
+    type=DURATION,
+    default="5m",
+    show_envvar=True,
+    help="How early an hour of delayed messages is read into the in-memory timing wheel.",
+)
+@click.option(
+    "--scheduler",
+    type=click.Choice(["fair", "fifo"]),
+    default="fair",
+    show_envvar=True,
+    help="Pull scheduling: fair (an actor per subject+group, lowest virtual runtime first) "
+    "or fifo (one shared request queue, for comparison).",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 1024),
+    default=4,
+    show_envvar=True,
+    help="Pull workers: actors served at once, each with its own read thread.",
+)
+@click.option(
+    "--time-slice-ms",
+    type=click.FloatRange(0.1, 10_000),
+    default=5.0,
+    show_envvar=True,
+    help="Longest run of one actor before it yields its worker.",
+)
+@click.option(
+    "--mailbox-size",
+    type=click.IntRange(1, 10_000_000),
+    default=10_000,
+    show_envvar=True,
+    help="Pending pulls per subject+group before 429 mailbox_full.",
+)
+@click.option(
+    "--pull-grace",
+    type=DURATION,
+    default="5s",
+    show_envvar=True,
+    help="How long past its wait_ms a pull may wait for a worker before 503 deadline_exceeded.",
+)
+@click.option(
+    "--debug-read-delay-ms",
+    "read_delays",
+    multiple=True,
+    hidden=True,
+    show_envvar=True,
+    metavar="SUBJECT:GROUP=MS",
+    help="Benchmarks/tests only: sleep MS before each pull read of that group, on its "
+    "worker thread (stands in for a cold disk).",
+)
+@click.option(
     "--auth-file",
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
     default=None,
@@ -119,6 +179,14 @@ def broker(
     max_body_size: int,
     max_request_size: int,
     checkpoint_interval: timedelta,
+    max_delay: timedelta,
+    schedule_load_ahead: timedelta,
+    scheduler: str,
+    workers: int,
+    time_slice_ms: float,
+    mailbox_size: int,
+    pull_grace: timedelta,
+    read_delays: tuple[str, ...],
     auth_file: Path | None,
     log_level: str,
 ) -> None:
@@ -137,6 +205,7 @@ def broker(
     try:
         policy = FsyncPolicy.parse(fsync_policy)
         authorizer = Authorizer.from_file(auth_file) if auth_file else None
+        delays = tuple(_read_delay(text) for text in read_delays)
     except BrokerError as exc:
         raise click.BadParameter(str(exc)) from exc
     logs.configure(log_level)
@@ -151,5 +220,28 @@ def broker(
         max_body_bytes=max_body_size,
         max_request_bytes=max_request_size,
         checkpoint_interval_s=_seconds(checkpoint_interval),
+        scheduler=scheduler,
+        workers=workers,
+        time_slice_s=time_slice_ms / 1000,
+        mailbox_size=mailbox_size,
+        pull_grace_s=_seconds(pull_grace),
+        debug_read_delay_s=delays,
+        max_delay_s=_seconds(max_delay),
+        schedule_load_ahead_s=_seconds(schedule_load_ahead),
     )
     serve(config, host=host, port=port, authorizer=authorizer)
+
+
+def _read_delay(text: str) -> tuple[str, str, float]:
+    """``SUBJECT:GROUP=MS`` -> (subject, group, seconds)."""
+    from broker.errors import BrokerError
+
+    target, _, ms = text.rpartition("=")
+    subject, _, group = target.partition(":")
+    try:
+        seconds = float(ms) / 1000
+    except ValueError:
+        seconds = -1.0
+    if not subject or not group or seconds < 0:
+        raise BrokerError(f"--debug-read-delay-ms {text!r}: use SUBJECT:GROUP=MS")
+    return subject, group, seconds

@@ -1,0 +1,347 @@
+"""Fair pull scheduling: skewed groups and slow-group isolation, ``fair`` vs ``fifo``.
+
+    .venv/bin/python bench/fairness.py [--seconds 20] [--batch 32] [--backlog 1000000]
+
+1. Skewed groups. One subject with a large backlog; group A runs 100 consumers and group
+   B runs 2, every consumer pulling (``wait_ms=0``, no acks) in a loop as fast as the broker
+   answers. Reported: messages delivered per group in the measurement window, B's share
+   and Jain's fairness index over the two groups.
+2. Slow-group isolation. Group C (8 consumers) reads a cold backlog: every pull read of C
+   sleeps ``--cold-read-ms`` on its worker thread (the broker's hidden
+   ``--debug-read-delay-ms``, standing in for a disk); group D (2 consumers) pulls hot,
+   recently written messages. Reported: D's pull latency alone and with C running.
+
+Both schedulers run in the same invocation, on the same data directory, with the default
+``--workers`` and ``--time-slice-ms``. The consumers are asyncio tasks over the project's
+``AsyncBrokerClient``, one process per group (multiprocessing, spawn), so the load
+generators do not share a GIL with each other or with the broker. To show the broker is
+the bottleneck, each run reports CPU time / wall time of the broker process and of each
+load-generator process over the measurement window.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import multiprocessing
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._broker import Broker
+from qmq_outbox.client import AsyncBrokerClient
+from qmq_outbox.errors import BrokerUnavailable
+
+BODY = "x" * 100
+WARMUP_S = 3.0
+
+
+# --- load generator (runs in its own process) -----------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupLoad:
+    subject: str
+    group: str
+    consumers: int
+    batch: int
+
+
+def consume(load: GroupLoad, url: str, ready: Any, go: Any, window: Any, out: Any) -> None:
+    """Process entry: ``load.consumers`` asyncio consumers, one connection each.
+
+    Says ``ready`` once its clients exist, starts on ``go`` and counts only the pulls that
+    complete inside the window the orchestrator set (shared ``begin, end``).
+    """
+    out.put(asyncio.run(_consume(load, url, ready, go, window)))
+
+
+async def _consume(load: GroupLoad, url: str, ready: Any, go: Any, window: Any) -> dict[str, Any]:
+    # one client (one connection) per consumer, as separate consumer processes would have;
+    # a single httpx pool shared by 100 busy tasks costs the generator more CPU than it saves
+    clients = [AsyncBrokerClient(url, max_connections=1, timeout=60) for _ in range(load.consumers)]
+    ready.put(load.group)
+    await asyncio.to_thread(go.wait)
+    begin, end = window[0], window[1]
+    delivered = 0
+    pulls = 0
+    errors = 0
+    latencies: list[float] = []
+    cpu_at: dict[str, float] = {}
+
+    async def consumer(client: AsyncBrokerClient, name: str) -> None:
+        nonlocal delivered, pulls, errors
+        while time.time() < end:
+            began = time.perf_counter()
+            try:
+                messages = await client.pull(
+                    load.subject, load.group, name, max_messages=load.batch, wait_ms=0
+                )
+            except BrokerUnavailable:
+                errors += 1
+                await asyncio.sleep(0.01)
+                continue
+            took = time.perf_counter() - began
+            if begin <= time.time() < end:
+                delivered += len(messages)
+                pulls += 1
+                latencies.append(took)
+            if not messages:
+                await asyncio.sleep(0.005)  # backlog exhausted: should not happen
+
+    async def cpu_marks() -> None:
+        await asyncio.sleep(max(begin - time.time(), 0))
+        cpu_at["begin"] = time.process_time()
+        await asyncio.sleep(max(end - time.time(), 0))
+        cpu_at["end"] = time.process_time()
+
+    try:
+        marks = asyncio.create_task(cpu_marks())
+        await asyncio.gather(
+            *(consumer(client, f"{load.group}-{n}") for n, client in enumerate(clients))
+        )
+        await marks
+    finally:
+        await asyncio.gather(*(client.aclose() for client in clients))
+    latencies.sort()
+    return {
+        "group": load.group,
+        "consumers": load.consumers,
+        "delivered": delivered,
+        "pulls": pulls,
+        "errors": errors,
+        "cpu_share": (cpu_at["end"] - cpu_at["begin"]) / (end - begin),
+        "p50_ms": 1000 * _quantile(latencies, 0.50),
+        "p99_ms": 1000 * _quantile(latencies, 0.99),
+    }
+
+
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    return values[min(int(q * len(values)), len(values) - 1)]
+
+
+def run_loads(broker: Broker, loads: list[GroupLoad], seconds: float) -> dict[str, Any]:
+    """Run one process per group; return per-group results and the broker's CPU share."""
+    ctx = multiprocessing.get_context("spawn")
+    ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    window = ctx.Array("d", [0.0, 0.0])
+    procs = [
+        ctx.Process(
+            target=consume, args=(load, broker.url, ready, go, window, out), name=load.group
+        )
+        for load in loads
+    ]
+    for proc in procs:
+        proc.start()
+    for _ in procs:
+        ready.get(timeout=300)
+    begin = time.time() + WARMUP_S  # the consumers start now; count from here
+    end = begin + seconds
+    window[0], window[1] = begin, end
+    go.set()
+    time.sleep(max(begin - time.time(), 0))
+    cpu_begin = broker.cpu_seconds()
+    time.sleep(max(end - time.time(), 0))
+    cpu_end = broker.cpu_seconds()
+    results = {r["group"]: r for r in (out.get(timeout=300) for _ in procs)}
+    for proc in procs:
+        proc.join(30)
+    return {"groups": results, "broker_cpu_share": (cpu_end - cpu_begin) / seconds}
+
+
+# --- setup --------------------------------------------------------------------------------
+
+
+async def fill(url: str, subject: str, count: int, *, batch: int = 1000) -> None:
+    """Produce ``count`` messages with 100-byte bodies, four batches in flight."""
+    import orjson
+
+    async def worker(client: AsyncBrokerClient, starts: list[int]) -> None:
+        for start in starts:
+            doc = {
+                "messages": [
+                    {"id": f"{subject}-{n}", "subject": subject, "body": BODY}
+                    for n in range(start, min(start + batch, count))
+                ]
+            }
+            await client.produce_raw(orjson.dumps(doc))
+
+    starts = list(range(0, count, batch))
+    async with AsyncBrokerClient(url, max_connections=8, timeout=120) as client:
+        await asyncio.gather(*(worker(client, starts[i::4]) for i in range(4)))
+
+
+def jain(values: list[float]) -> float:
+    total = sum(values)
+    squares = sum(v * v for v in values)
+    return total * total / (len(values) * squares) if squares else float("nan")
+
+
+# --- scenarios ----------------------------------------------------------------------------
+
+
+def skewed(data: Path, scheduler: str, args: argparse.Namespace) -> dict[str, Any]:
+    broker = Broker(data, "--scheduler", scheduler, "--fsync", "never", "--ack-timeout", "1h")
+    broker.start()
+    try:
+        loads = [
+            GroupLoad("skew", f"A-{scheduler}", 100, args.batch),
+            GroupLoad("skew", f"B-{scheduler}", 2, args.batch),
+        ]
+        result = run_loads(broker, loads, args.seconds)
+    finally:
+        broker.stop()
+    a, b = (result["groups"][load.group] for load in loads)
+    result["b_share"] = b["delivered"] / max(a["delivered"] + b["delivered"], 1)
+    result["jain"] = jain([a["delivered"], b["delivered"]])
+    result["a"], result["b"] = a, b
+    return result
+
+
+def isolation(data: Path, scheduler: str, args: argparse.Namespace) -> dict[str, Any]:
+    cold_group = f"C-{scheduler}"
+    delay = f"cold:{cold_group}={args.cold_read_ms}"
+    broker = Broker(
+        data,
+        "--scheduler",
+        scheduler,
+        "--fsync",
+        "never",
+        "--ack-timeout",
+        "1h",
+        "--debug-read-delay-ms",
+        delay,
+    )
+    broker.start()
+    try:
+        alone = run_loads(broker, [GroupLoad("hot", f"D-{scheduler}-alone", 2, 32)], args.seconds)
+        both = run_loads(
+            broker,
+            [
+                GroupLoad("hot", f"D-{scheduler}-with-C", 2, 32),
+                GroupLoad("cold", cold_group, 8, 32),
+            ],
+            args.seconds,
+        )
+    finally:
+        broker.stop()
+    d_alone = alone["groups"][f"D-{scheduler}-alone"]
+    d_with = both["groups"][f"D-{scheduler}-with-C"]
+    return {
+        "alone": alone,
+        "with_c": both,
+        "d_alone": d_alone,
+        "d_with": d_with,
+        "c": both["groups"][cold_group],
+        "p99_ratio": d_with["p99_ms"] / d_alone["p99_ms"],
+    }
+
+
+# --- report -------------------------------------------------------------------------------
+
+
+def machine() -> str:
+    load = os.getloadavg()
+    return (
+        f"{os.cpu_count()} vCPU, Python {platform.python_version()}, "
+        f"load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}"
+    )
+
+
+def report(args: argparse.Namespace, skew: dict[str, Any], iso: dict[str, Any], **meta: str) -> str:
+    lines = [
+        f"Command: `{meta['command']}`  ",
+        f"Date: {meta['date']}  ",
+        f"Machine: {meta['machine_before']} before, {meta['machine_after']} after.",
+        "",
+        f"**1. Skewed groups** (A: 100 consumers, B: 2; batch {args.batch}; "
+        f"{args.seconds:.0f} s window after {WARMUP_S:.0f} s warm-up; no acks)",
+        "",
+        "| scheduler | A msgs | B msgs | B share | Jain | A p99 ms | B p99 ms "
+        "| broker CPU | load gen CPU (A, B) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in skew.items():
+        a, b = r["a"], r["b"]
+        lines.append(
+            f"| {name} | {a['delivered']} | {b['delivered']} | {r['b_share']:.3f} "
+            f"| {r['jain']:.3f} | {a['p99_ms']:.1f} | {b['p99_ms']:.1f} "
+            f"| {r['broker_cpu_share']:.2f} | {a['cpu_share']:.2f}, {b['cpu_share']:.2f} |"
+        )
+    lines += [
+        "",
+        f"**2. Slow-group isolation** (C: 8 consumers on a cold backlog, "
+        f"{args.cold_read_ms} ms per read; D: 2 consumers on hot messages; batch 32)",
+        "",
+        "| scheduler | D p50 alone | D p99 alone | D p50 with C | D p99 with C | p99 ratio "
+        "| D msgs/s alone | D msgs/s with C | C msgs/s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in iso.items():
+        da, dw, c = r["d_alone"], r["d_with"], r["c"]
+        lines.append(
+            f"| {name} | {da['p50_ms']:.2f} ms | {da['p99_ms']:.2f} ms | {dw['p50_ms']:.2f} ms "
+            f"| {dw['p99_ms']:.2f} ms | {r['p99_ratio']:.2f} "
+            f"| {da['delivered'] / args.seconds:.0f} | {dw['delivered'] / args.seconds:.0f} "
+            f"| {c['delivered'] / args.seconds:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=20.0, help="measurement window")
+    parser.add_argument("--batch", type=int, default=32, help="max messages per pull")
+    parser.add_argument("--backlog", type=int, default=1_000_000)
+    parser.add_argument("--cold-read-ms", type=int, default=20)
+    parser.add_argument("--only", choices=["skew", "isolation"], default=None)
+    args = parser.parse_args()
+    command = "python bench/fairness.py " + " ".join(sys.argv[1:])
+    date = subprocess.run(["date", "-u"], capture_output=True, text=True).stdout.strip()
+    before = machine()
+    with tempfile.TemporaryDirectory(prefix="qmq-fairness-") as tmp:
+        data = Path(tmp) / "data"
+        filler = Broker(data, "--fsync", "never")
+        filler.start()
+        try:
+            began = time.monotonic()
+            asyncio.run(fill(filler.url, "skew", args.backlog if args.only != "isolation" else 0))
+            asyncio.run(fill(filler.url, "cold", 200_000 if args.only != "skew" else 0))
+            asyncio.run(fill(filler.url, "hot", 400_000 if args.only != "skew" else 0))
+            print(f"filled in {time.monotonic() - began:.0f} s", file=sys.stderr)
+        finally:
+            filler.stop()
+        skew: dict[str, Any] = {}
+        iso: dict[str, Any] = {}
+        for scheduler in ("fair", "fifo"):
+            if args.only != "isolation":
+                skew[scheduler] = skewed(data, scheduler, args)
+                print(scheduler, "skew", skew[scheduler], file=sys.stderr)
+            if args.only != "skew":
+                iso[scheduler] = isolation(data, scheduler, args)
+                print(scheduler, "isolation", iso[scheduler], file=sys.stderr)
+    print(
+        report(
+            args,
+            skew,
+            iso,
+            command=command,
+            date=date,
+            machine_before=before,
+            machine_after=machine(),
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

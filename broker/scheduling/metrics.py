@@ -1,0 +1,118 @@
+"""Prometheus series per actor (labels ``subject``, ``group``), on the broker's registry.
+
+Counters and the queue-wait histogram are updated as things happen (each actor keeps its
+label children, so an update is one call); mailbox depth, parked requests and virtual
+runtime are read at scrape time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+_WAIT_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5)
+
+# (subject, group, queued, parked, vruntime seconds)
+ActorGauges = Callable[[], Iterable[tuple[str, str, int, int, float]]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ActorSeries:
+    """The label children of one actor."""
+
+    runs: Counter
+    service: Counter
+    suspended: Counter
+    queue_wait: Histogram
+    expired: Counter
+    rejected: Counter
+
+
+class ActorMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        labels = ["subject", "group"]
+        r = registry
+        self.runs = Counter(
+            "qmq_broker_actor_runs", "Slices an actor ran on a worker", labels, registry=r
+        )
+        self.service = Counter(
+            "qmq_broker_actor_service_seconds",
+            "Wall time an actor spent running, reads included (its virtual runtime source)",
+            labels,
+            registry=r,
+        )
+        self.suspended = Counter(
+            "qmq_broker_actor_suspended_seconds",
+            "Time an actor spent suspended: only long polls parked, no worker used",
+            labels,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "qmq_broker_actor_queue_wait_seconds",
+            "Time a pull waited in its actor's mailbox before a worker took it",
+            labels,
+            buckets=_WAIT_BUCKETS,
+            registry=r,
+        )
+        self.expired = Counter(
+            "qmq_broker_actor_expired_requests",
+            "Pulls answered 503 deadline_exceeded after waiting past their deadline",
+            labels,
+            registry=r,
+        )
+        self.rejected = Counter(
+            "qmq_broker_actor_rejected_requests",
+            "Pulls answered 429 mailbox_full",
+            labels,
+            registry=r,
+        )
+        self._registry = registry
+
+    def series(self, subject: str, group: str) -> ActorSeries:
+        return ActorSeries(
+            runs=self.runs.labels(subject, group),
+            service=self.service.labels(subject, group),
+            suspended=self.suspended.labels(subject, group),
+            queue_wait=self.queue_wait.labels(subject, group),
+            expired=self.expired.labels(subject, group),
+            rejected=self.rejected.labels(subject, group),
+        )
+
+    def watch(self, gauges: ActorGauges) -> None:
+        """Expose mailbox depth, parked requests and virtual runtime at scrape time."""
+        self._registry.register(_ActorCollector(gauges))
+
+
+class _ActorCollector(Collector):
+    def __init__(self, gauges: ActorGauges) -> None:
+        self._gauges = gauges
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        labels = ["subject", "group"]
+        mailbox = GaugeMetricFamily(
+            "qmq_broker_actor_mailbox_requests",
+            "Pulls queued in an actor's mailbox, waiting for a worker",
+            labels=labels,
+        )
+        parked = GaugeMetricFamily(
+            "qmq_broker_actor_parked_requests",
+            "Long polls parked by an actor until data or their timeout",
+            labels=labels,
+        )
+        vruntime = GaugeMetricFamily(
+            "qmq_broker_actor_vruntime_seconds",
+            "An actor's virtual runtime (fair scheduler priority; lower runs first)",
+            labels=labels,
+        )
+        for subject, group, queued, parked_n, vrun in self._gauges():
+            mailbox.add_metric([subject, group], float(queued))
+            parked.add_metric([subject, group], float(parked_n))
+            vruntime.add_metric([subject, group], vrun)
+        yield from (mailbox, parked, vruntime)
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())

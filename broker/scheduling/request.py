@@ -1,0 +1,64 @@
+"""A pull request as the scheduler sees it, and what serving it may produce."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+
+class Status(enum.Enum):
+    QUEUED = "queued"  # in the actor's mailbox, waiting for a worker
+    RUNNING = "running"  # being served by a worker
+    PARKED = "parked"  # found nothing; long-polling until new data or its wait ends
+    DONE = "done"  # answered, failed or cancelled
+
+
+@dataclasses.dataclass(slots=True, eq=False, kw_only=True)
+class PullRequest:
+    """One ``POST /v1/pull``; times are on the scheduler's clock (monotonic seconds).
+
+    ``wait_until`` ends the long poll (then an empty answer is right); ``deadline`` is the
+    latest time a worker may start on it (then it is answered 503, never dropped).
+    """
+
+    subject: str
+    group: str
+    key: str  # delivery-state key: the consumer in broadcast mode, "" in shared mode
+    consumer: str
+    max_messages: int
+    arrived: float
+    wait_until: float
+    deadline: float
+    future: asyncio.Future[list[Any]]
+    status: Status = Status.QUEUED
+    timed_out: bool = False  # its wait ended while parked: answer now, data or not
+    queued_at: float = 0.0
+
+    @property
+    def done(self) -> bool:
+        return self.status is Status.DONE or self.future.done()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one serving step found: messages to answer with, or nothing yet.
+
+    ``wake_at`` (scheduler clock) says when the group next has something due without a new
+    message (a retry, an expiring lease), so a parked request can be resumed then.
+    """
+
+    messages: list[Any] | None
+    wake_at: float | None = None
+
+
+class Processor(Protocol):
+    """Serves a batch of one actor's requests, in order; called on the loop by a worker.
+
+    Returns one outcome per request. Batching lets one hand-off to the read pool serve
+    several requests.
+    """
+
+    async def __call__(self, requests: Sequence[PullRequest]) -> list[Outcome]: ...

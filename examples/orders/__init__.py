@@ -1,0 +1,1 @@
+"""Example orders service: SQLAlchemy models and transactional service functions."""

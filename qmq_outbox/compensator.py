@@ -1,0 +1,326 @@
+"""``Compensator``: resend outbox rows the dispatcher did not confirm (ARCHITECTURE.md §4).
+
+Each pass claims due ``pending`` rows in batches (older than ``grace`` on their first
+attempt), produces them, and then, fenced by the batch's claim token, marks them ``sent``,
+schedules a retry with exponential backoff and jitter, or marks them ``dead`` (a permanent
+broker rejection, or ``max_attempts`` used up). Resends are harmless: the broker
+deduplicates by message id. Passes run on an APScheduler ``BackgroundScheduler`` with a
+fixed delay between them; sent rows older than ``retention`` are purged in small batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import threading
+import time
+import uuid
+from datetime import datetime, timedelta
+
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+from prometheus_client import CollectorRegistry
+from sqlalchemy.engine import Engine
+
+from qmq_outbox.backoff import backoff_delay
+from qmq_outbox.client import BrokerClient
+from qmq_outbox.compensator_metrics import CompensatorMetrics
+from qmq_outbox.errors import ConfigurationError, QmqError
+from qmq_outbox.sending import SendReport, send
+from qmq_outbox.store import ClaimedRow, OutboxStore, Retry, utcnow
+
+logger = logging.getLogger(__name__)
+
+_JOB_ID = "qmq-compensator-pass"
+
+
+@dataclasses.dataclass(slots=True)
+class PassResult:
+    """Counts of one compensator pass."""
+
+    claimed: int = 0
+    sent: int = 0
+    duplicates: int = 0
+    retried: int = 0
+    dead: int = 0
+    lost: int = 0
+    purged: int = 0
+    unavailable: int = 0  # batches that found the broker unavailable
+
+    def add(self, other: PassResult) -> None:
+        for field in dataclasses.fields(self):
+            setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
+
+
+class Compensator:
+    """Claims and resends unconfirmed outbox rows; run ``start()``/``stop()`` or ``run_once()``.
+
+    ``engine`` is the application's database (the caller owns and disposes it); ``client`` or
+    ``broker_url`` the broker. Several compensators may share a PostgreSQL table; on SQLite
+    run one at a time.
+    """
+
+    def __init__(
+        self,
+        *,
+        engine: Engine | None = None,
+        store: OutboxStore | None = None,
+        client: BrokerClient | None = None,
+        broker_url: str | None = None,
+        token: str | None = None,
+        interval: timedelta = timedelta(seconds=1),
+        batch_size: int = 500,
+        grace: timedelta = timedelta(seconds=30),
+        max_attempts: int = 16,
+        retention: timedelta = timedelta(days=7),
+        lease: timedelta = timedelta(minutes=1),
+        backoff_base: timedelta = timedelta(seconds=1),
+        backoff_cap: timedelta = timedelta(minutes=10),
+        purge_interval: timedelta = timedelta(minutes=1),
+        purge_batch_size: int = 1000,
+        pass_budget: timedelta = timedelta(seconds=30),
+        registry: CollectorRegistry | None = None,
+        name: str = "qmq-compensator",
+        rng: random.Random | None = None,
+    ) -> None:
+        self._owned_client: BrokerClient | None = None
+        if store is None:
+            if engine is None:
+                raise ConfigurationError("Compensator needs engine= (or store=)")
+            store = OutboxStore(engine)
+        if client is None:
+            if broker_url is None:
+                raise ConfigurationError("Compensator needs broker_url= (or client=)")
+            client = self._owned_client = BrokerClient(broker_url, token=token)
+        if max_attempts < 1 or batch_size < 1:
+            raise ConfigurationError("max_attempts and batch_size must be at least 1")
+        self.store = store
+        self.client = client
+        self.interval = interval
+        self.batch_size = batch_size
+        self.grace = grace
+        self.max_attempts = max_attempts
+        self.retention = retention
+        self.lease = lease
+        self.backoff_base = backoff_base
+        self.backoff_cap = backoff_cap
+        self.purge_interval = purge_interval
+        self.purge_batch_size = purge_batch_size
+        self.pass_budget = pass_budget
+        self.metrics = CompensatorMetrics(registry)
+        self.name = name
+        self._rng = rng or random.Random()
+        self._stop = threading.Event()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._last_purge = float("-inf")
+        self._scheduler: BackgroundScheduler | None = None
+        self._scheduler_lock = threading.Lock()
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        return self.metrics.registry
+
+    # -- one pass -------------------------------------------------------------------------------
+
+    def run_once(self) -> PassResult:
+        """Claim and settle batches until nothing is due, the broker is unavailable, the
+        ``pass_budget`` is spent or ``stop()`` was called; then purge if it is time."""
+        total = PassResult()
+        deadline = time.monotonic() + self.pass_budget.total_seconds()
+        while not self._stop.is_set():
+            result = self.run_batch()
+            total.add(result)
+            if result.claimed < self.batch_size or result.unavailable:
+                break
+            if time.monotonic() > deadline:
+                break
+        if time.monotonic() - self._last_purge >= self.purge_interval.total_seconds():
+            total.purged = self.purge()
+            self._last_purge = time.monotonic()
+        self.update_gauges()
+        return total
+
+    def run_batch(self) -> PassResult:
+        """Claim one batch of due rows, produce them and record the outcome."""
+        token = str(uuid.uuid4())
+        started = time.perf_counter()
+        rows = self.store.claim(
+            token=token, now=utcnow(), grace=self.grace, lease=self.lease, limit=self.batch_size
+        )
+        self.metrics.claim_latency.observe(time.perf_counter() - started)
+        if not rows:
+            return PassResult()
+        started = time.perf_counter()
+        report = send(self.client, [row.message for row in rows])
+        self.metrics.send_latency.observe(time.perf_counter() - started)
+        return self._settle(rows, report, token)
+
+    def _settle(self, rows: list[ClaimedRow], report: SendReport, token: str) -> PassResult:
+        by_message = {row.message.id: row for row in rows}
+        result = PassResult(claimed=len(rows))
+        sent_ids = [by_message[r.id].id for r in report.results]
+        marked = self.store.mark_sent(ids=sent_ids, token=token, now=utcnow())
+        result.sent = marked
+        result.duplicates = sum(1 for r in report.results if r.status == "duplicate")
+        result.lost = len(sent_ids) - marked
+        for message, error in report.rejected:
+            result.dead += self.store.mark_dead(
+                ids=[by_message[message.id].id], token=token, error=str(error)
+            )
+            _log_dead(by_message[message.id], str(error))
+        if report.unsent:
+            assert report.error is not None
+            result.unavailable = 1
+            result.retried, dead = self._reschedule(
+                [by_message[m.id] for m in report.unsent], token, str(report.error)
+            )
+            result.dead += dead
+        self._count(result)
+        if result.lost:
+            logger.warning(
+                "%d sent row(s) had been claimed by another compensator meanwhile",
+                result.lost,
+                extra={"action": "outbox.claim_lost", "count": result.lost, "token": token},
+            )
+        if result.sent:
+            logger.info(
+                "compensator sent %d message(s) (%d already stored)",
+                result.sent,
+                result.duplicates,
+                extra={"action": "outbox.resent", "count": result.sent, "token": token},
+            )
+        return result
+
+    def _reschedule(self, rows: list[ClaimedRow], token: str, error: str) -> tuple[int, int]:
+        out_of_attempts = [row for row in rows if row.attempts >= self.max_attempts]
+        now = utcnow()
+        retries = [
+            Retry(id=row.id, next_attempt_at=now + self._delay(row.attempts))
+            for row in rows
+            if row.attempts < self.max_attempts
+        ]
+        self.store.mark_retry(retries=retries, token=token, error=error)
+        dead = self.store.mark_dead(ids=[r.id for r in out_of_attempts], token=token, error=error)
+        for row in out_of_attempts:
+            _log_dead(row, error)
+        if retries:
+            logger.warning(
+                "broker unavailable, %d row(s) rescheduled: %s",
+                len(retries),
+                error,
+                extra={"action": "outbox.retry_scheduled", "count": len(retries)},
+            )
+        return len(retries), dead
+
+    def _delay(self, attempts: int) -> timedelta:
+        return backoff_delay(attempts, base=self.backoff_base, cap=self.backoff_cap, rng=self._rng)
+
+    def _count(self, result: PassResult) -> None:
+        self.metrics.sent.inc(result.sent)
+        self.metrics.resent.inc(min(result.duplicates, result.sent))
+        self.metrics.retried.inc(result.retried)
+        self.metrics.dead.inc(result.dead)
+        self.metrics.lost_claims.inc(result.lost)
+
+    def purge(self, *, now: datetime | None = None, max_batches: int = 100) -> int:
+        """Delete sent rows older than the retention, ``purge_batch_size`` at a time."""
+        before = (now or utcnow()) - self.retention
+        purged = 0
+        for _ in range(max_batches):
+            if self._stop.is_set():
+                break
+            deleted = self.store.purge_sent(before=before, batch_size=self.purge_batch_size)
+            purged += deleted
+            if deleted < self.purge_batch_size:
+                break
+        self.metrics.purged.inc(purged)
+        if purged:
+            logger.info(
+                "purged %d sent row(s)", purged, extra={"action": "outbox.purged", "count": purged}
+            )
+        return purged
+
+    def update_gauges(self) -> None:
+        stats = self.store.pending_stats()
+        self.metrics.pending.set(stats.count)
+        age = 0.0
+        if stats.oldest_created_at is not None:
+            age = max(0.0, (utcnow() - stats.oldest_created_at).total_seconds())
+        self.metrics.oldest_pending_age.set(age)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Run passes in the background, ``interval`` apart, the first one now."""
+        if self._scheduler is not None:
+            raise ConfigurationError("compensator already started")
+        self._stop.clear()
+        executor = ThreadPoolExecutor(1, pool_kwargs={"thread_name_prefix": self.name})
+        self._scheduler = BackgroundScheduler(executors={"default": executor}, timezone="UTC")
+        self._scheduler.start()
+        thread = getattr(self._scheduler, "_thread", None)
+        if thread is not None:
+            thread.name = f"{self.name}-scheduler"
+        self._schedule(delay=timedelta(0))
+        logger.info("compensator started", extra={"action": "outbox.compensator_started"})
+
+    def _schedule(self, *, delay: timedelta) -> None:
+        with self._scheduler_lock:
+            if self._scheduler is None or self._stop.is_set():
+                return
+            self._scheduler.add_job(
+                self._job,
+                "date",
+                run_date=utcnow() + delay,
+                id=_JOB_ID,
+                replace_existing=True,
+                misfire_grace_time=None,
+            )
+
+    def _job(self) -> None:
+        self._idle.clear()
+        try:
+            self.run_once()
+        except QmqError:
+            logger.exception(
+                "compensator pass failed; retrying after the interval",
+                extra={"action": "outbox.compensator_failed"},
+            )
+        except BaseException:
+            logger.critical(
+                "compensator pass crashed",
+                exc_info=True,
+                extra={"action": "outbox.compensator_crashed"},
+            )
+            raise
+        finally:
+            self._idle.set()
+            self._schedule(delay=self.interval)
+
+    def stop(self, timeout: float = 30.0) -> bool:
+        """Stop after the current batch; True if it finished within ``timeout`` seconds."""
+        self._stop.set()
+        with self._scheduler_lock:
+            scheduler, self._scheduler = self._scheduler, None
+            if scheduler is not None:
+                scheduler.shutdown(wait=False)
+        finished = self._idle.wait(timeout)
+        if self._owned_client is not None and finished:
+            self._owned_client.close()
+        logger.info(
+            "compensator stopped",
+            extra={"action": "outbox.compensator_stopped", "clean": finished},
+        )
+        return finished
+
+
+def _log_dead(row: ClaimedRow, error: str) -> None:
+    logger.error(
+        "outbox message %s is dead after %d attempt(s): %s",
+        row.message.id,
+        row.attempts,
+        error,
+        extra={"action": "outbox.dead", "message_id": row.message.id, "attempts": row.attempts},
+    )

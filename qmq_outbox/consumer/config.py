@@ -1,0 +1,128 @@
+"""The consumer's settings, its client ports and its counters."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from qmq_outbox.client import PullMode, StartAt
+from qmq_outbox.envelope import Message
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumerConfig:
+    group: str
+    consumer_id: str
+    concurrency: int
+    prefetch: int
+    max_batch: int
+    wait_ms: int
+    ack_batch_size: int
+    ack_interval: float
+    mode: PullMode
+    start: StartAt
+    shutdown_timeout: float
+
+    @property
+    def capacity(self) -> int:
+        """The most leases held at once: running plus prefetched."""
+        return self.concurrency + self.prefetch
+
+
+class PullClient(Protocol):
+    """What the threaded runner needs of ``BrokerClient``."""
+
+    def pull(
+        self,
+        subject: str,
+        group: str,
+        consumer: str,
+        *,
+        max_messages: int = ...,
+        wait_ms: int = ...,
+        mode: PullMode = ...,
+        start: StartAt = ...,
+    ) -> list[Message]: ...
+
+    def ack(
+        self, subject: str, group: str, consumer: str, seqs: Sequence[int]
+    ) -> dict[str, Any]: ...
+
+    def nack(
+        self,
+        subject: str,
+        group: str,
+        consumer: str,
+        seqs: Sequence[int],
+        *,
+        delay_ms: int | None = ...,
+        error: str | None = ...,
+    ) -> dict[str, Any]: ...
+
+
+class AsyncPullClient(Protocol):
+    """What the asyncio runner needs of ``AsyncBrokerClient``."""
+
+    async def pull(
+        self,
+        subject: str,
+        group: str,
+        consumer: str,
+        *,
+        max_messages: int = ...,
+        wait_ms: int = ...,
+        mode: PullMode = ...,
+        start: StartAt = ...,
+    ) -> list[Message]: ...
+
+    async def ack(
+        self, subject: str, group: str, consumer: str, seqs: Sequence[int]
+    ) -> dict[str, Any]: ...
+
+    async def nack(
+        self,
+        subject: str,
+        group: str,
+        consumer: str,
+        seqs: Sequence[int],
+        *,
+        delay_ms: int | None = ...,
+        error: str | None = ...,
+    ) -> dict[str, Any]: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumerStats:
+    """A snapshot of a consumer's counters since it was created."""
+
+    pulled: int
+    processed: int
+    duplicates: int
+    nacked: int
+    acked: int
+    ack_unknown: int
+
+    @property
+    def in_flight(self) -> int:
+        """Pulled and not yet finished (running, queued, or abandoned at a stop timeout)."""
+        return self.pulled - self.processed - self.duplicates - self.nacked
+
+
+class Counters:
+    """Thread-safe counters behind ``Consumer.stats()``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values = dict.fromkeys(
+            ("pulled", "processed", "duplicates", "nacked", "acked", "ack_unknown"), 0
+        )
+
+    def add(self, name: str, count: int = 1) -> None:
+        with self._lock:
+            self._values[name] += count
+
+    def snapshot(self) -> ConsumerStats:
+        with self._lock:
+            return ConsumerStats(**self._values)

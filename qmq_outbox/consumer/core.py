@@ -1,0 +1,314 @@
+"""``Consumer``: pull messages of some subjects for one group and run their handlers."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import signal
+import socket
+import threading
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
+
+from qmq_outbox.client import AsyncBrokerClient, BrokerClient, PullMode, StartAt
+from qmq_outbox.consumer.config import (
+    AsyncPullClient,
+    ConsumerConfig,
+    ConsumerStats,
+    Counters,
+    PullClient,
+)
+from qmq_outbox.consumer.errors import ConsumerCrashed
+from qmq_outbox.consumer.handlers import (
+    AsyncSessionHandler,
+    Guard,
+    HandlerSpec,
+    MessageHandler,
+    SessionHandler,
+)
+from qmq_outbox.consumer.signals import STOP_SIGNALS, stop_on_signals
+from qmq_outbox.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession
+    from sqlalchemy.orm import Session
+
+    from qmq_outbox.idempotent import IdempotentStore, NonTransactional
+
+logger = logging.getLogger(__name__)
+
+H = TypeVar("H", bound=MessageHandler)
+HS = TypeVar("HS", bound=SessionHandler)
+HA = TypeVar("HA", bound=AsyncSessionHandler)
+
+SIGNAL_POLL = 0.1
+
+
+def _is_async_client(client: object) -> bool:
+    return inspect.iscoroutinefunction(getattr(client, "pull", None))
+
+
+def generate_consumer_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+class Consumer:
+    """Consume one group's messages of the subjects that have a ``@handler``.
+
+    A handler that returns acks its message (acks are batched: ``ack_batch_size`` or
+    ``ack_interval`` seconds, and flushed on stop); one that raises nacks it, and the broker
+    retries with its backoff; ``RetryLater(delay)`` chooses the delay. At most
+    ``concurrency`` handlers run at once and at most ``concurrency + prefetch`` messages are
+    leased to this consumer at any time, so a slow handler does not hoard the group's
+    messages. ``mode="broadcast"`` gives every consumer of the group every message.
+
+    ``client`` is an injected ``BrokerClient`` (for ``run()``) or ``AsyncBrokerClient``
+    (for ``run_async()``), or anything with their ``pull/ack/nack``; the consumer does not
+    close what it was given. Otherwise it makes its own from ``broker_url`` and ``token``.
+    """
+
+    def __init__(
+        self,
+        broker_url: str,
+        group: str,
+        *,
+        consumer_id: str | None = None,
+        concurrency: int = 8,
+        prefetch: int | None = None,
+        max_batch: int = 32,
+        wait_ms: int = 5000,
+        ack_batch_size: int = 100,
+        ack_interval: float = 0.05,
+        mode: PullMode = "shared",
+        start: StartAt = "earliest",
+        shutdown_timeout: float = 30.0,
+        token: str | None = None,
+        client: PullClient | AsyncPullClient | None = None,
+    ) -> None:
+        if concurrency < 1 or max_batch < 1 or ack_batch_size < 1:
+            raise ConfigurationError("concurrency, max_batch and ack_batch_size must be >= 1")
+        if not 0 <= wait_ms <= 60_000 or max_batch > 1000:
+            raise ConfigurationError("wait_ms must be 0..60000 and max_batch at most 1000")
+        if mode not in ("shared", "broadcast") or start not in ("earliest", "latest"):
+            raise ConfigurationError(f"bad mode {mode!r} or start {start!r}")
+        if not group or len(group) > 200:
+            raise ConfigurationError("group must be 1..200 characters")
+        self.broker_url = broker_url
+        self.config = ConsumerConfig(
+            group=group,
+            consumer_id=consumer_id or generate_consumer_id(),
+            concurrency=concurrency,
+            prefetch=concurrency if prefetch is None else max(0, prefetch),
+            max_batch=max_batch,
+            wait_ms=wait_ms,
+            ack_batch_size=ack_batch_size,
+            ack_interval=ack_interval,
+            mode=mode,
+            start=start,
+            shutdown_timeout=shutdown_timeout,
+        )
+        self._token = token
+        self._client = client
+        self._specs: dict[str, HandlerSpec] = {}
+        self._counters = Counters()
+        self._stop = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._async_stop: asyncio.Event | None = None
+        self._running = False
+
+    @property
+    def group(self) -> str:
+        return self.config.group
+
+    @property
+    def consumer_id(self) -> str:
+        return self.config.consumer_id
+
+    @property
+    def subjects(self) -> list[str]:
+        return sorted(self._specs)
+
+    def stats(self) -> ConsumerStats:
+        return self._counters.snapshot()
+
+    # -- registration -----------------------------------------------------------------
+
+    @overload
+    def handler(self, subject: str, *, idempotent: None = None) -> Callable[[H], H]: ...
+
+    @overload
+    def handler(
+        self, subject: str, *, idempotent: IdempotentStore[Session]
+    ) -> Callable[[HS], HS]: ...
+
+    @overload
+    def handler(
+        self, subject: str, *, idempotent: IdempotentStore[AsyncSession]
+    ) -> Callable[[HA], HA]: ...
+
+    @overload
+    def handler(self, subject: str, *, idempotent: NonTransactional[Any]) -> Callable[[H], H]: ...
+
+    def handler(self, subject: str, *, idempotent: Guard | None = None) -> Callable[[Any], Any]:
+        """Register the decorated function for ``subject`` (returned unchanged).
+
+        ``idempotent=store`` runs it as ``handler(message, session)`` in one transaction
+        with the dedup row; ``idempotent=store.non_transactional()`` as
+        ``handler(message)`` between a *processing* claim and *done*.
+        """
+
+        def register(fn: Any) -> Any:
+            self.add_handler(subject, fn, idempotent=idempotent)
+            return fn
+
+        return register
+
+    def add_handler(
+        self, subject: str, fn: Callable[..., Any], *, idempotent: Guard | None = None
+    ) -> None:
+        """The non-decorator form of ``handler``."""
+        if self._running:
+            raise ConfigurationError("handlers must be registered before run()")
+        if subject in self._specs:
+            raise ConfigurationError(f"subject {subject!r} already has a handler")
+        spec = HandlerSpec(subject=subject, fn=fn, guard=idempotent)
+        spec.validate()
+        self._specs[subject] = spec
+
+    # -- running ----------------------------------------------------------------------
+
+    def _begin(self) -> None:
+        if not self._specs:
+            raise ConfigurationError("no handlers registered")
+        if self._running:
+            raise ConfigurationError("this consumer is already running")
+        self._running = True
+
+    def _end(self) -> None:
+        self._running = False
+        self._stop.clear()  # a later run() starts afresh; a stop() before run() is kept
+
+    def run(self, *, install_signal_handlers: bool = True) -> None:
+        """Consume on threads until ``stop()`` (or SIGTERM/SIGINT), then stop gracefully:
+        stop pulling, finish what was pulled within ``shutdown_timeout``, flush acks.
+
+        Signal handlers are installed only from the main thread. Raises
+        ``ConsumerCrashed`` when a consumer loop died.
+        """
+        from qmq_outbox.consumer.threaded import ThreadedRunner
+
+        for spec in self._specs.values():
+            spec.check_threaded()
+        injected = self._client
+        if injected is not None and _is_async_client(injected):
+            raise ConfigurationError("run() needs a BrokerClient; use run_async() for this one")
+        self._begin()
+        client = cast(PullClient, injected) if injected is not None else self._make_client()
+        runner = ThreadedRunner(
+            config=self.config,
+            specs=dict(self._specs),
+            client=client,
+            counters=self._counters,
+            stop=self._stop,
+        )
+        try:
+            with stop_on_signals(install_signal_handlers) as flag:
+                runner.start()
+                self._wait(flag)
+                runner.shutdown()
+        finally:
+            self._end()
+            if isinstance(client, BrokerClient) and client is not injected:
+                client.close()
+        if runner.fatal is not None:
+            raise ConsumerCrashed(f"consumer {self.consumer_id} crashed") from runner.fatal
+
+    def _wait(self, flag: Any) -> None:
+        timeout = SIGNAL_POLL if flag.active else None
+        while not self._stop.wait(timeout):
+            if flag.received is not None:
+                logger.info(
+                    "signal received; stopping",
+                    extra={"action": "consumer.signal", "signal": flag.received},
+                )
+                self._stop.set()
+
+    def _make_client(self) -> BrokerClient:
+        connections = len(self._specs) + self.config.concurrency + 2
+        return BrokerClient(self.broker_url, token=self._token, max_connections=connections)
+
+    async def run_async(self, *, install_signal_handlers: bool = True) -> None:
+        """``run()`` on the running event loop, as tasks."""
+        from qmq_outbox.consumer.aio import AsyncRunner
+
+        injected = self._client
+        if injected is not None and not _is_async_client(injected):
+            raise ConfigurationError("run_async() needs an AsyncBrokerClient")
+        self._begin()
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        self._loop, self._async_stop = loop, stop
+        if self._stop.is_set():  # stop() was called before the loop knew the event
+            stop.set()
+        client = cast(AsyncPullClient, injected) if injected is not None else None
+        own = None
+        if client is None:
+            client = own = AsyncBrokerClient(
+                self.broker_url,
+                token=self._token,
+                max_connections=len(self._specs) + self.config.concurrency + 2,
+            )
+        runner = AsyncRunner(
+            config=self.config,
+            specs=dict(self._specs),
+            client=client,
+            counters=self._counters,
+            stop=stop,
+        )
+        installed = self._install_async_signals(loop, install_signal_handlers)
+        try:
+            runner.start()
+            await stop.wait()
+            await runner.shutdown()
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+            self._end()
+            self._loop = self._async_stop = None
+            if own is not None:
+                await own.aclose()
+        if runner.fatal is not None:
+            raise ConsumerCrashed(f"consumer {self.consumer_id} crashed") from runner.fatal
+
+    def _install_async_signals(
+        self, loop: asyncio.AbstractEventLoop, enabled: bool
+    ) -> list[signal.Signals]:
+        if not enabled or threading.current_thread() is not threading.main_thread():
+            return []
+        for sig in STOP_SIGNALS:
+            loop.add_signal_handler(sig, self.stop)
+        return list(STOP_SIGNALS)
+
+    def stop(self) -> None:
+        """Ask a running consumer to stop gracefully; ``run()`` returns once it has.
+
+        Safe from any thread. (Not from your own signal handler: let ``run()`` install its.)
+        """
+        self._stop.set()
+        loop, event = self._loop, self._async_stop
+        if loop is None or event is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            event.set()
+        else:
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # the loop already closed
+                pass

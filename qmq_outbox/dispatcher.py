@@ -1,0 +1,328 @@
+"""Send committed messages to the broker in the background and mark their rows ``sent``.
+
+``ThreadDispatcher`` (a named daemon thread) serves sync engines; ``AsyncDispatcher`` (a
+named task on the application's event loop) serves asyncio engines. Both take batches from
+a bounded backlog fed by ``submit()``, which never blocks: when the backlog is full, or the
+broker was just found unavailable, the messages are left to the compensator (their rows
+stay ``pending``). Rows are marked on the dispatcher's own connections, never the caller's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+
+from sqlalchemy.engine import Engine
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from qmq_outbox.client import AsyncBrokerClient, BrokerClient
+from qmq_outbox.envelope import OutgoingMessage
+from qmq_outbox.errors import QmqError
+from qmq_outbox.sending import SendReport, send, send_async
+from qmq_outbox.store import AsyncOutboxStore, OutboxStore, utcnow
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_NAME = "qmq-outbox-dispatcher"
+Item = tuple[Engine, OutgoingMessage]
+
+
+class Backlog:
+    """A bounded FIFO of (engine, message); not thread-safe by itself."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._items: collections.deque[Item] = collections.deque()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def offer(self, engine: Engine, messages: Sequence[OutgoingMessage]) -> bool:
+        """Take all of ``messages`` or none of them."""
+        if len(self._items) + len(messages) > self.capacity:
+            return False
+        self._items.extend((engine, m) for m in messages)
+        return True
+
+    def take(self, limit: int) -> list[Item]:
+        count = min(limit, len(self._items))
+        return [self._items.popleft() for _ in range(count)]
+
+
+def by_engine(items: Sequence[Item]) -> dict[Engine, list[OutgoingMessage]]:
+    grouped: dict[Engine, list[OutgoingMessage]] = {}
+    for engine, message in items:
+        grouped.setdefault(engine, []).append(message)
+    return grouped
+
+
+def _log_report(report: SendReport, marked: int) -> None:
+    if report.results:
+        logger.debug(
+            "sent %d message(s), marked %d row(s)",
+            len(report.results),
+            marked,
+            extra={"action": "outbox.sent", "count": len(report.results), "marked": marked},
+        )
+    for message, error in report.rejected:
+        logger.error(
+            "broker rejected message %s: %s",
+            message.id,
+            error,
+            extra={"action": "outbox.rejected", "message_id": message.id, "code": error.code},
+        )
+    if report.error is not None:
+        logger.warning(
+            "broker unavailable, %d message(s) left to the compensator: %s",
+            len(report.unsent),
+            report.error,
+            extra={"action": "outbox.dispatch_failed", "count": len(report.unsent)},
+        )
+
+
+def _log_skipped(messages: Sequence[OutgoingMessage]) -> None:
+    logger.info(
+        "broker recently unavailable, %d message(s) left to the compensator",
+        len(messages),
+        extra={"action": "outbox.dispatch_skipped", "count": len(messages)},
+    )
+
+
+class _Breaker:
+    """After a failure, skip sending for ``cooldown`` seconds (rows wait for the compensator)."""
+
+    def __init__(self, cooldown: float) -> None:
+        self.cooldown = cooldown
+        self._open_until = 0.0
+
+    def allows(self) -> bool:
+        return time.monotonic() >= self._open_until
+
+    def record(self, report: SendReport) -> None:
+        if report.error is not None:
+            self._open_until = time.monotonic() + self.cooldown
+
+
+class ThreadDispatcher:
+    """Background senders for sync engines, started by the first ``submit()``.
+
+    ``senders`` threads (named ``<name>-<n>``) take batches from one backlog, so a batch can
+    go out while another waits for the broker's durable answer; batches of different
+    transactions may therefore be stored in either order.
+    """
+
+    def __init__(
+        self,
+        client: BrokerClient,
+        *,
+        capacity: int = 10_000,
+        batch_size: int = 500,
+        senders: int = 2,
+        cooldown: float = 1.0,
+        name: str = DEFAULT_NAME,
+    ) -> None:
+        self._client = client
+        self._backlog = Backlog(capacity)
+        self._batch_size = batch_size
+        self._senders = senders
+        self._breaker = _Breaker(cooldown)
+        self._name = name
+        self._cond = threading.Condition()
+        self._closing = False
+        self._abandon = False
+        self._threads: list[threading.Thread] = []
+        self._stores: weakref.WeakKeyDictionary[Engine, OutboxStore] = weakref.WeakKeyDictionary()
+
+    def submit(self, engine: Engine, messages: Sequence[OutgoingMessage]) -> bool:
+        """Queue committed messages; False (rows stay pending) if full, closed or cooling down."""
+        with self._cond:
+            if self._closing or not self._breaker.allows():
+                return False
+            if not self._backlog.offer(engine, messages):
+                return False
+            self._threads = [t for t in self._threads if t.is_alive()]
+            while len(self._threads) < self._senders:
+                name = f"{self._name}-{len(self._threads) + 1}"
+                thread = threading.Thread(target=self._run, name=name, daemon=True)
+                thread.start()
+                self._threads.append(thread)
+            self._cond.notify()
+            return True
+
+    def close(self, drain_timeout: float = 10.0) -> bool:
+        """Stop taking messages, send what is queued; True if drained within ``drain_timeout``."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+            threads = list(self._threads)
+        deadline = time.monotonic() + drain_timeout
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if any(thread.is_alive() for thread in threads):
+            with self._cond:
+                self._abandon = True
+            logger.warning(
+                "dispatcher did not drain within %.1fs; the rest stays pending",
+                drain_timeout,
+                extra={"action": "outbox.drain_timeout", "left": len(self._backlog)},
+            )
+            return False
+        return True
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not self._backlog and not self._closing:
+                        self._cond.wait()
+                    if self._abandon or not self._backlog:
+                        return
+                    batch = self._backlog.take(self._batch_size)
+                self._deliver(batch)
+        except BaseException:
+            logger.critical(
+                "dispatcher thread died; committed messages now wait for the compensator",
+                exc_info=True,
+                extra={"action": "outbox.dispatcher_died"},
+            )
+            raise
+
+    def _store(self, engine: Engine) -> OutboxStore:
+        with self._cond:
+            store = self._stores.get(engine)
+            if store is None:
+                store = self._stores[engine] = OutboxStore(engine)
+            return store
+
+    def _deliver(self, batch: list[Item]) -> None:
+        for engine, messages in by_engine(batch).items():
+            if not self._breaker.allows():
+                _log_skipped(messages)
+                continue
+            report = send(self._client, messages)
+            self._breaker.record(report)
+            store = self._store(engine)
+            marked = 0
+            try:
+                sent_ids = [r.id for r in report.results]
+                marked = store.mark_sent_by_message_id(message_ids=sent_ids, now=utcnow())
+                for message, error in report.rejected:
+                    store.mark_dead_by_message_id(message_id=message.id, error=str(error))
+            except QmqError:
+                logger.exception(
+                    "could not mark rows; the compensator will resend (deduplicated)",
+                    extra={"action": "outbox.mark_failed", "count": len(messages)},
+                )
+            _log_report(report, marked)
+
+
+class AsyncDispatcher:
+    """Background senders for asyncio engines: ``senders`` tasks on the loop that
+    ``submit()`` runs on, taking batches from one backlog."""
+
+    def __init__(
+        self,
+        client: AsyncBrokerClient,
+        *,
+        capacity: int = 10_000,
+        batch_size: int = 500,
+        senders: int = 2,
+        cooldown: float = 1.0,
+        name: str = DEFAULT_NAME,
+    ) -> None:
+        self._client = client
+        self._backlog = Backlog(capacity)
+        self._batch_size = batch_size
+        self._senders = senders
+        self._breaker = _Breaker(cooldown)
+        self._name = name
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stores: weakref.WeakKeyDictionary[Engine, AsyncOutboxStore] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def submit(self, engine: Engine, messages: Sequence[OutgoingMessage]) -> bool:
+        """Queue committed messages (call on the loop's thread); False if they must wait."""
+        if self._closing or not self._breaker.allows():
+            return False
+        if not self._backlog.offer(engine, messages):
+            return False
+        loop = asyncio.get_running_loop()
+        self._tasks = [t for t in self._tasks if not t.done()]
+        while len(self._tasks) < self._senders:
+            name = f"{self._name}-{len(self._tasks) + 1}"
+            task = loop.create_task(self._run(), name=name)
+            task.add_done_callback(_report_death)
+            self._tasks.append(task)
+        self._wake.set()
+        return True
+
+    async def aclose(self, drain_timeout: float = 10.0) -> bool:
+        """Stop taking messages, send what is queued; True if drained within ``drain_timeout``."""
+        self._closing = True
+        if not self._tasks:
+            return True
+        self._wake.set()
+        _, pending = await asyncio.wait(self._tasks, timeout=drain_timeout)
+        if pending:
+            for task in pending:
+                task.cancel()
+            logger.warning(
+                "dispatcher did not drain within %.1fs; the rest stays pending",
+                drain_timeout,
+                extra={"action": "outbox.drain_timeout", "left": len(self._backlog)},
+            )
+            return False
+        return True
+
+    async def _run(self) -> None:
+        while True:
+            while not self._backlog and not self._closing:
+                self._wake.clear()  # one loop thread: no wake-up can slip in between
+                await self._wake.wait()
+            if not self._backlog:
+                return
+            await self._deliver(self._backlog.take(self._batch_size))
+
+    def _store(self, engine: Engine) -> AsyncOutboxStore:
+        store = self._stores.get(engine)
+        if store is None:
+            store = self._stores[engine] = AsyncOutboxStore(AsyncEngine(engine))
+        return store
+
+    async def _deliver(self, batch: list[Item]) -> None:
+        for engine, messages in by_engine(batch).items():
+            if not self._breaker.allows():
+                _log_skipped(messages)
+                continue
+            report = await send_async(self._client, messages)
+            self._breaker.record(report)
+            store = self._store(engine)
+            marked = 0
+            try:
+                sent_ids = [r.id for r in report.results]
+                marked = await store.mark_sent_by_message_id(message_ids=sent_ids, now=utcnow())
+                for message, error in report.rejected:
+                    await store.mark_dead_by_message_id(message_id=message.id, error=str(error))
+            except QmqError:
+                logger.exception(
+                    "could not mark rows; the compensator will resend (deduplicated)",
+                    extra={"action": "outbox.mark_failed", "count": len(messages)},
+                )
+            _log_report(report, marked)
+
+
+def _report_death(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.critical(
+            "dispatcher task died; committed messages now wait for the compensator",
+            exc_info=task.exception(),
+            extra={"action": "outbox.dispatcher_died"},
+        )

@@ -1,0 +1,305 @@
+"""``Outbox``: publish messages inside the caller's SQLAlchemy transaction (ARCHITECTURE.md §4).
+
+``publish()`` adds a ``qmq_outbox`` row through the caller's session and stages the message
+on the session's current transaction. After the outermost commit the staged messages go to
+a background dispatcher (a thread for sync engines, a task on the running loop for asyncio
+engines) that sends them and marks their rows ``sent``; anything it cannot do is left to the
+compensator. The caller owns the transaction: nothing here begins, flushes or commits it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import logging
+import threading
+import weakref
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from datetime import datetime, timedelta
+from typing import Any, Concatenate, ParamSpec, TypeVar, overload
+
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
+
+from qmq_outbox.client import AsyncBrokerClient, BrokerClient
+from qmq_outbox.dispatcher import AsyncDispatcher, ThreadDispatcher
+from qmq_outbox.envelope import OutgoingMessage
+from qmq_outbox.errors import ConfigurationError
+from qmq_outbox.rows import OUTBOX_MAPPER, row_for
+from qmq_outbox.serializers import JsonSerializer, Serializer, serialize
+from qmq_outbox.store import utcnow
+from qmq_outbox.tracking import TransactionTracker
+from qmq_outbox.uuid7 import uuid7_str
+from qmq_outbox.validation import (
+    check_headers,
+    check_key,
+    check_message_id,
+    check_subject,
+    resolve_deliver_at,
+)
+
+logger = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+S = TypeVar("S", bound=Session)
+AS = TypeVar("AS", bound=AsyncSession)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Staged:
+    """A published message and the bind its row was written through."""
+
+    message: OutgoingMessage
+    bind: Engine | Connection
+
+
+class Outbox:
+    """Transactional publishing for one application; see the module docstring.
+
+    ``broker_url`` (or ``client``/``async_client``) is where the dispatcher sends; ``app`` is
+    the envelope's ``producer``. ``dispatch=False`` leaves every message to the compensator.
+    ``queue_size`` bounds the messages waiting for the dispatcher (beyond it they are left to
+    the compensator); ``senders`` batches may be in flight at once.
+    """
+
+    def __init__(
+        self,
+        *,
+        broker_url: str | None = None,
+        app: str | None = None,
+        token: str | None = None,
+        serializer: Serializer | None = None,
+        client: BrokerClient | None = None,
+        async_client: AsyncBrokerClient | None = None,
+        dispatch: bool = True,
+        queue_size: int = 10_000,
+        batch_size: int = 500,
+        senders: int = 2,
+        dispatcher_name: str = "qmq-outbox-dispatcher",
+    ) -> None:
+        if dispatch and broker_url is None and client is None and async_client is None:
+            raise ConfigurationError("Outbox needs broker_url= (or a client) to dispatch")
+        self.app = app
+        self._broker_url = broker_url
+        self._token = token
+        self._serializer = serializer or JsonSerializer()
+        self._client = client
+        self._async_client = async_client
+        self._dispatch = dispatch
+        self._queue_size = queue_size
+        self._batch_size = batch_size
+        self._senders = senders
+        self._name = dispatcher_name
+        self._tracker: TransactionTracker[Staged] = TransactionTracker(self._on_commit)
+        self._lock = threading.Lock()
+        self._thread_dispatcher: ThreadDispatcher | None = None
+        self._owned_client: BrokerClient | None = None
+        self._loop_dispatchers: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, tuple[AsyncDispatcher, AsyncBrokerClient | None]
+        ] = weakref.WeakKeyDictionary()
+
+    # -- wiring -----------------------------------------------------------------------------
+
+    def install(self, target: object) -> None:
+        """Hook the outbox into ``target``'s sessions; safe to call more than once.
+
+        ``target``: a ``sessionmaker``, a ``scoped_session``, a ``Session`` subclass or
+        instance, or an ``async_sessionmaker`` created with ``sync_session_class=`` a
+        sessionmaker. Nothing is ever registered on the global ``Session`` class.
+        """
+        self._tracker.install(target)
+
+    def uninstall(self, target: object) -> None:
+        self._tracker.uninstall(target)
+
+    # -- publishing -------------------------------------------------------------------------
+
+    def publish(
+        self,
+        session: Session | AsyncSession,
+        subject: str,
+        body: Any,
+        *,
+        key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        message_id: str | None = None,
+        delay: timedelta | None = None,
+        deliver_at: datetime | None = None,
+    ) -> str:
+        """Add the message's outbox row to ``session`` and stage it; returns the message id.
+
+        The caller owns the transaction: this never begins, flushes or commits ``session``.
+        The message is sent only if (and after) the outermost transaction commits; a
+        rollback, a rolled-back savepoint or a close without commit discards it. ``body`` is
+        serialized with the outbox's serializer (JSON by default); ``bytes`` pass unchanged.
+        Works the same (without ``await``) for an ``AsyncSession``.
+        """
+        sync = session.sync_session if isinstance(session, AsyncSession) else session
+        if not self._tracker.is_installed(sync):
+            raise ConfigurationError(
+                "this session's sessionmaker has no outbox installed: call outbox.install(...)"
+            )
+        now = utcnow()
+        payload, content_type = serialize(body, self._serializer)
+        message = OutgoingMessage(
+            id=check_message_id(message_id) if message_id is not None else uuid7_str(),
+            subject=check_subject(subject),
+            body=payload,
+            key=check_key(key),
+            headers=check_headers(headers),
+            producer=self.app,
+            created_at=now,
+            deliver_at=resolve_deliver_at(now, delay, deliver_at),
+        )
+        sync.add(row_for(message, content_type))
+        self._tracker.stage(sync, Staged(message, sync.get_bind(OUTBOX_MAPPER)))
+        return message.id
+
+    @overload
+    def transactional(
+        self, maker: async_sessionmaker[AS]
+    ) -> Callable[
+        [Callable[Concatenate[AS, P], Awaitable[R]]], Callable[P, Coroutine[Any, Any, R]]
+    ]: ...
+
+    @overload
+    def transactional(
+        self, maker: sessionmaker[S]
+    ) -> Callable[[Callable[Concatenate[S, P], R]], Callable[P, R]]: ...
+
+    def transactional(self, maker: Any) -> Any:
+        """Decorate ``fn(session, ...)``: run it in a new transaction of ``maker``.
+
+        The session is injected as the first argument; the transaction commits when ``fn``
+        returns and rolls back (re-raising) when it raises. Async functions need an
+        ``async_sessionmaker``. Installs the outbox on ``maker`` if not done yet.
+        """
+        self.install(maker)
+        if isinstance(maker, async_sessionmaker):
+            return functools.partial(_async_transactional, maker)
+        return functools.partial(_sync_transactional, maker)
+
+    # -- dispatching ------------------------------------------------------------------------
+
+    def _on_commit(self, items: list[Staged]) -> None:
+        """Runs inside the caller's commit, after COMMIT: only hands over, never blocks."""
+        if not self._dispatch:
+            return
+        groups: dict[Engine, list[OutgoingMessage]] = {}
+        external = 0
+        for item in items:
+            if isinstance(item.bind, Connection):
+                external += 1  # joined to an outside transaction: not durable yet
+            else:
+                groups.setdefault(item.bind, []).append(item.message)
+        if external:
+            logger.debug(
+                "session joined an outside transaction; the compensator sends its messages",
+                extra={"action": "outbox.external_commit", "count": external},
+            )
+        for engine, messages in groups.items():
+            if engine.dialect.is_async:
+                accepted = self._loop_dispatcher().submit(engine, messages)
+            else:
+                accepted = self._sync_dispatcher().submit(engine, messages)
+            if not accepted:
+                logger.warning(
+                    "dispatcher busy or broker down; %d message(s) left to the compensator",
+                    len(messages),
+                    extra={"action": "outbox.queue_full", "count": len(messages)},
+                )
+
+    def _sync_dispatcher(self) -> ThreadDispatcher:
+        with self._lock:
+            if self._thread_dispatcher is None:
+                client = self._client
+                if client is None:
+                    client = self._owned_client = BrokerClient(
+                        self._broker_url or "", token=self._token
+                    )
+                self._thread_dispatcher = ThreadDispatcher(
+                    client,
+                    capacity=self._queue_size,
+                    batch_size=self._batch_size,
+                    senders=self._senders,
+                    name=self._name,
+                )
+            return self._thread_dispatcher
+
+    def _loop_dispatcher(self) -> AsyncDispatcher:
+        loop = asyncio.get_running_loop()  # commit of an AsyncSession: we are on its loop
+        entry = self._loop_dispatchers.get(loop)
+        if entry is None:
+            owned = None
+            client = self._async_client
+            if client is None:
+                client = owned = AsyncBrokerClient(self._broker_url or "", token=self._token)
+            dispatcher = AsyncDispatcher(
+                client,
+                capacity=self._queue_size,
+                batch_size=self._batch_size,
+                senders=self._senders,
+                name=self._name,
+            )
+            entry = self._loop_dispatchers[loop] = (dispatcher, owned)
+        return entry[0]
+
+    def close(self, drain_timeout: float = 10.0) -> bool:
+        """Drain the thread dispatcher within ``drain_timeout``; True if nothing was left behind."""
+        with self._lock:
+            dispatcher, self._thread_dispatcher = self._thread_dispatcher, None
+            client, self._owned_client = self._owned_client, None
+        drained = dispatcher.close(drain_timeout) if dispatcher is not None else True
+        if client is not None:
+            client.close()
+        return drained
+
+    async def aclose(self, drain_timeout: float = 10.0) -> bool:
+        """Drain this loop's dispatcher (and the thread one, if any) within ``drain_timeout``."""
+        drained = True
+        entry = self._loop_dispatchers.pop(asyncio.get_running_loop(), None)
+        if entry is not None:
+            dispatcher, owned = entry
+            drained = await dispatcher.aclose(drain_timeout)
+            if owned is not None:
+                await owned.aclose()
+        if self._thread_dispatcher is not None:
+            drained = await asyncio.to_thread(self.close, drain_timeout) and drained
+        return drained
+
+    def __enter__(self) -> Outbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Outbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+def _sync_transactional(
+    maker: sessionmaker[S], fn: Callable[Concatenate[S, P], R]
+) -> Callable[P, R]:
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        with maker.begin() as session:
+            return fn(session, *args, **kwargs)
+
+    return wrapper
+
+
+def _async_transactional(
+    maker: async_sessionmaker[AS], fn: Callable[Concatenate[AS, P], Awaitable[R]]
+) -> Callable[P, Coroutine[Any, Any, R]]:
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        async with maker.begin() as session:
+            return await fn(session, *args, **kwargs)
+
+    return wrapper

@@ -1,0 +1,68 @@
+"""Checks of envelope fields (ARCHITECTURE.md §2), applied by ``publish()`` before the insert."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+
+from qmq_outbox.errors import ConfigurationError
+
+SUBJECT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+RESERVED_PREFIX = "_qmq"
+MAX_ID = 128
+MAX_KEY = 200
+MAX_HEADERS = 64
+
+
+class InvalidMessage(ConfigurationError, ValueError):
+    """The message cannot be published as given (bad subject, id, key, headers or time)."""
+
+
+def check_subject(subject: str) -> str:
+    if not SUBJECT_RE.match(subject) or subject.startswith(RESERVED_PREFIX):
+        raise InvalidMessage(
+            f"invalid subject {subject!r}: must match {SUBJECT_RE.pattern} "
+            f"and not start with {RESERVED_PREFIX!r}"
+        )
+    return subject
+
+
+def check_message_id(message_id: str) -> str:
+    if not 0 < len(message_id) <= MAX_ID or not all(" " < c <= "~" for c in message_id):
+        raise InvalidMessage(
+            f"invalid message id {message_id!r}: 1..{MAX_ID} printable ASCII characters"
+        )
+    return message_id
+
+
+def check_key(key: str | None) -> str | None:
+    if key is not None and len(key) > MAX_KEY:
+        raise InvalidMessage(f"key longer than {MAX_KEY} characters")
+    return key
+
+
+def check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
+    if not headers:
+        return {}
+    if len(headers) > MAX_HEADERS:
+        raise InvalidMessage(f"{len(headers)} headers, at most {MAX_HEADERS} allowed")
+    for name, value in headers.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise InvalidMessage(f"header {name!r}: names and values must be strings")
+    return dict(headers)
+
+
+def resolve_deliver_at(
+    now: datetime, delay: timedelta | None, deliver_at: datetime | None
+) -> datetime | None:
+    """``deliver_at`` from either argument (not both); aware datetimes only; None = now."""
+    if delay is not None and deliver_at is not None:
+        raise InvalidMessage("pass delay= or deliver_at=, not both")
+    if delay is not None:
+        if delay < timedelta(0):
+            raise InvalidMessage(f"negative delay {delay}")
+        return now + delay if delay else None
+    if deliver_at is not None and deliver_at.tzinfo is None:
+        raise InvalidMessage("deliver_at must be timezone-aware (e.g. datetime.now(UTC))")
+    return deliver_at

@@ -1,0 +1,289 @@
+"""Reading the inputs: outbox tables over JDBC and broker data directories via ``qmq-log``.
+
+Every failure to read is translated here, once, into a ``BadInput`` subclass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from urllib.parse import quote
+
+import orjson
+from pyspark.errors import PySparkException
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.readwriter import DataFrameReader
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+
+from broker.errors import CorruptRecord
+from broker.format import FORMAT_VERSION, HEADER_SIZE, SegmentKind, list_segments
+from broker.format import read_segment_header as check_header
+from spark_reconcile.datasource import FORMAT_NAME
+from spark_reconcile.errors import (
+    BadOutboxUrl,
+    BrokerDataUnreadable,
+    OutboxUnreadable,
+    UnreadablePath,
+)
+
+DEFAULT_TABLE = "qmq_outbox"
+DEFAULT_FETCHSIZE = 10_000
+OUTBOX_COLUMNS = (
+    "outbox",
+    "row_id",
+    "message_id",
+    "subject",
+    "producer",
+    "status",
+    "body_sha256",
+    "created_at",
+    "sent_at",
+    "deliver_at",
+)
+
+try:  # py4j is how JVM-side failures reach Python
+    from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+
+    SPARK_ERRORS: tuple[type[Exception], ...] = (PySparkException, Py4JError)
+except ImportError:  # pragma: no cover
+    SPARK_ERRORS = (PySparkException,)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class JdbcSource:
+    """An outbox database as Spark's JDBC reader sees it."""
+
+    label: str  # the SQLAlchemy URL without its password
+    jdbc_url: str
+    driver: str
+    dialect: str  # "postgresql" | "sqlite"
+    properties: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def jdbc_source(url: str) -> JdbcSource:
+    """Turn the service's SQLAlchemy URL into a JDBC URL (PostgreSQL or SQLite)."""
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError) as exc:
+        raise BadOutboxUrl(f"outbox URL {url!r} is not a database URL: {exc}") from exc
+    backend = parsed.get_backend_name()
+    label = parsed.render_as_string(hide_password=True)
+    if backend == "postgresql":
+        return _postgres(parsed, label)
+    if backend == "sqlite":
+        return _sqlite(parsed, label)
+    raise BadOutboxUrl(f"outbox URL {label}: {backend} is not supported (PostgreSQL or SQLite)")
+
+
+def _postgres(url: URL, label: str) -> JdbcSource:
+    if not url.database:
+        raise BadOutboxUrl(f"outbox URL {label} names no database")
+    host = url.host or "localhost"
+    netloc = f"[{host}]" if ":" in host else host
+    if url.port:
+        netloc += f":{url.port}"
+    query = "&".join(
+        f"{quote(k)}={quote(v)}"
+        for k, values in url.query.items()
+        for v in ((values,) if isinstance(values, str) else values)
+    )
+    jdbc = f"jdbc:postgresql://{netloc}/{quote(url.database)}" + (f"?{query}" if query else "")
+    props = {"user": url.username or "", "password": url.password or ""}
+    props = {k: str(v) for k, v in props.items() if v}
+    return JdbcSource(
+        label=label, jdbc_url=jdbc, driver="org.postgresql.Driver", dialect="postgresql",
+        properties=props,
+    )  # fmt: skip
+
+
+def _sqlite(url: URL, label: str) -> JdbcSource:
+    if not url.database or url.database == ":memory:" or url.database.startswith("file:"):
+        raise BadOutboxUrl(f"outbox URL {label}: give a SQLite database file (sqlite:///path)")
+    path = Path(url.database)
+    if not path.is_file():
+        raise UnreadablePath(f"outbox database {path} does not exist")
+    try:
+        with path.open("rb") as handle:
+            header = handle.read(16)
+    except OSError as exc:
+        raise UnreadablePath(f"outbox database {path} cannot be read: {exc}") from exc
+    if header and header != b"SQLite format 3\x00":
+        raise UnreadablePath(f"outbox database {path} is not a SQLite database")
+    return JdbcSource(
+        label=label,
+        jdbc_url=f"jdbc:sqlite:{path.resolve()}",
+        driver="org.sqlite.JDBC",
+        dialect="sqlite",
+    )
+
+
+def _reader(spark: SparkSession, source: JdbcSource, fetchsize: int) -> DataFrameReader:
+    reader = (
+        spark.read.format("jdbc")
+        .option("url", source.jdbc_url)
+        .option("driver", source.driver)
+        .option("fetchsize", str(fetchsize))
+    )
+    for key, value in source.properties.items():
+        reader = reader.option(key, value)
+    return reader
+
+
+_SELECT = "id, message_id, subject, producer, status, body, created_at, sent_at, deliver_at"
+# SQLite keeps SQLAlchemy's DateTime as text, which the xerial driver will not hand to Spark
+# as a timestamp: read those columns as strings and cast them in Spark (UTC).
+_SQLITE_SCHEMA = (
+    "id LONG, message_id STRING, subject STRING, producer STRING, status STRING, "
+    "body BINARY, created_at STRING, sent_at STRING, deliver_at STRING"
+)
+
+
+def _bounds(
+    spark: SparkSession, source: JdbcSource, table: str, fetchsize: int
+) -> tuple[int, int, int]:
+    query = (
+        "(SELECT COALESCE(MIN(id), 0) AS lo, COALESCE(MAX(id), 0) AS hi, COUNT(*) AS n"
+        f" FROM {table}) bounds"
+    )
+    reader = _reader(spark, source, fetchsize).option("dbtable", query)
+    if source.dialect == "sqlite":
+        reader = reader.option("customSchema", "lo LONG, hi LONG, n LONG")
+    row = reader.load().collect()[0]
+    lo, hi, n = row["lo"], row["hi"], row["n"]
+    return (int(lo or 0), int(hi or 0), int(n or 0))
+
+
+def read_outbox(
+    spark: SparkSession,
+    source: JdbcSource,
+    *,
+    table: str = DEFAULT_TABLE,
+    partitions: int | None = None,
+    fetchsize: int = DEFAULT_FETCHSIZE,
+) -> DataFrame:
+    """An outbox table, read with ``partitions`` parallel range reads over ``id``.
+
+    Columns: ``OUTBOX_COLUMNS``; the body is reduced to its SHA-256 (hex) as the broker's
+    bodies are, so bodies never leave the executors that read them.
+    """
+    parallel = partitions or spark.sparkContext.defaultParallelism
+    try:
+        lo, hi, count = _bounds(spark, source, table, fetchsize)
+        reader = _reader(spark, source, fetchsize).option(
+            "dbtable", f"(SELECT {_SELECT} FROM {table}) outbox"
+        )
+        if source.dialect == "sqlite":
+            reader = reader.option("customSchema", _SQLITE_SCHEMA)
+        if count > 1 and parallel > 1 and hi > lo:
+            reader = (
+                reader.option("partitionColumn", "id")
+                .option("lowerBound", str(lo))
+                .option("upperBound", str(hi + 1))
+                .option("numPartitions", str(min(parallel, count)))
+            )
+        frame = reader.load()
+    except SPARK_ERRORS as exc:
+        raise OutboxUnreadable(f"outbox {source.label}: {first_line(exc)}") from exc
+    return _normalise(frame, source)
+
+
+def _timestamp(name: str, dialect: str) -> Column:
+    column = F.col(name)
+    return column.cast("timestamp") if dialect == "sqlite" else column
+
+
+def _normalise(frame: DataFrame, source: JdbcSource) -> DataFrame:
+    return frame.select(
+        F.lit(source.label).alias("outbox"),
+        F.col("id").cast("long").alias("row_id"),
+        F.col("message_id"),
+        F.col("subject"),
+        F.col("producer"),
+        F.col("status"),
+        F.sha2(F.col("body").cast("binary"), 256).alias("body_sha256"),
+        _timestamp("created_at", source.dialect).alias("created_at"),
+        _timestamp("sent_at", source.dialect).alias("sent_at"),
+        _timestamp("deliver_at", source.dialect).alias("deliver_at"),
+    )
+
+
+def read_outboxes(
+    spark: SparkSession,
+    sources: Sequence[JdbcSource],
+    *,
+    partitions: int | None = None,
+    fetchsize: int = DEFAULT_FETCHSIZE,
+    table: str = DEFAULT_TABLE,
+) -> DataFrame:
+    """The union of several outbox tables (the ``outbox`` column says which)."""
+    frames = [
+        read_outbox(spark, s, table=table, partitions=partitions, fetchsize=fetchsize)
+        for s in sources
+    ]
+    result = frames[0]
+    for frame in frames[1:]:
+        result = result.unionByName(frame)
+    return result
+
+
+def check_broker_dir(path: str) -> str:
+    """Raise ``BadInput`` unless ``path`` is a readable broker data directory."""
+    folder = Path(path)
+    if not folder.exists():
+        raise UnreadablePath(f"broker data directory {path} does not exist")
+    if not folder.is_dir():
+        raise UnreadablePath(f"broker data directory {path} is not a directory")
+    marker = folder / "FORMAT"
+    if not marker.exists() and not (folder / "messages").is_dir():
+        raise UnreadablePath(f"{path} is not a broker data directory (no FORMAT, no messages/)")
+    if marker.exists():
+        try:
+            version = orjson.loads(marker.read_bytes()).get("format")
+        except (OSError, orjson.JSONDecodeError, AttributeError) as exc:
+            raise BrokerDataUnreadable(f"{marker} cannot be read: {exc}") from exc
+        if version != FORMAT_VERSION:
+            raise BrokerDataUnreadable(f"{path} has data format {version}, not {FORMAT_VERSION}")
+    for kind in (SegmentKind.MESSAGES, SegmentKind.ACTIONS):
+        for segment in list_segments(folder, kind):
+            try:
+                with segment.open("rb") as handle:
+                    found = check_header(handle.read(HEADER_SIZE), path=str(segment))
+            except OSError as exc:
+                raise UnreadablePath(f"segment {segment} cannot be read: {exc}") from exc
+            except CorruptRecord as exc:
+                raise BrokerDataUnreadable(str(exc)) from exc
+            if found is not kind:
+                raise BrokerDataUnreadable(f"segment {segment} is a {found.name} segment")
+    return path
+
+
+def read_broker(spark: SparkSession, dirs: Sequence[str], kind: str) -> DataFrame:
+    """Message or action records of the data directories (``qmq-log`` data source)."""
+    return (
+        spark.read.format(FORMAT_NAME)
+        .option("kind", kind)
+        .option("paths", json.dumps(list(dirs)))
+        .load()
+    )
+
+
+def first_line(exc: BaseException) -> str:
+    """One line saying what went wrong in Spark or the JVM (the root cause's message)."""
+    java = getattr(exc, "java_exception", None)
+    if java is not None:
+        try:
+            root = java
+            while root.getCause() is not None:
+                root = root.getCause()
+            return str(root.toString()).splitlines()[0]
+        except Exception:  # the gateway may be gone; fall back to the Python text
+            pass
+    for line in str(exc).strip().splitlines():
+        line = line.strip()
+        if line and not line.startswith(("An error occurred", "JVM stacktrace", "at ")):
+            return line
+    return type(exc).__name__

@@ -1,0 +1,283 @@
+"""The reconciliation's outputs: ``summary.json``, Parquet per category, text and HTML reports.
+
+``summary`` builds the ``summary.json`` document (ARCHITECTURE.md §7) from collected
+results; ``render_text`` and ``render_html`` are pure; the ``write_*`` functions are the
+only ones that touch the output directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import shutil
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from spark_reconcile.transforms import (
+    CATEGORIES,
+    CRITICAL,
+    HISTOGRAM_BOUNDS_MS,
+    LATENCY_METRICS,
+)
+
+EXIT_CLEAN = 0
+EXIT_CRITICAL = 1
+EXIT_BAD_INPUT = 2
+SEVERITY = {
+    "delivered": "ok",
+    "missing_in_broker": "critical",
+    "stuck_pending": "warning",
+    "pending_but_stored": "info",
+    "dead_in_outbox": "warning",
+    "orphan_in_broker": "critical",
+    "body_mismatch": "critical",
+    "duplicate_in_broker": "critical",
+}
+MEANING = {
+    "delivered": "outbox row and broker record agree",
+    "missing_in_broker": "outbox says sent, broker has no record (lost)",
+    "stuck_pending": "pending past the grace period, not in the broker",
+    "pending_but_stored": "pending but stored (mark-sent lost; a resend is deduped)",
+    "dead_in_outbox": "the compensator gave up",
+    "orphan_in_broker": "stored with no outbox row (sent without commit)",
+    "body_mismatch": "same id, different body",
+    "duplicate_in_broker": "same id stored more than once",
+}
+SMALL_CATEGORY_ROWS = 100_000  # written as a single Parquet file
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RunInfo:
+    """What the run looked at, for the human-readable reports."""
+
+    started_at: datetime
+    outboxes: Sequence[str]
+    broker_dirs: Sequence[str]
+    since: datetime | None
+    until: datetime | None
+    settled_before: datetime
+    grace_s: float
+    ack_threshold_s: float
+    producers: Sequence[str] | None
+
+
+def exit_code(categories: Mapping[str, int]) -> int:
+    return EXIT_CRITICAL if any(categories.get(c, 0) for c in CRITICAL) else EXIT_CLEAN
+
+
+def summary(
+    counts: Mapping[str, int],
+    groups: Iterable[Mapping[str, Any]],
+    latency: Iterable[Mapping[str, Any]],
+) -> dict[str, Any]:
+    """The ``summary.json`` document: every category (zeros included), groups nested by
+    subject then group, latency per metric, and the exit code."""
+    categories = {name: int(counts.get(name, 0)) for name in CATEGORIES}
+    nested: dict[str, dict[str, dict[str, Any]]] = {}
+    for row in sorted(groups, key=lambda r: (r["subject"], r["group"])):
+        nested.setdefault(row["subject"], {})[row["group"]] = {
+            "mode": row["mode"],
+            "acked": int(row["acked"]),
+            "unacked_past_threshold": int(row["unacked_past_threshold"]),
+            "dead_letters": int(row["dead_letters"]),
+            "never_acked": bool(row["never_acked"]),
+        }
+    stats = {row["metric"]: row for row in latency}
+    latency_ms = {metric: _latency_entry(stats.get(metric)) for metric in LATENCY_METRICS}
+    return {
+        "categories": categories,
+        "groups": nested,
+        "latency_ms": latency_ms,
+        "exit_code": exit_code(categories),
+    }
+
+
+def _latency_entry(row: Mapping[str, Any] | None) -> dict[str, Any]:
+    if row is None or not row["count"]:
+        return {"count": 0, "p50": None, "p90": None, "p99": None, "max": None}
+    return {
+        "count": int(row["count"]),
+        **{k: round(float(row[k]), 3) for k in ("p50", "p90", "p99", "max")},
+    }
+
+
+# --- text -----------------------------------------------------------------------------------
+
+
+def _fmt_ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
+def _fmt_time(value: datetime | None) -> str:
+    return "-" if value is None else value.isoformat().replace("+00:00", "Z")
+
+
+def render_text(doc: Mapping[str, Any], info: RunInfo) -> str:
+    lines = [
+        f"qmq reconcile  {_fmt_time(info.started_at)}",
+        f"outboxes:     {', '.join(info.outboxes)}",
+        f"broker data:  {', '.join(info.broker_dirs)}",
+        f"window:       created since {_fmt_time(info.since)} until {_fmt_time(info.until)}, "
+        f"settled before {_fmt_time(info.settled_before)} (grace {info.grace_s:g}s)",
+        f"producers:    {', '.join(info.producers or ['(those of the outbox rows)'])}",
+        "",
+        f"{'category':<22}{'count':>12}  severity",
+    ]
+    for name in CATEGORIES:
+        count = doc["categories"][name]
+        severity = SEVERITY[name].upper() if count and name in CRITICAL else SEVERITY[name]
+        lines.append(f"{name:<22}{count:>12,}  {severity}")
+    lines += ["", f"consumer groups (unacked past {info.ack_threshold_s:g}s)"]
+    lines.append(f"{'subject/group':<40}{'mode':>10}{'acked':>10}{'unacked':>10}{'dead':>8}")
+    for subject, groups in doc["groups"].items():
+        for group, g in groups.items():
+            note = "  never acked" if g["never_acked"] else ""
+            lines.append(
+                f"{subject + '/' + group:<40}{g['mode']:>10}{g['acked']:>10,}"
+                f"{g['unacked_past_threshold']:>10,}{g['dead_letters']:>8,}{note}"
+            )
+    if not doc["groups"]:
+        lines.append("(no consumer groups)")
+    lines += ["", f"{'latency (ms)':<22}{'count':>10}{'p50':>12}{'p90':>12}{'p99':>12}{'max':>12}"]
+    for metric, s in doc["latency_ms"].items():
+        cells = "".join(f"{_fmt_ms(s[k]):>12}" for k in ("p50", "p90", "p99", "max"))
+        lines.append(f"{metric:<22}{s['count']:>10,}{cells}")
+    critical = sum(doc["categories"][c] for c in CRITICAL)
+    verdict = f"{critical:,} critical finding(s)" if critical else "clean"
+    lines += ["", f"result: {verdict} -> exit {doc['exit_code']}"]
+    return "\n".join(lines) + "\n"
+
+
+# --- HTML -----------------------------------------------------------------------------------
+
+
+def bucket_label(bucket: int) -> str:
+    if bucket >= len(HISTOGRAM_BOUNDS_MS):
+        return f">= {_ms_label(HISTOGRAM_BOUNDS_MS[-1])}"
+    return f"< {_ms_label(HISTOGRAM_BOUNDS_MS[bucket])}"
+
+
+def _ms_label(ms: int) -> str:
+    if ms >= 3_600_000:
+        return f"{ms // 3_600_000} h"
+    if ms >= 60_000:
+        return f"{ms // 60_000} min"
+    if ms >= 1_000:
+        return f"{ms // 1_000} s"
+    return f"{ms} ms"
+
+
+def _bars(counts: Mapping[int, int]) -> str:
+    if not counts:
+        return "<p>no samples</p>"
+    top = max(counts.values())
+    rows = []
+    for bucket in range(min(counts), max(counts) + 1):
+        n = counts.get(bucket, 0)
+        width = 0 if not top else max(n * 100 / top, 0.5 if n else 0)
+        rows.append(
+            f'<tr><td class="l">{html.escape(bucket_label(bucket))}</td>'
+            f'<td class="b"><div style="width:{width:.1f}%"></div></td><td>{n:,}</td></tr>'
+        )
+    return f'<table class="h">{"".join(rows)}</table>'
+
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:2em;color:#222}
+table{border-collapse:collapse;margin-bottom:1.5em}
+td,th{padding:.25em .8em;text-align:right;border-bottom:1px solid #ddd}
+td:first-child,th:first-child{text-align:left}
+.critical{color:#b00;font-weight:bold}.warning{color:#a60}
+table.h td.b{width:30em}table.h td.b div{background:#4a7bd0;height:1em}
+"""
+
+
+def render_html(
+    doc: Mapping[str, Any], info: RunInfo, histogram: Mapping[str, Mapping[int, int]]
+) -> str:
+    e = html.escape
+    rows = []
+    for name in CATEGORIES:
+        count = doc["categories"][name]
+        cls = SEVERITY[name] if count else ""
+        rows.append(
+            f'<tr class="{cls}"><td>{name}</td><td>{count:,}</td><td>{SEVERITY[name]}</td>'
+            f"<td>{e(MEANING[name])}</td></tr>"
+        )
+    group_rows = [
+        f"<tr><td>{e(subject)}</td><td>{e(group)}</td><td>{g['mode']}</td><td>{g['acked']:,}</td>"
+        f"<td>{g['unacked_past_threshold']:,}</td><td>{g['dead_letters']:,}</td>"
+        f"<td>{'yes' if g['never_acked'] else ''}</td></tr>"
+        for subject, groups in doc["groups"].items()
+        for group, g in groups.items()
+    ]
+    latency_rows = [
+        f"<tr><td>{metric}</td><td>{s['count']:,}</td>"
+        + "".join(f"<td>{_fmt_ms(s[k])}</td>" for k in ("p50", "p90", "p99", "max"))
+        + "</tr>"
+        for metric, s in doc["latency_ms"].items()
+    ]
+    histograms = "".join(
+        f"<h3>{metric}</h3>{_bars(histogram.get(metric, {}))}" for metric in LATENCY_METRICS
+    )
+    verdict = "clean" if doc["exit_code"] == 0 else "critical findings"
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>qmq reconcile</title><style>{_CSS}</style></head>
+<body>
+<h1>qmq reconcile: {verdict} (exit {doc["exit_code"]})</h1>
+<p>Run at {e(_fmt_time(info.started_at))}. Outboxes: {e(", ".join(info.outboxes))}.
+Broker data: {e(", ".join(info.broker_dirs))}. Messages created since {e(_fmt_time(info.since))}
+until {e(_fmt_time(info.until))}, settled before {e(_fmt_time(info.settled_before))}.</p>
+<h2>Categories</h2>
+<table><tr><th>category</th><th>count</th><th>severity</th><th>meaning</th></tr>
+{"".join(rows)}</table>
+<h2>Consumer groups</h2>
+<table><tr><th>subject</th><th>group</th><th>mode</th><th>acked</th>
+<th>unacked past {info.ack_threshold_s:g}s</th><th>dead letters</th><th>never acked</th></tr>
+{"".join(group_rows)}</table>
+<h2>Latency (ms)</h2>
+<table><tr><th>metric</th><th>count</th><th>p50</th><th>p90</th><th>p99</th><th>max</th></tr>
+{"".join(latency_rows)}</table>
+<h2>Latency histogram</h2>
+{histograms}
+</body></html>
+"""
+
+
+# --- writing ----------------------------------------------------------------------------------
+
+
+def prepare_out(out: Path) -> None:
+    """Create the output directory and drop category folders left by an earlier run."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name in CATEGORIES:
+        folder = out / name
+        if folder.exists():
+            shutil.rmtree(folder)
+
+
+def write_categories(classified: DataFrame, out: Path, counts: Mapping[str, int]) -> list[str]:
+    """One Parquet folder per non-empty category; returns the folders written."""
+    written = []
+    for name in CATEGORIES:
+        count = counts.get(name, 0)
+        if not count:
+            continue
+        rows = classified.where(F.col("category") == name)
+        if count <= SMALL_CATEGORY_ROWS:
+            rows = rows.coalesce(1)
+        rows.write.mode("overwrite").parquet(str(out / name))
+        written.append(name)
+    return written
+
+
+def write_reports(out: Path, doc: Mapping[str, Any], text: str, page: str) -> None:
+    (out / "summary.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
+    (out / "report.txt").write_text(text)
+    (out / "report.html").write_text(page)

@@ -1,0 +1,345 @@
+"""The reconciliation's logic: pure functions from DataFrames to DataFrames.
+
+Inputs (see ``readers`` and ``datasource``): outbox rows (``readers.OUTBOX_COLUMNS``),
+broker message records (``datasource.MESSAGE_SCHEMA``) and action records, one row per seq
+(``datasource.ACTION_SCHEMA``). Nothing here reads, writes or collects.
+
+Every message id lands in at most one category; the first rule that matches wins:
+
+1. ``duplicate_in_broker``: stored more than once (any broker, any subject);
+2. ``body_mismatch``: an outbox row and a stored record whose body hashes differ;
+3. ``dead_in_outbox``: the outbox row is ``dead`` (stored or not: the compensator gave up);
+4. ``delivered``: ``sent`` and stored;
+5. ``pending_but_stored``: ``pending`` and stored (mark-sent was lost);
+6. ``missing_in_broker``: ``sent`` and not stored;
+7. ``stuck_pending``: ``pending`` and not stored;
+8. ``orphan_in_broker``: stored, no outbox row, from a reconciled producer.
+
+A message is judged only inside the window: its ``created_at`` (the outbox row's, else the
+broker's) in ``[since, until)``, and created and due (``deliver_at``) at least ``grace``
+before the run. Younger ones are still in flight. Broker messages without an outbox row
+from producers that are not reconciled belong to other services and are not judged at all
+(not even as duplicates).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+CATEGORIES = (
+    "delivered",
+    "missing_in_broker",
+    "stuck_pending",
+    "pending_but_stored",
+    "dead_in_outbox",
+    "orphan_in_broker",
+    "body_mismatch",
+    "duplicate_in_broker",
+)
+CRITICAL = frozenset(
+    {"missing_in_broker", "orphan_in_broker", "body_mismatch", "duplicate_in_broker"}
+)
+LATENCY_METRICS = ("created_to_stored", "stored_to_acked")
+PERCENTILES = (0.5, 0.9, 0.99)
+# Upper bounds (ms) of the latency histogram's buckets; the last bucket is open-ended.
+HISTOGRAM_BOUNDS_MS = (
+    1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 30_000, 60_000, 300_000,
+    3_600_000,
+)  # fmt: skip
+CLASSIFIED_COLUMNS = (
+    "message_id",
+    "category",
+    "subject",
+    "producer",
+    "status",
+    "outbox",
+    "outbox_rows",
+    "brokers",
+    "broker_copies",
+    "outbox_sha256",
+    "broker_sha256",
+    "created_at",
+    "stored_at",
+    "sent_at",
+    "deliver_at",
+)
+_OWNER = ("broker", "subject", "group", "state")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Window:
+    """Which messages are judged: created in ``[since, until)``, and older than ``grace``."""
+
+    now: datetime
+    grace: timedelta = timedelta(minutes=5)
+    since: datetime | None = None
+    until: datetime | None = None
+
+    @property
+    def settled_before(self) -> datetime:
+        """Messages created or due after this are too young to judge."""
+        return _utc(self.now) - self.grace
+
+    def created_in_range(self, created: Column) -> Column:
+        condition = created.isNotNull()
+        if self.since is not None:
+            condition &= created >= F.lit(_utc(self.since))
+        if self.until is not None:
+            condition &= created < F.lit(_utc(self.until))
+        return condition
+
+    def settled(self, created: Column, due: Column) -> Column:
+        return F.greatest(created, due) < F.lit(self.settled_before)
+
+
+def _utc(value: datetime) -> datetime:
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+def _ms_between(start: Column, end: Column) -> Column:
+    return (F.unix_micros(end) - F.unix_micros(start)) / F.lit(1000.0)
+
+
+# --- categories ---------------------------------------------------------------------------
+
+
+def outbox_by_id(outbox: DataFrame) -> DataFrame:
+    """One row per message id over all outbox tables (the first row by outbox, row id)."""
+    first = F.struct("subject", "producer", "status", "created_at", "sent_at", "deliver_at")
+    return (
+        outbox.groupBy("message_id")
+        .agg(
+            F.count(F.lit(1)).alias("outbox_rows"),
+            F.min_by(
+                F.struct(F.col("outbox"), first.alias("row")), F.struct("outbox", "row_id")
+            ).alias("o"),
+            F.array_sort(F.collect_set("body_sha256")).alias("outbox_sha256"),
+        )
+        .select("message_id", "outbox_rows", "outbox_sha256", "o.outbox", "o.row.*")
+    )
+
+
+def broker_by_id(messages: DataFrame) -> DataFrame:
+    """One row per message id over all broker records, with how often it was stored."""
+    return messages.groupBy(F.col("id").alias("message_id")).agg(
+        F.count(F.lit(1)).alias("broker_copies"),
+        F.array_sort(F.collect_set("broker")).alias("brokers"),
+        F.array_sort(F.collect_set("body_sha256")).alias("broker_sha256"),
+        F.min("subject").alias("b_subject"),
+        F.min("producer").alias("b_producer"),
+        F.min("created_at").alias("b_created_at"),
+        F.max("deliver_at").alias("b_deliver_at"),
+        F.min("stored_at").alias("stored_at"),
+    )
+
+
+def _category(has_row: Column, stored: Column, reconciled: Column) -> Column:
+    status = F.col("status")
+    hashes = F.size(F.array_union("outbox_sha256", "broker_sha256"))
+    in_scope = has_row | (stored & reconciled)
+    return F.when(
+        in_scope,
+        F.when(F.col("broker_copies") > 1, "duplicate_in_broker")
+        .when(has_row & stored & (hashes > 1), "body_mismatch")
+        .when(has_row & (status == "dead"), "dead_in_outbox")
+        .when(has_row & stored & (status == "sent"), "delivered")
+        .when(has_row & stored & (status == "pending"), "pending_but_stored")
+        .when(has_row & (status == "sent"), "missing_in_broker")
+        .when(has_row & (status == "pending"), "stuck_pending")
+        .when(~has_row & stored, "orphan_in_broker"),
+    )
+
+
+def classify(
+    outbox: DataFrame,
+    messages: DataFrame,
+    *,
+    window: Window,
+    producers: Sequence[str] | None = None,
+) -> DataFrame:
+    """Each judged message id with its category (``CLASSIFIED_COLUMNS``).
+
+    ``producers``: whose broker messages need an outbox row (orphans); ``None`` means the
+    producers found in the outbox rows.
+    """
+    joined = outbox_by_id(outbox).join(broker_by_id(messages), "message_id", "full")
+    if producers is None:
+        known = (
+            outbox.where(F.col("producer").isNotNull())
+            .select(F.col("producer").alias("b_producer"))
+            .distinct()
+            .withColumn("reconciled", F.lit(True))
+        )
+        joined = joined.join(F.broadcast(known), "b_producer", "left")
+        reconciled = F.coalesce(F.col("reconciled"), F.lit(False))
+    else:
+        reconciled = F.col("b_producer").isin(list(producers)) if producers else F.lit(False)
+    has_row = F.col("outbox_rows").isNotNull()
+    stored = F.col("broker_copies").isNotNull()
+    created = F.coalesce(F.col("created_at"), F.col("b_created_at"))
+    due = F.coalesce(F.col("deliver_at"), F.col("b_deliver_at"), created)
+    judged = window.created_in_range(created) & window.settled(created, due)
+    return (
+        joined.where(judged)
+        .select(
+            "*",
+            _category(has_row, stored, reconciled).alias("category"),
+            F.coalesce("subject", "b_subject").alias("_subject"),
+            F.coalesce("producer", "b_producer").alias("_producer"),
+            created.alias("_created_at"),
+            F.coalesce("outbox_rows", F.lit(0)).alias("_outbox_rows"),
+            F.coalesce("broker_copies", F.lit(0)).alias("_broker_copies"),
+        )
+        .where(F.col("category").isNotNull())
+        .select(
+            "message_id",
+            "category",
+            F.col("_subject").alias("subject"),
+            F.col("_producer").alias("producer"),
+            "status",
+            "outbox",
+            F.col("_outbox_rows").alias("outbox_rows"),
+            F.coalesce("brokers", F.array().cast("array<string>")).alias("brokers"),
+            F.col("_broker_copies").alias("broker_copies"),
+            F.coalesce("outbox_sha256", F.array().cast("array<string>")).alias("outbox_sha256"),
+            F.coalesce("broker_sha256", F.array().cast("array<string>")).alias("broker_sha256"),
+            F.col("_created_at").alias("created_at"),
+            "stored_at",
+            "sent_at",
+            "deliver_at",
+        )
+    )
+
+
+def category_counts(classified: DataFrame) -> DataFrame:
+    """``category, count`` for the categories that occur."""
+    return classified.groupBy("category").count()
+
+
+# --- consumer groups ------------------------------------------------------------------------
+
+
+def first_acks(actions: DataFrame) -> DataFrame:
+    """When each state owner first acked each seq: ``broker, subject, group, state, seq,
+    acked_at``."""
+    return (
+        actions.where((F.col("type") == "ack") & F.col("seq").isNotNull())
+        .groupBy(*_OWNER, "seq")
+        .agg(F.min("at").alias("acked_at"))
+    )
+
+
+def dead_letters(actions: DataFrame) -> DataFrame:
+    """Seqs whose latest dead/redrive/ack event is ``dead``: dead letters right now."""
+    rank = F.when(F.col("type") == "dead", 0).when(F.col("type") == "redrive", 1).otherwise(2)
+    return (
+        actions.where(F.col("type").isin("dead", "redrive", "ack") & F.col("seq").isNotNull())
+        .groupBy(*_OWNER, "seq")
+        .agg(F.max_by("type", F.struct("at", rank)).alias("last"))
+        .where(F.col("last") == "dead")
+        .select(*_OWNER, "seq")
+    )
+
+
+def group_stats(
+    messages: DataFrame,
+    actions: DataFrame,
+    *,
+    now: datetime,
+    ack_threshold: timedelta,
+    window: Window | None = None,
+) -> DataFrame:
+    """Per ``subject, group``: ``mode, acked, unacked_past_threshold, dead_letters,
+    never_acked`` over all brokers.
+
+    A message counts as unacked when it was stored more than ``ack_threshold`` before
+    ``now``, at or after the group's start seq, and the group (in broadcast mode: each of
+    its consumers) has neither acked it nor dead-lettered it.
+    """
+    owners = actions.groupBy(*_OWNER).agg(
+        F.coalesce(F.min(F.when(F.col("type") == "group", F.col("start_seq"))), F.lit(0)).alias(
+            "start_seq"
+        )
+    )
+    stale = messages.where(F.col("stored_at") < F.lit(_utc(now) - ack_threshold))
+    if window is not None:
+        stale = stale.where(window.created_in_range(F.col("created_at")))
+    acked = first_acks(actions)
+    dead = dead_letters(actions)
+    unacked = (
+        owners.join(stale.select("broker", "subject", "seq"), ["broker", "subject"])
+        .where(F.col("seq") >= F.col("start_seq"))
+        .join(acked, [*_OWNER, "seq"], "left_anti")
+        .join(dead, [*_OWNER, "seq"], "left_anti")
+        .groupBy(*_OWNER)
+        .agg(F.count(F.lit(1)).alias("unacked"))
+    )
+    per_owner = (
+        owners.join(unacked, list(_OWNER), "left")
+        .join(acked.groupBy(*_OWNER).agg(F.count(F.lit(1)).alias("acked")), list(_OWNER), "left")
+        .join(dead.groupBy(*_OWNER).agg(F.count(F.lit(1)).alias("dead")), list(_OWNER), "left")
+        .fillna(0, subset=["unacked", "acked", "dead"])
+    )
+    return per_owner.groupBy("subject", "group").agg(
+        F.when(F.max(F.length("state")) > 0, "broadcast").otherwise("shared").alias("mode"),
+        F.sum("acked").cast("long").alias("acked"),
+        F.sum("unacked").cast("long").alias("unacked_past_threshold"),
+        F.sum("dead").cast("long").alias("dead_letters"),
+        (F.sum("acked") == 0).alias("never_acked"),
+    )
+
+
+# --- latency ------------------------------------------------------------------------------
+
+
+def latency_samples(
+    messages: DataFrame, actions: DataFrame, *, window: Window | None = None
+) -> DataFrame:
+    """``metric, ms``: created→stored per stored message, stored→acked per first ack."""
+    stored = messages
+    if window is not None:
+        stored = stored.where(window.created_in_range(F.col("created_at")))
+    created_to_stored = stored.where(F.col("stored_at").isNotNull()).select(
+        F.lit("created_to_stored").alias("metric"),
+        _ms_between(F.col("created_at"), F.col("stored_at")).alias("ms"),
+    )
+    stored_to_acked = first_acks(actions).join(
+        stored.select("broker", "subject", "seq", "stored_at"), ["broker", "subject", "seq"]
+    )
+    return created_to_stored.unionByName(
+        stored_to_acked.select(
+            F.lit("stored_to_acked").alias("metric"),
+            _ms_between(F.col("stored_at"), F.col("acked_at")).alias("ms"),
+        )
+    )
+
+
+def latency_stats(samples: DataFrame, *, accuracy: int = 10_000) -> DataFrame:
+    """``metric, count, p50, p90, p99, max`` in milliseconds (``percentile_approx``)."""
+    approx = F.percentile_approx("ms", list(PERCENTILES), accuracy)
+    return (
+        samples.groupBy("metric")
+        .agg(F.count(F.lit(1)).alias("count"), approx.alias("p"), F.max("ms").alias("max"))
+        .select(
+            "metric",
+            "count",
+            F.col("p")[0].alias("p50"),
+            F.col("p")[1].alias("p90"),
+            F.col("p")[2].alias("p99"),
+            "max",
+        )
+    )
+
+
+def latency_histogram(samples: DataFrame) -> DataFrame:
+    """``metric, bucket, count``: bucket ``i`` holds samples below
+    ``HISTOGRAM_BOUNDS_MS[i]`` (and at or above the previous bound); the last is open."""
+    bucket: Column = F.lit(len(HISTOGRAM_BOUNDS_MS))
+    for index, bound in reversed(list(enumerate(HISTOGRAM_BOUNDS_MS))):
+        bucket = F.when(F.col("ms") < bound, index).otherwise(bucket)
+    return samples.groupBy("metric", bucket.alias("bucket")).count()

@@ -1,0 +1,53 @@
+"""Broker data directories written with the format module's primitives (no broker)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from broker.format import (
+    ActionRecord,
+    MessageRecord,
+    SegmentKind,
+    frame,
+    segment_header,
+    segment_name,
+)
+
+US = 1_000_000
+T0 = 1_735_732_800 * US  # 2025-01-01T12:00:00Z
+
+
+def message(seq: int, *, id: str | None = None, body: bytes = b"{}", **kw: object) -> MessageRecord:
+    fields: dict[str, object] = {
+        "seq": seq,
+        "id": id or f"m{seq}",
+        "subject": "orders",
+        "key": None,
+        "headers": {},
+        "body": body,
+        "body_base64": False,
+        "producer": "orders-svc",
+        "created_at_us": T0 + seq,
+        "stored_at_us": T0 + seq + 1000,
+        "deliver_at_us": 0,
+    }
+    fields.update(kw)
+    return MessageRecord(**fields)  # type: ignore[arg-type]
+
+
+def write_segment(
+    data_dir: Path,
+    kind: SegmentKind,
+    number: int,
+    records: Sequence[MessageRecord | ActionRecord],
+    *,
+    tail: bytes = b"",
+) -> Path:
+    folder = data_dir / ("messages" if kind is SegmentKind.MESSAGES else "actions")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / segment_name(number)
+    frames = b"".join(frame(r.encode()) for r in records)
+    path.write_bytes(segment_header(kind) + frames + tail)
+    (data_dir / "FORMAT").write_text('{"format": 1}')
+    return path

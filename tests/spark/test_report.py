@@ -1,0 +1,95 @@
+"""summary.json, the text and the HTML report, built from collected results."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from spark_reconcile.report import RunInfo, exit_code, render_html, render_text, summary
+from spark_reconcile.transforms import CATEGORIES
+
+pytestmark = pytest.mark.spark
+
+INFO = RunInfo(
+    started_at=datetime(2025, 1, 1, tzinfo=UTC),
+    outboxes=["postgresql+psycopg://app:***@db/app"],
+    broker_dirs=["/data/b1"],
+    since=None,
+    until=None,
+    settled_before=datetime(2025, 1, 1, tzinfo=UTC) - timedelta(minutes=5),
+    grace_s=300,
+    ack_threshold_s=600,
+    producers=None,
+)
+GROUPS = [
+    {
+        "subject": "orders",
+        "group": "<billing>",
+        "mode": "shared",
+        "acked": 3,
+        "unacked_past_threshold": 1,
+        "dead_letters": 2,
+        "never_acked": False,
+    }
+]
+LATENCY = [
+    {"metric": "created_to_stored", "count": 10, "p50": 1.5, "p90": 2.0, "p99": 3.0, "max": 4.0}
+]
+
+
+def test_summary_has_every_category_and_the_exit_code() -> None:
+    doc = summary({"delivered": 7, "stuck_pending": 1}, GROUPS, LATENCY)
+    assert list(doc) == ["categories", "groups", "latency_ms", "exit_code"]
+    assert list(doc["categories"]) == list(CATEGORIES)
+    assert doc["categories"]["delivered"] == 7
+    assert doc["categories"]["orphan_in_broker"] == 0
+    assert doc["exit_code"] == 0
+    assert doc["groups"]["orders"]["<billing>"]["dead_letters"] == 2
+    assert doc["latency_ms"]["created_to_stored"]["p50"] == 1.5
+    assert doc["latency_ms"]["stored_to_acked"] == {
+        "count": 0,
+        "p50": None,
+        "p90": None,
+        "p99": None,
+        "max": None,
+    }
+
+
+@pytest.mark.parametrize(
+    ("category", "code"),
+    [
+        ("delivered", 0),
+        ("stuck_pending", 0),
+        ("pending_but_stored", 0),
+        ("dead_in_outbox", 0),
+        ("missing_in_broker", 1),
+        ("orphan_in_broker", 1),
+        ("body_mismatch", 1),
+        ("duplicate_in_broker", 1),
+    ],
+)
+def test_exit_code_is_1_for_critical_categories(category: str, code: int) -> None:
+    assert exit_code({category: 1}) == code
+
+
+def test_text_report() -> None:
+    text = render_text(summary({"missing_in_broker": 2}, GROUPS, LATENCY), INFO)
+    assert re.search(r"missing_in_broker\s+2\s+CRITICAL", text)
+    assert "orders/<billing>" in text
+    assert "result: 2 critical finding(s) -> exit 1" in text
+
+
+def test_html_report_is_self_contained_and_escaped() -> None:
+    page = render_html(
+        summary({"delivered": 1}, GROUPS, LATENCY),
+        INFO,
+        {"created_to_stored": {1: 4, 3: 8}},
+    )
+    assert "&lt;billing&gt;" in page
+    assert "<billing>" not in page
+    assert not re.search(r"(src|href)=", page)
+    assert "< 5 ms" not in page  # labels are escaped too
+    assert "&lt; 5 ms" in page
+    assert page.count('<div style="width:') == 3  # buckets 1..3, the empty one included

@@ -1,0 +1,271 @@
+"""The reconciliation's transforms on small hand-made DataFrames."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from pyspark.sql import SparkSession
+
+from spark_reconcile.transforms import (
+    CATEGORIES,
+    HISTOGRAM_BOUNDS_MS,
+    Window,
+    classify,
+    group_stats,
+    latency_histogram,
+    latency_samples,
+    latency_stats,
+)
+from tests.spark.frames import NOW, OLD, actions, broker_messages, outbox_rows
+
+pytestmark = pytest.mark.spark
+
+WINDOW = Window(now=NOW, grace=timedelta(minutes=5))
+
+
+def categories(frame: object) -> dict[str, str]:
+    return {r["message_id"]: r["category"] for r in frame.collect()}  # type: ignore[attr-defined]
+
+
+def test_every_category_with_its_precedence(spark: SparkSession) -> None:
+    outbox = outbox_rows(
+        spark,
+        [
+            {"message_id": "delivered"},
+            {"message_id": "lost"},
+            {"message_id": "stuck", "status": "pending"},
+            {"message_id": "pending-stored", "status": "pending"},
+            {"message_id": "dead", "status": "dead"},
+            {"message_id": "dead-stored", "status": "dead"},
+            {"message_id": "changed", "body": b"original"},
+            {"message_id": "changed-pending", "status": "pending", "body": b"original"},
+            {"message_id": "twice"},
+            {"message_id": "twice-changed", "body": b"a"},
+        ],
+    )
+    messages = broker_messages(
+        spark,
+        [
+            {"id": "delivered"},
+            {"id": "pending-stored"},
+            {"id": "dead-stored"},
+            {"id": "changed", "body": b"tampered"},
+            {"id": "changed-pending", "body": b"tampered"},
+            {"id": "twice"},
+            {"id": "twice", "broker": "b2"},
+            {"id": "twice-changed", "body": b"b"},
+            {"id": "twice-changed", "body": b"a", "broker": "b2"},
+            {"id": "orphan"},
+        ],
+    )
+    got = categories(classify(outbox, messages, window=WINDOW))
+    assert got == {
+        "delivered": "delivered",
+        "lost": "missing_in_broker",
+        "stuck": "stuck_pending",
+        "pending-stored": "pending_but_stored",
+        "dead": "dead_in_outbox",
+        "dead-stored": "dead_in_outbox",
+        "changed": "body_mismatch",
+        "changed-pending": "body_mismatch",
+        "twice": "duplicate_in_broker",
+        "twice-changed": "duplicate_in_broker",
+        "orphan": "orphan_in_broker",
+    }
+    assert set(got.values()) == set(CATEGORIES)
+
+
+def test_classified_rows_carry_both_sides(spark: SparkSession) -> None:
+    outbox = outbox_rows(spark, [{"message_id": "m", "body": b"x"}])
+    messages = broker_messages(
+        spark, [{"id": "m", "body": b"y"}, {"id": "m", "broker": "b2", "body": b"y"}]
+    )
+    (row,) = classify(outbox, messages, window=WINDOW).collect()
+    assert row["category"] == "duplicate_in_broker"
+    assert row["brokers"] == ["b1", "b2"]
+    assert row["broker_copies"] == 2
+    assert row["outbox_rows"] == 1
+    assert row["status"] == "sent"
+    assert row["outbox"] == "db1"
+    assert len(row["broker_sha256"]) == 1
+    assert row["outbox_sha256"] != row["broker_sha256"]
+
+
+def test_grace_excludes_young_messages_on_both_sides(spark: SparkSession) -> None:
+    young = NOW - timedelta(minutes=1)
+    outbox = outbox_rows(
+        spark,
+        [
+            {"message_id": "young-pending", "status": "pending", "created_at": young},
+            {"message_id": "young-sent", "created_at": young},
+            {"message_id": "old-pending", "status": "pending"},
+            {"message_id": "due-later", "deliver_at": NOW + timedelta(hours=2)},
+        ],
+    )
+    messages = broker_messages(spark, [{"id": "young-orphan", "created_at": young}])
+    got = categories(classify(outbox, messages, window=WINDOW))
+    assert got == {"old-pending": "stuck_pending"}
+    wider = Window(now=NOW, grace=timedelta(0))
+    assert categories(classify(outbox, messages, window=wider)) == {
+        "young-pending": "stuck_pending",
+        "young-sent": "missing_in_broker",
+        "old-pending": "stuck_pending",
+        "young-orphan": "orphan_in_broker",
+    }
+
+
+def test_since_and_until_bound_created_at(spark: SparkSession) -> None:
+    outbox = outbox_rows(
+        spark,
+        [
+            {"message_id": "before", "created_at": OLD - timedelta(days=2)},
+            {"message_id": "inside", "created_at": OLD - timedelta(days=1)},
+            {"message_id": "at-until", "created_at": OLD},
+        ],
+    )
+    messages = broker_messages(
+        spark, [{"id": "orphan-inside", "created_at": OLD - timedelta(hours=30)}]
+    )
+    window = Window(
+        now=NOW, since=OLD - timedelta(days=1, hours=7), until=OLD, grace=timedelta(minutes=5)
+    )
+    assert categories(classify(outbox, messages, window=window)) == {
+        "inside": "missing_in_broker",
+        "orphan-inside": "orphan_in_broker",
+    }
+
+
+def test_orphans_only_from_reconciled_producers(spark: SparkSession) -> None:
+    outbox = outbox_rows(spark, [{"message_id": "row", "producer": "orders-svc"}])
+    messages = broker_messages(
+        spark,
+        [
+            {"id": "row", "producer": "orders-svc"},
+            {"id": "ours", "producer": "orders-svc"},
+            {"id": "theirs", "producer": "billing-svc"},
+            {"id": "anonymous", "producer": None},
+            {"id": "their-dup", "producer": "billing-svc"},
+            {"id": "their-dup", "producer": "billing-svc", "broker": "b2"},
+        ],
+    )
+    by_default = categories(classify(outbox, messages, window=WINDOW))
+    assert by_default == {"row": "delivered", "ours": "orphan_in_broker"}
+    explicit = categories(classify(outbox, messages, window=WINDOW, producers=["billing-svc"]))
+    assert explicit == {
+        "row": "delivered",
+        "theirs": "orphan_in_broker",
+        "their-dup": "duplicate_in_broker",
+    }
+    assert categories(classify(outbox, messages, window=WINDOW, producers=[])) == {
+        "row": "delivered"
+    }
+
+
+def test_same_id_in_two_outboxes_counts_once(spark: SparkSession) -> None:
+    outbox = outbox_rows(
+        spark, [{"message_id": "m", "outbox": "db2"}, {"message_id": "m", "outbox": "db1"}]
+    )
+    messages = broker_messages(spark, [{"id": "m"}])
+    (row,) = classify(outbox, messages, window=WINDOW).collect()
+    assert (row["category"], row["outbox"], row["outbox_rows"]) == ("delivered", "db1", 2)
+
+
+# --- groups ---------------------------------------------------------------------------------
+
+
+def test_group_stats(spark: SparkSession) -> None:
+    messages = broker_messages(
+        spark, [{"id": f"m{i}", "stored_at": OLD + timedelta(seconds=i)} for i in range(6)]
+    )
+    acts = actions(
+        spark,
+        [
+            {"type": "group", "group": "billing", "start_seq": 0},
+            {"type": "lease", "group": "billing", "seq": 0},
+            {"type": "ack", "group": "billing", "seq": 0},
+            {"type": "ack", "group": "billing", "seq": 1},
+            {"type": "ack", "group": "billing", "seq": 1, "at": NOW},  # a repeated ack
+            {"type": "dead", "group": "billing", "seq": 2, "error": "boom"},
+            {"type": "dead", "group": "billing", "seq": 3, "error": "boom"},
+            {"type": "redrive", "group": "billing", "seq": 3, "at": OLD + timedelta(minutes=1)},
+            # joined late: starts at seq 4
+            {"type": "group", "group": "audit", "start_seq": 4},
+            {"type": "lease", "group": "audit", "seq": 4},
+            # broadcast: each consumer has its own state
+            {"type": "group", "group": "cache", "state": "c1", "start_seq": 0},
+            {"type": "group", "group": "cache", "state": "c2", "start_seq": 5},
+            {"type": "ack", "group": "cache", "state": "c1", "seq": 0},
+        ],
+    )
+    rows = group_stats(messages, acts, now=NOW, ack_threshold=timedelta(minutes=10)).collect()
+    got = {r["group"]: r.asDict() for r in rows}
+    assert got["billing"] == {
+        "subject": "orders",
+        "group": "billing",
+        "mode": "shared",
+        "acked": 2,
+        "unacked_past_threshold": 3,  # 3 (redriven), 4, 5
+        "dead_letters": 1,
+        "never_acked": False,
+    }
+    assert got["audit"]["unacked_past_threshold"] == 2
+    assert got["audit"]["never_acked"] is True
+    assert got["cache"]["mode"] == "broadcast"
+    assert got["cache"]["acked"] == 1
+    assert got["cache"]["unacked_past_threshold"] == 5 + 1  # c1: seqs 1-5, c2: seq 5
+
+
+def test_ack_threshold_spares_recent_messages(spark: SparkSession) -> None:
+    messages = broker_messages(
+        spark,
+        [
+            {"id": "old", "stored_at": NOW - timedelta(hours=1)},
+            {"id": "recent", "stored_at": NOW - timedelta(minutes=1)},
+        ],
+    )
+    acts = actions(spark, [{"type": "group", "group": "g", "start_seq": 0}])
+    (row,) = group_stats(messages, acts, now=NOW, ack_threshold=timedelta(minutes=10)).collect()
+    assert row["unacked_past_threshold"] == 1
+    (row,) = group_stats(messages, acts, now=NOW, ack_threshold=timedelta(0)).collect()
+    assert row["unacked_past_threshold"] == 2
+
+
+# --- latency --------------------------------------------------------------------------------
+
+
+def test_latency_percentiles_and_histogram(spark: SparkSession) -> None:
+    rows = [
+        {"id": f"m{i}", "created_at": OLD, "stored_at": OLD + timedelta(milliseconds=i + 1)}
+        for i in range(100)
+    ]
+    messages = broker_messages(spark, rows)
+    acts = actions(
+        spark,
+        [
+            {"type": "ack", "seq": 0, "at": OLD + timedelta(seconds=2, milliseconds=1)},
+            {"type": "ack", "seq": 0, "at": OLD + timedelta(seconds=9)},  # later: ignored
+            {"type": "ack", "seq": 1, "at": OLD + timedelta(seconds=4, milliseconds=2)},
+        ],
+    )
+    samples = latency_samples(messages, acts)
+    stats = {r["metric"]: r.asDict() for r in latency_stats(samples).collect()}
+    created = stats["created_to_stored"]
+    assert created["count"] == 100
+    assert created["p50"] == pytest.approx(50.0)
+    assert created["p90"] == pytest.approx(90.0)
+    assert created["p99"] == pytest.approx(99.0)
+    assert created["max"] == pytest.approx(100.0)
+    acked = stats["stored_to_acked"]
+    assert acked["count"] == 2
+    assert acked["max"] == pytest.approx(4000.0)
+    assert acked["p50"] == pytest.approx(2000.0)
+    histogram = {
+        (r["metric"], r["bucket"]): r["count"] for r in latency_histogram(samples).collect()
+    }
+    below = dict(zip(HISTOGRAM_BOUNDS_MS, range(len(HISTOGRAM_BOUNDS_MS)), strict=True))
+    assert histogram[("created_to_stored", below[2])] == 1  # 1 ms
+    assert histogram[("created_to_stored", below[5])] == 3  # 2, 3, 4 ms
+    assert histogram[("created_to_stored", below[200])] == 100 - 99 + 0  # 100 ms
+    assert histogram[("stored_to_acked", below[5_000])] == 2
+    assert sum(n for (metric, _), n in histogram.items() if metric == "created_to_stored") == 100

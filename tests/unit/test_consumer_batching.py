@@ -1,0 +1,126 @@
+"""Pure bookkeeping of the consumer: ack batching and the lease budget (bounded prefetch)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from qmq_outbox.consumer.acks import AckBuffer, chunks
+from qmq_outbox.consumer.budget import AsyncLeaseBudget, LeaseBudget, grant, next_want
+from qmq_outbox.consumer.logs import backoff
+
+
+def test_ack_buffer_is_due_by_size() -> None:
+    buffer = AckBuffer(max_size=3, interval=10.0)
+    assert buffer.due_in(0.0) is None
+    assert not buffer.add("a", 1, now=0.0)
+    assert not buffer.add("b", 7, now=0.0)
+    assert buffer.add("a", 2, now=0.0)
+    assert buffer.due_in(0.0) == 0.0
+    assert buffer.take() == {"a": [1, 2], "b": [7]}
+    assert len(buffer) == 0
+    assert buffer.due_in(0.0) is None
+
+
+def test_ack_buffer_is_due_by_the_oldest_acks_age() -> None:
+    buffer = AckBuffer(max_size=100, interval=0.05)
+    buffer.add("a", 1, now=10.0)
+    buffer.add("a", 2, now=10.04)
+    assert buffer.due_in(10.0) == pytest.approx(0.05)
+    assert buffer.due_in(10.04) == pytest.approx(0.01)
+    assert buffer.due_in(10.2) == 0.0
+
+
+def test_ack_buffer_takes_back_what_could_not_be_sent() -> None:
+    buffer = AckBuffer(max_size=100, interval=1.0)
+    buffer.add("a", 1, now=0.0)
+    batch = buffer.take()
+    buffer.add("a", 5, now=2.0)
+    buffer.put_back(batch, now=2.0)
+    assert sorted(buffer.take()["a"]) == [1, 5]
+
+
+def test_ack_buffer_rejects_nonsense() -> None:
+    with pytest.raises(ValueError, match="max_size"):
+        AckBuffer(max_size=0, interval=1.0)
+
+
+def test_chunks_split_large_acks() -> None:
+    assert [len(c) for c in chunks(list(range(2500)))] == [1000, 1000, 500]
+
+
+def test_grant_never_exceeds_capacity() -> None:
+    assert grant(32, capacity=16, used=0) == 16
+    assert grant(32, capacity=16, used=10) == 6
+    assert grant(4, capacity=16, used=10) == 4
+    assert grant(4, capacity=16, used=16) == 0
+    assert grant(4, capacity=16, used=20) == 0
+
+
+def test_an_idle_subject_asks_for_one_message() -> None:
+    assert next_want(last_pulled=0, max_batch=32) == 1
+    assert next_want(last_pulled=3, max_batch=32) == 32
+
+
+def test_backoff_grows_and_caps() -> None:
+    assert [backoff(n) for n in (1, 2, 3)] == [0.1, 0.2, 0.4]
+    assert backoff(50) == 5.0
+
+
+def test_lease_budget_blocks_until_a_slot_is_released() -> None:
+    budget = LeaseBudget(2)
+    assert budget.acquire(5) == 2
+    got: list[int] = []
+    waiter = threading.Thread(target=lambda: got.append(budget.acquire(5)))
+    waiter.start()
+    waiter.join(0.05)
+    assert waiter.is_alive(), "acquire must wait while the budget is spent"
+    budget.release(1)
+    waiter.join(2)
+    assert got == [1]
+    assert budget.used == 2
+
+
+def test_closing_the_budget_wakes_waiters_with_nothing() -> None:
+    budget = LeaseBudget(1)
+    budget.acquire(1)
+    got: list[int] = []
+    waiter = threading.Thread(target=lambda: got.append(budget.acquire(1)))
+    waiter.start()
+    budget.close()
+    waiter.join(2)
+    assert got == [0]
+    assert budget.acquire(1) == 0
+
+
+async def test_async_lease_budget() -> None:
+    budget = AsyncLeaseBudget(3)
+    assert await budget.acquire(2) == 2
+    assert await budget.acquire(5) == 1
+    pending = asyncio.create_task(budget.acquire(5))
+    await asyncio.sleep(0)
+    assert not pending.done()
+    await budget.release(2)
+    assert await pending == 2
+    closer = asyncio.create_task(budget.acquire(1))
+    await asyncio.sleep(0)
+    await budget.close()
+    assert await closer == 0
+
+
+def test_budget_capacity_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="capacity"):
+        LeaseBudget(0)
+
+
+def test_a_hurried_buffer_is_due_at_once_until_taken() -> None:
+    buffer = AckBuffer(max_size=100, interval=60.0)
+    buffer.hurry()
+    assert buffer.due_in(0.0) is None  # nothing to send yet
+    buffer.add("a", 1, now=0.0)
+    assert buffer.due_in(0.0) == 0.0
+    buffer.take()
+    buffer.add("a", 2, now=0.0)
+    assert buffer.due_in(0.0) == 60.0

@@ -1,0 +1,344 @@
+"""The consumer's runners against the in-memory broker: acks, nacks, prefetch, stopping."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from qmq_outbox import Consumer, Message, RetryLater
+from qmq_outbox.consumer import ConsumerCrashed
+from qmq_outbox.errors import BrokerRejected
+from tests.unit.consumer_fakes import AsyncFakeBroker, FakeBroker, wait_until, wait_until_async
+
+SUBJECT = "order.created"
+
+
+def _consumer(broker: FakeBroker | AsyncFakeBroker, **kwargs: object) -> Consumer:
+    settings: dict[str, object] = {
+        "consumer_id": "c1",
+        "wait_ms": 50,
+        "ack_interval": 0.02,
+        "shutdown_timeout": 5.0,
+    }
+    settings.update(kwargs)
+    return Consumer("http://unused", "g", client=broker, **settings)  # type: ignore[arg-type]
+
+
+@contextmanager
+def running(consumer: Consumer) -> Iterator[threading.Thread]:
+    """``consumer.run()`` on a thread (no signal handlers there); stopped and joined after."""
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            consumer.run()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=target, name="test-consumer-run")
+    thread.start()
+    try:
+        yield thread
+    finally:
+        consumer.stop()
+        thread.join(10)
+        assert not thread.is_alive()
+    if errors:
+        raise errors[0]
+
+
+def test_returned_handlers_are_acked_in_batches() -> None:
+    broker = FakeBroker()
+    for _ in range(50):
+        broker.produce(SUBJECT)
+    consumer = _consumer(broker, ack_batch_size=10, ack_interval=1.0)
+    handled: list[int] = []
+    consumer.add_handler(SUBJECT, lambda m: handled.append(m.seq))
+    with running(consumer):
+        wait_until(lambda: len(broker.group(SUBJECT, "g").acked) == 50)
+    assert sorted(handled) == list(range(50))
+    acks = broker.calls_of("ack")
+    assert len(acks) <= 6, "acks must be batched, not one request per message"
+    assert consumer.stats().acked == 50
+    assert consumer.stats().processed == 50
+    assert consumer.stats().in_flight == 0
+
+
+def test_acks_waiting_for_the_interval_are_flushed_on_stop() -> None:
+    broker = FakeBroker()
+    broker.produce(SUBJECT)
+    consumer = _consumer(broker, ack_batch_size=1000, ack_interval=60.0)
+    consumer.add_handler(SUBJECT, lambda m: None)
+    with running(consumer):
+        wait_until(lambda: consumer.stats().processed == 1)
+        assert broker.group(SUBJECT, "g").acked == set()
+    assert broker.group(SUBJECT, "g").acked == {0}
+
+
+def test_an_exception_nacks_and_the_message_comes_back_with_the_next_attempt() -> None:
+    broker = FakeBroker(max_attempts=3)
+    broker.produce(SUBJECT)
+    consumer = _consumer(broker)
+    attempts: list[int] = []
+
+    def always_fails(message: Message) -> None:
+        attempts.append(message.attempt)
+        raise RuntimeError("downstream is down")
+
+    consumer.add_handler(SUBJECT, always_fails)
+    with running(consumer):
+        wait_until(lambda: broker.group(SUBJECT, "g").dead == {0})
+    assert attempts == [1, 2, 3]
+    nacks = broker.calls_of("nack")
+    assert [n["delay_ms"] for n in nacks] == [None, None, None]
+    assert nacks[0]["error"] == "RuntimeError: downstream is down"
+
+
+def test_retry_later_sets_the_nack_delay() -> None:
+    broker = FakeBroker()
+    broker.produce(SUBJECT)
+    consumer = _consumer(broker)
+    seen: list[int] = []
+
+    def once_later(message: Message) -> None:
+        seen.append(message.attempt)
+        if message.attempt == 1:
+            raise RetryLater(0.75, "not yet")
+
+    consumer.add_handler(SUBJECT, once_later)
+    with running(consumer):
+        wait_until(lambda: broker.group(SUBJECT, "g").acked == {0})
+    assert seen == [1, 2]
+    assert broker.calls_of("nack")[0]["delay_ms"] == 750
+
+
+def test_a_slow_handler_holds_at_most_concurrency_plus_prefetch_leases() -> None:
+    broker = FakeBroker()
+    for _ in range(40):
+        broker.produce(SUBJECT)
+    release = threading.Event()
+    consumer = _consumer(broker, concurrency=2, prefetch=3, max_batch=32)
+    consumer.add_handler(SUBJECT, lambda m: release.wait(10))
+    with running(consumer):
+        wait_until(lambda: broker.max_leased.get("c1", 0) >= 5)
+        time.sleep(0.2)  # give a hoarding consumer the chance to pull more (it must not)
+        assert broker.max_leased["c1"] == 5
+        assert consumer.stats().in_flight == 5
+        release.set()
+        wait_until(lambda: len(broker.group(SUBJECT, "g").acked) == 40)
+    assert broker.max_leased["c1"] == 5
+    assert max(call["max"] for call in broker.calls_of("pull")) <= 5
+
+
+def test_an_idle_subject_does_not_starve_a_busy_one() -> None:
+    broker = FakeBroker()
+    for _ in range(30):
+        broker.produce("busy")
+    consumer = _consumer(broker, concurrency=1, prefetch=1, wait_ms=2000)
+    consumer.add_handler("busy", lambda m: None)
+    consumer.add_handler("idle", lambda m: None)
+    with running(consumer):
+        wait_until(lambda: len(broker.group("busy", "g").acked) == 30, timeout=3.0)
+
+
+def test_several_subjects_each_reach_their_handler() -> None:
+    broker = FakeBroker()
+    broker.produce("a")
+    broker.produce("b")
+    consumer = _consumer(broker)
+    seen: list[str] = []
+    consumer.add_handler("a", lambda m: seen.append(m.subject))
+    consumer.add_handler("b", lambda m: seen.append(m.subject))
+    with running(consumer):
+        wait_until(lambda: len(seen) == 2)
+    assert sorted(seen) == ["a", "b"]
+
+
+def test_stop_finishes_in_flight_handlers_and_acks_them() -> None:
+    broker = FakeBroker()
+    for _ in range(4):
+        broker.produce(SUBJECT)
+    started = threading.Barrier(5)
+    consumer = _consumer(broker, concurrency=4, prefetch=0, ack_interval=60.0)
+
+    def slow(message: Message) -> None:
+        started.wait(5)
+        time.sleep(0.2)
+
+    consumer.add_handler(SUBJECT, slow)
+    with running(consumer):
+        started.wait(5)  # all four handlers are running
+        consumer.stop()
+    assert broker.group(SUBJECT, "g").acked == {0, 1, 2, 3}
+
+
+def test_at_the_stop_timeout_unstarted_messages_are_released_at_once() -> None:
+    broker = FakeBroker()
+    for _ in range(3):
+        broker.produce(SUBJECT)
+    gate = threading.Event()
+    consumer = _consumer(broker, concurrency=1, prefetch=2, shutdown_timeout=0.3)
+    consumer.add_handler(SUBJECT, lambda m: gate.wait(10))
+    try:
+        with running(consumer):
+            wait_until(lambda: consumer.stats().pulled == 3)
+    finally:
+        gate.set()
+    nacks = broker.calls_of("nack")
+    assert sorted(seq for n in nacks for seq in n["seqs"]) == [1, 2]
+    assert all(n["delay_ms"] == 0 for n in nacks)
+
+
+def test_pull_failures_are_retried() -> None:
+    broker = FakeBroker()
+    broker.fail_pulls = 3
+    broker.produce(SUBJECT)
+    consumer = _consumer(broker)
+    consumer.add_handler(SUBJECT, lambda m: None)
+    with running(consumer):
+        wait_until(lambda: broker.group(SUBJECT, "g").acked == {0})
+
+
+def test_a_dead_loop_takes_the_consumer_down_loudly(caplog: pytest.LogCaptureFixture) -> None:
+    broker = FakeBroker()
+    broker.pull_error = BrokerRejected(status=403, code="forbidden", message="no consume right")
+    consumer = _consumer(broker)
+    consumer.add_handler(SUBJECT, lambda m: None)
+    with pytest.raises(ConsumerCrashed) as crashed:
+        consumer.run(install_signal_handlers=False)
+    assert isinstance(crashed.value.__cause__, BrokerRejected)
+    died = [r for r in caplog.records if getattr(r, "action", None) == "consumer.loop_died"]
+    assert died
+    assert died[0].loop == f"pull-{SUBJECT}"  # type: ignore[attr-defined]
+
+
+def test_threads_are_named() -> None:
+    broker = FakeBroker()
+    consumer = _consumer(broker, concurrency=2)
+    consumer.add_handler(SUBJECT, lambda m: None)
+    with running(consumer):
+        wait_until(lambda: any("qmq-consumer[g]-pull" in t.name for t in threading.enumerate()))
+        names = {t.name for t in threading.enumerate()}
+    assert {"qmq-consumer[g]-acks", "qmq-consumer[g]-worker-0", "qmq-consumer[g]-worker-1"} <= names
+
+
+def test_sigterm_in_the_main_thread_stops_run_gracefully() -> None:
+    broker = FakeBroker()
+    for _ in range(3):
+        broker.produce(SUBJECT)
+    consumer = _consumer(broker, ack_interval=60.0)
+    consumer.add_handler(SUBJECT, lambda m: None)
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def send_sigterm() -> None:
+        wait_until(lambda: consumer.stats().processed == 3)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    killer = threading.Thread(target=send_sigterm)
+    killer.start()
+    consumer.run()  # returns instead of dying: SIGTERM means stop gracefully
+    killer.join()
+    assert broker.group(SUBJECT, "g").acked == {0, 1, 2}
+    assert signal.getsignal(signal.SIGTERM) is previous
+
+
+# -- asyncio -----------------------------------------------------------------------------
+
+
+async def _run_until(consumer: Consumer, done: Callable[[], bool]) -> None:
+    task = asyncio.create_task(consumer.run_async(install_signal_handlers=False))
+    try:
+        await wait_until_async(done)
+    finally:
+        consumer.stop()
+        await asyncio.wait_for(task, 10)
+
+
+async def test_async_consumer_acks_nacks_and_bounds_prefetch() -> None:
+    broker = FakeBroker(max_attempts=2)
+    for _ in range(20):
+        broker.produce(SUBJECT)
+    broker.produce("poison")
+    consumer = _consumer(AsyncFakeBroker(broker), concurrency=3, prefetch=1, ack_batch_size=5)
+    handled: list[int] = []
+
+    async def on_message(message: Message) -> None:
+        await asyncio.sleep(0.005)
+        handled.append(message.seq)
+
+    async def poison(message: Message) -> None:
+        raise ValueError("bad payload")
+
+    consumer.add_handler(SUBJECT, on_message)
+    consumer.add_handler("poison", poison)
+    await _run_until(
+        consumer,
+        lambda: (
+            len(broker.group(SUBJECT, "g").acked) == 20 and broker.group("poison", "g").dead == {0}
+        ),
+    )
+    assert sorted(handled) == list(range(20))
+    assert broker.max_leased["c1"] <= 4
+    assert consumer.stats().nacked == 2
+
+
+async def test_async_consumer_runs_plain_handlers_and_flushes_on_stop() -> None:
+    broker = FakeBroker()
+    broker.produce(SUBJECT)
+    consumer = _consumer(AsyncFakeBroker(broker), ack_interval=60.0)
+    threads: list[str] = []
+    consumer.add_handler(SUBJECT, lambda m: threads.append(threading.current_thread().name))
+    await _run_until(consumer, lambda: consumer.stats().processed == 1)
+    assert broker.group(SUBJECT, "g").acked == {0}
+    assert threads and threads[0] != threading.main_thread().name
+
+
+async def test_async_consumer_dies_loudly() -> None:
+    broker = FakeBroker()
+    broker.pull_error = BrokerRejected(status=401, code="unauthorized", message="token")
+    consumer = _consumer(AsyncFakeBroker(broker))
+    consumer.add_handler(SUBJECT, lambda m: None)
+    with pytest.raises(ConsumerCrashed):
+        await asyncio.wait_for(consumer.run_async(install_signal_handlers=False), 10)
+
+
+async def test_async_stop_timeout_cancels_and_releases() -> None:
+    broker = FakeBroker()
+    for _ in range(3):
+        broker.produce(SUBJECT)
+    consumer = _consumer(AsyncFakeBroker(broker), concurrency=1, prefetch=2, shutdown_timeout=0.2)
+
+    async def stuck(message: Message) -> None:
+        await asyncio.sleep(30)
+
+    consumer.add_handler(SUBJECT, stuck)
+    await _run_until(consumer, lambda: consumer.stats().pulled == 3)
+    nacks = broker.calls_of("nack")
+    assert sorted(seq for n in nacks for seq in n["seqs"]) == [1, 2]
+
+
+def test_run_async_refuses_a_sync_client() -> None:
+    consumer = _consumer(FakeBroker())
+    consumer.add_handler(SUBJECT, lambda m: None)
+    from qmq_outbox.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="AsyncBrokerClient"):
+        asyncio.run(consumer.run_async())
+
+
+def test_batched_acks_do_not_stall_a_consumer_whose_budget_is_spent() -> None:
+    broker = FakeBroker()
+    for _ in range(60):
+        broker.produce(SUBJECT)
+    consumer = _consumer(broker, concurrency=2, prefetch=1, ack_interval=60.0)
+    consumer.add_handler(SUBJECT, lambda m: None)
+    with running(consumer):
+        wait_until(lambda: len(broker.group(SUBJECT, "g").acked) == 60, timeout=3.0)
+    assert broker.max_leased["c1"] <= 3

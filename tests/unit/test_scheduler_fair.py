@@ -1,0 +1,204 @@
+"""FairScheduler on a manual clock: priority order, slice yield, min-vruntime clamp, shares."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+import pytest
+
+from broker.scheduling import (
+    FairScheduler,
+    FifoScheduler,
+    ManualClock,
+    Outcome,
+    PullRequest,
+    Scheduler,
+)
+from tests.unit.scheduler_fakes import ScriptedProcessor, pull, run_next, run_until_idle
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def processor(clock: ManualClock) -> ScriptedProcessor:
+    return ScriptedProcessor(clock)
+
+
+def fair(clock: ManualClock, processor: ScriptedProcessor, **kwargs: Any) -> FairScheduler:
+    return FairScheduler(processor=processor, clock=clock, workers=1, **kwargs)
+
+
+async def test_lowest_virtual_runtime_runs_first(
+    clock: ManualClock, processor: ScriptedProcessor
+) -> None:
+    # a slice shorter than any request: every run serves exactly one request; costs are
+    # binary fractions of a second (~1 ms) so equal sums are exactly equal
+    unit = 2**-10
+    scheduler = fair(clock, processor, time_slice_s=unit / 2)
+    processor.cost.update(a=4 * unit, b=unit, c=2 * unit)
+    for group in "abc":
+        processor.add(group, 100)
+        for _ in range(20):
+            pull(scheduler, group)
+    ran = []
+    for _ in range(11):
+        queue = scheduler.runnable()
+        assert queue[0].vruntime == min(actor.vruntime for actor in queue)
+        ran.append(await run_next(scheduler))
+        assert ran[-1] == queue[0].group
+    # vruntime after each run: a 4, b 1, c 2, b 2, c 4, b 3, b 4, a 8, c 6, b 5, b 6 units;
+    # equal vruntimes go in the order the actors were (re)submitted
+    assert "".join(ran) == "abcbcbbacbb"
+
+
+async def test_ties_are_broken_by_submit_time(
+    clock: ManualClock, processor: ScriptedProcessor
+) -> None:
+    scheduler = fair(clock, processor)
+    for group in ("late", "early"):
+        scheduler.actor("s", group)  # both exist at the same virtual runtime
+    processor.add("early", 1)
+    processor.add("late", 1)
+    pull(scheduler, "early")
+    clock.advance(0.001)
+    pull(scheduler, "late")
+    assert await run_until_idle(scheduler) == ["early", "late"]
+
+
+async def test_a_run_yields_after_its_time_slice(
+    clock: ManualClock, processor: ScriptedProcessor
+) -> None:
+    scheduler = fair(clock, processor, time_slice_s=0.005)
+    processor.cost["a"] = 0.002
+    processor.add("a", 100)
+    futures = [pull(scheduler, "a") for _ in range(10)]
+    assert await run_next(scheduler) == "a"
+    # 2 ms + 2 ms < 5 ms, the third request crosses the slice: three served, then it yields
+    assert sum(f.done() for f in futures) == 3
+    actor = scheduler.actor("s", "a")
+    assert actor.runs == 1
+    assert actor.service_s == pytest.approx(0.006)
+    assert actor.runnable  # back in the queue with 7 requests left
+    assert len(actor.mailbox) == 7
+
+
+async def test_requests_are_served_in_batches_sized_by_recent_cost(
+    clock: ManualClock, processor: ScriptedProcessor
+) -> None:
+    """One hand-off to the read pool serves as many requests as fit in the slice."""
+    sizes: list[int] = []
+    serve = processor.__call__
+
+    async def recording(requests: Sequence[PullRequest]) -> list[Outcome]:
+        sizes.append(len(requests))
+        return await serve(requests)
+
+    unit = 2**-10  # ~1 ms, exact in binary
+    scheduler = FairScheduler(processor=recording, clock=clock, time_slice_s=5 * unit)
+    processor.cost["a"] = unit
+    processor.add("a", 100)
+    for _ in range(20):
+        pull(scheduler, "a")
+    await run_next(scheduler)
+    assert sizes == [1, 4]  # cost unknown: one; then 1 ms each fits four in the 4 ms left
+    await run_next(scheduler)
+    assert sizes[2] == 5  # a fresh slice: five
+
+
+async def test_a_slow_group_is_pushed_back(
+    clock: ManualClock, processor: ScriptedProcessor
+) -> None:
+    """Service time includes slow reads: a cold group gets fewer turns, not more time."""
+    scheduler = fair(clock, processor, time_slice_s=0.005)
+    processor.cost.update(cold=0.020, hot=0.001)
+    for group in ("cold", "hot"):
+        processor.add(group, 10_000)
+        for _ in range(1000):
+            pull(scheduler, group)
+    ran = [await run_next(scheduler) for _ in range(40)]
+    cold, hot = scheduler.actor("s", "cold"), scheduler.actor("s", "hot")
+    # a cold run is one 20 ms request, a hot run five 1 ms requests: equal time, 4x the turns
+    assert ran.count("hot") >= 3 * ran.count("cold")
+    assert abs(cold.service_s - hot.service_s) <= 0.020 + 0.005  # within one read + one slice
+
+
+async def test_a_woken_actor_starts_at_the_minimum_virtual_runtime(
+    clock: ManualClock, processor: ScriptedProcessor
+) -> None:
+    """A group quiet for a long time must not get all that time back in one burst."""
+    scheduler = fair(clock, processor, time_slice_s=0.005)
+    processor.cost.update(busy=0.006, quiet=0.006)  # one request per 5 ms slice
+    processor.add("busy", 10_000)
+    processor.add("quiet", 10_000)
+    pull(scheduler, "quiet")
+    await run_until_idle(scheduler)  # quiet ran once, then went idle
+    for _ in range(200):
+        pull(scheduler, "busy")
+    for _ in range(100):
+        await run_next(scheduler)  # busy runs alone for 100 slices: vruntime ~0.6 s
+    busy = scheduler.actor("s", "busy")
+    quiet = scheduler.actor("s", "quiet")
+    assert quiet.vruntime < busy.vruntime - 0.4
+    for _ in range(50):
+        pull(scheduler, "quiet")  # the burst
+    assert quiet.vruntime >= busy.vruntime
+    order = [await run_next(scheduler) for _ in range(10)]
+    assert order.count("busy") == 5  # they alternate; quiet does not monopolise the worker
+    assert scheduler.min_vruntime() <= min(busy.vruntime, quiet.vruntime)
+
+
+async def test_min_vruntime_never_decreases(
+    clock: ManualClock, processor: ScriptedProcessor
+) -> None:
+    scheduler = fair(clock, processor)
+    processor.add("a", 10)
+    pull(scheduler, "a")
+    seen = [scheduler.min_vruntime()]
+    for _ in range(5):
+        pull(scheduler, "a")
+        await run_next(scheduler)
+        seen.append(scheduler.min_vruntime())
+    assert seen == sorted(seen)
+    new = scheduler.actor("s", "new")
+    assert new.vruntime == scheduler.min_vruntime()  # a new actor starts at the floor
+
+
+async def closed_loop(scheduler: Scheduler, consumers: dict[str, int], runs: int) -> Counter[str]:
+    """Every consumer pulls again as soon as it is answered (saturation); count deliveries."""
+    delivered: Counter[str] = Counter()
+
+    def again(group: str, future: asyncio.Future[list[Any]]) -> None:
+        delivered[group] += len(future.result())
+        pull(scheduler, group).add_done_callback(partial(again, group))
+
+    for group, count in consumers.items():
+        for _ in range(count):
+            pull(scheduler, group).add_done_callback(partial(again, group))
+    for _ in range(runs):
+        await run_next(scheduler)
+        await asyncio.sleep(0)  # let answered consumers pull again
+    return delivered
+
+
+async def test_group_share_does_not_follow_its_consumer_count(
+    clock: ManualClock, processor: ScriptedProcessor
+) -> None:
+    processor.cost.update(a=0.0025, b=0.0025)
+    processor.add("a", 10**9)
+    processor.add("b", 10**9)
+    fifo = FifoScheduler(processor=processor, clock=clock, workers=1)
+    fifo_counts = await closed_loop(fifo, {"a": 100, "b": 2}, runs=3000)
+    fifo_share = fifo_counts["b"] / sum(fifo_counts.values())
+    assert fifo_share == pytest.approx(2 / 102, abs=0.01)
+
+    fair_scheduler = FairScheduler(processor=processor, clock=clock, workers=1)
+    fair_counts = await closed_loop(fair_scheduler, {"a": 100, "b": 2}, runs=3000)
+    fair_share = fair_counts["b"] / sum(fair_counts.values())
+    assert fair_share >= 0.40
