@@ -133,11 +133,12 @@ def consumer_main(
     )
     ready.set()
     go.wait()
+    cpu = time.process_time()
     runner.start()
     stop.wait()
     consumer.stop()
     runner.join(60)
-    results.put((starts, consumer.stats()))
+    results.put((starts, consumer.stats(), time.process_time() - cpu))
     if engine is not None:
         engine.dispose()
 
@@ -276,8 +277,9 @@ def preload(broker_url: str, subject: str, count: int) -> None:
 
 
 def drain(
-    broker_url: str, db_url: str | None, count: int, processes: int = 1, **settings: Any
+    broker: Broker, db_url: str | None, count: int, processes: int = 1, **settings: Any
 ) -> dict[str, float]:
+    broker_url = broker.url
     subject = f"bench.drain.{uuid.uuid4().hex[:6]}"
     preload(broker_url, subject, count)
     with (
@@ -334,10 +336,10 @@ def main() -> None:
                 "ack_batch_size": 500,
                 "wait_ms": 1000,
             }
-            store = drain(broker.url, db_url, args.store_messages, **store_settings)
-            store2 = drain(broker.url, db_url, args.store_messages, 2, **store_settings)
+            store = drain(broker, db_url, args.store_messages, **store_settings)
+            store2 = drain(broker, db_url, args.store_messages, 2, **store_settings)
             plain = drain(
-                broker.url,
+                broker,
                 None,
                 args.plain_messages,
                 concurrency=4,
@@ -371,10 +373,20 @@ def main() -> None:
         ),
         ("same, 2 consumer processes of the group", f"{store2['rate']:,.0f} msgs/s", ""),
         (
+            "CPU per message with the store: consumer process / broker",
+            f"{store['consumer_us']:.0f} / {store['broker_us']:.0f} µs",
+            "",
+        ),
+        (
             f"drain without the store, 1 consumer process ({plain['messages']:.0f} msgs, "
             "no-op handler)",
             f"{plain['rate']:,.0f} msgs/s",
             f">= 20,000 ({verdict(plain['rate'] >= 20000)})",
+        ),
+        (
+            "CPU per message without the store: consumer process / broker",
+            f"{plain['consumer_us']:.0f} / {plain['broker_us']:.0f} µs",
+            "",
         ),
     ]
     print(f"\nCommand: `{command}`; {date}; {where}; load average {end_load:.1f} at the end.")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import threading
+import time
 from pathlib import Path
 
 from sqlalchemy import Integer, String, UniqueConstraint
@@ -47,10 +48,13 @@ def build(broker_url: str, database_url: str, *, consumer_id: str | None = None)
     engine, sessions = connect(database_url)
     prepare_database(engine)
     store = IdempotentStore(sessions)
-    consumer = Consumer(broker_url, "billing", consumer_id=consumer_id, concurrency=4, wait_ms=1000)
+    # Acks go out in batches every half second: a crash loses the batch's acks, so its
+    # messages come back -- and the idempotent store makes sure they bill only once.
+    consumer = Consumer(broker_url, "billing", consumer_id=consumer_id, concurrency=4, wait_ms=1000, ack_interval=0.5)
 
     @consumer.handler("order.created", idempotent=store)
     def bill(message: Message, session: Session) -> None:
+        time.sleep(0.02)  # pretend to talk to a payment provider
         order = message.json()
         session.add(Invoice(order_id=order["order_id"], customer=order["customer"], amount_cents=order["amount_cents"]))
 

@@ -31,13 +31,16 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from broker.errors import CorruptRecord
 from broker.format import (
     ActionRecord,
     ActionType,
     SegmentKind,
     iter_action_records,
+    iter_frames,
     iter_message_records,
     list_segments,
+    read_segment,
     segment_number,
 )
 
@@ -142,8 +145,26 @@ def message_batches(
     return _batches(rows, to_arrow_schema(MESSAGE_SCHEMA, timezone="UTC"), batch_rows)
 
 
-def _action_rows(broker: str, path: Path) -> Iterator[tuple[Any, ...]]:
-    for _, rec in iter_action_records(path):
+def _action_records(path: Path, types: frozenset[ActionType] | None) -> Iterator[ActionRecord]:
+    """Whole action records of a segment; with ``types``, others are skipped undecoded (by
+    their type byte), which spares decoding the bulky lease records nobody reads."""
+    if types is None:
+        for _, rec in iter_action_records(path):
+            yield rec
+        return
+    data, kind = read_segment(path)
+    if kind is not SegmentKind.ACTIONS:
+        raise CorruptRecord(path=str(path), offset=0, reason=f"a {kind.name} segment")
+    wanted = bytes(int(t) for t in types)
+    for offset, payload in iter_frames(data, path=str(path)):
+        if payload[:1] in wanted:
+            yield ActionRecord.decode(payload, path=str(path), offset=offset)
+
+
+def _action_rows(
+    broker: str, path: Path, types: frozenset[ActionType] | None
+) -> Iterator[tuple[Any, ...]]:
+    for rec in _action_records(path, types):
         error = rec.fields.get("error")
         head = (broker, rec.subject, rec.group, rec.state, rec.type.name.lower())
         tail = (_us_or_none(rec.at_us), None if error is None else str(error), _start_seq(rec))
@@ -152,11 +173,27 @@ def _action_rows(broker: str, path: Path) -> Iterator[tuple[Any, ...]]:
 
 
 def action_batches(
-    broker: str, path: Path, *, batch_rows: int = DEFAULT_BATCH_ROWS
+    broker: str,
+    path: Path,
+    *,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+    types: frozenset[ActionType] | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """Arrow batches (``ACTION_SCHEMA``) of every whole action record, one row per seq."""
-    rows = _action_rows(broker, path)
+    """Arrow batches (``ACTION_SCHEMA``) of the action records (of ``types``, default all),
+    one row per seq."""
+    rows = _action_rows(broker, path, types)
     return _batches(rows, to_arrow_schema(ACTION_SCHEMA, timezone="UTC"), batch_rows)
+
+
+def action_types(option: str | None) -> frozenset[ActionType] | None:
+    """``"ack,dead"`` -> those types; ``None`` or empty -> every type."""
+    if not option:
+        return None
+    try:
+        return frozenset(ActionType[name.strip().upper()] for name in option.split(","))
+    except KeyError as exc:
+        known = ", ".join(t.name.lower() for t in ActionType)
+        raise ValueError(f"qmq-log option types: unknown type {exc} (use {known})") from None
 
 
 def broker_dirs(options: dict[str, str]) -> list[str]:
@@ -182,7 +219,8 @@ def segment_partitions(dirs: Sequence[str], kind: SegmentKind) -> list[tuple[str
 class QmqLogDataSource(DataSource):
     """``spark.read.format("qmq-log")``: options ``kind`` (messages|actions), ``path`` or
     ``paths`` (JSON list of data directories; each row's ``broker`` column is its
-    directory as given), ``batchRows`` (Arrow batch size)."""
+    directory as given), ``types`` (actions only: comma-separated record types to read,
+    e.g. ``group,ack,dead,redrive``; default all), ``batchRows`` (Arrow batch size)."""
 
     @classmethod
     def name(cls) -> str:
@@ -200,16 +238,29 @@ class QmqLogDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         options = {str(k).lower(): str(v) for k, v in self.options.items()}
         batch_rows = int(options.get("batchrows", DEFAULT_BATCH_ROWS))
-        return QmqLogReader(kind=self._kind(), dirs=broker_dirs(options), batch_rows=batch_rows)
+        return QmqLogReader(
+            kind=self._kind(),
+            dirs=broker_dirs(options),
+            batch_rows=batch_rows,
+            types=action_types(options.get("types")),
+        )
 
 
 class QmqLogReader(DataSourceReader):
     """Plans one partition per segment; reads a segment into Arrow batches."""
 
-    def __init__(self, *, kind: str, dirs: list[str], batch_rows: int) -> None:
+    def __init__(
+        self,
+        *,
+        kind: str,
+        dirs: list[str],
+        batch_rows: int,
+        types: frozenset[ActionType] | None = None,
+    ) -> None:
         self.kind = kind
         self.dirs = dirs
         self.batch_rows = batch_rows
+        self.types = types
 
     def partitions(self) -> Sequence[InputPartition]:
         found = segment_partitions(self.dirs, KINDS[self.kind])
@@ -220,5 +271,6 @@ class QmqLogReader(DataSourceReader):
         if partition.value is None:
             return iter(())
         broker, path = partition.value
-        batches = message_batches if self.kind == "messages" else action_batches
-        return batches(broker, Path(path), batch_rows=self.batch_rows)
+        if self.kind == "messages":
+            return message_batches(broker, Path(path), batch_rows=self.batch_rows)
+        return action_batches(broker, Path(path), batch_rows=self.batch_rows, types=self.types)

@@ -151,7 +151,7 @@ def run(
             groups = transforms.group_stats(
                 messages, actions, now=started, ack_threshold=ack_threshold, window=window
             ).collect()
-            samples = transforms.latency_samples(messages, actions, window=window)
+            samples = _cache(transforms.latency_samples(messages, actions, window=window), cached)
             latency = transforms.latency_stats(samples).collect()
             histogram = _histogram(transforms.latency_histogram(samples).collect())
         with _stage(timings, "write_outputs"):

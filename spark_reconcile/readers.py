@@ -261,14 +261,16 @@ def check_broker_dir(path: str) -> str:
     return path
 
 
+# The action records the transforms use; leases and retries are skipped undecoded.
+ACTION_TYPES = "group,ack,dead,redrive"
+
+
 def read_broker(spark: SparkSession, dirs: Sequence[str], kind: str) -> DataFrame:
     """Message or action records of the data directories (``qmq-log`` data source)."""
-    return (
-        spark.read.format(FORMAT_NAME)
-        .option("kind", kind)
-        .option("paths", json.dumps(list(dirs)))
-        .load()
-    )
+    reader = spark.read.format(FORMAT_NAME).option("kind", kind)
+    if kind == "actions":
+        reader = reader.option("types", ACTION_TYPES)
+    return reader.option("paths", json.dumps(list(dirs))).load()
 
 
 def first_line(exc: BaseException) -> str:

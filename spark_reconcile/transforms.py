@@ -108,34 +108,62 @@ def _ms_between(start: Column, end: Column) -> Column:
 # --- categories ---------------------------------------------------------------------------
 
 
-def outbox_by_id(outbox: DataFrame) -> DataFrame:
-    """One row per message id over all outbox tables (the first row by outbox, row id)."""
-    first = F.struct("subject", "producer", "status", "created_at", "sent_at", "deliver_at")
-    return (
-        outbox.groupBy("message_id")
+def _null(type_name: str) -> Column:
+    return F.lit(None).cast(type_name)
+
+
+def by_message_id(outbox: DataFrame, messages: DataFrame) -> DataFrame:
+    """Outbox rows and broker records side by side, one row per message id.
+
+    One shuffle: both inputs are unioned and grouped together (rather than grouped each
+    and then full-outer-joined). The outbox side is its first row by (outbox, row id); an
+    id with no row has ``outbox_rows`` null, one never stored ``broker_copies`` null.
+    """
+    row = F.struct("subject", "producer", "status", "created_at", "sent_at", "deliver_at")
+    rows = outbox.select(
+        "message_id",
+        F.struct("outbox", "row_id").alias("o_order"),
+        F.struct(F.col("outbox"), row.alias("row")).alias("o"),
+        F.col("body_sha256").alias("o_sha256"),
+        *(_null(t).alias(c) for c, t in _BROKER_SIDE),
+    )
+    stored = messages.select(
+        F.col("id").alias("message_id"),
+        _null("struct<outbox:string,row_id:bigint>").alias("o_order"),
+        _null(rows.schema["o"].dataType.simpleString()).alias("o"),
+        _null("string").alias("o_sha256"),
+        *(F.col(c.removeprefix("b_")).alias(c) for c, _ in _BROKER_SIDE),
+    )
+    is_row = F.col("o_order").isNotNull()
+    grouped = (
+        rows.unionByName(stored)
+        .groupBy("message_id")
         .agg(
-            F.count(F.lit(1)).alias("outbox_rows"),
-            F.min_by(
-                F.struct(F.col("outbox"), first.alias("row")), F.struct("outbox", "row_id")
-            ).alias("o"),
-            F.array_sort(F.collect_set("body_sha256")).alias("outbox_sha256"),
+            F.nullif(F.count_if(is_row), F.lit(0)).alias("outbox_rows"),
+            F.nullif(F.count_if(~is_row), F.lit(0)).alias("broker_copies"),
+            F.min_by("o", "o_order").alias("o"),
+            F.array_sort(F.collect_set("o_sha256")).alias("outbox_sha256"),
+            F.array_sort(F.collect_set("b_broker")).alias("brokers"),
+            F.array_sort(F.collect_set("b_body_sha256")).alias("broker_sha256"),
+            F.min("b_subject").alias("b_subject"),
+            F.min("b_producer").alias("b_producer"),
+            F.min("b_created_at").alias("b_created_at"),
+            F.max("b_deliver_at").alias("b_deliver_at"),
+            F.min("b_stored_at").alias("stored_at"),
         )
-        .select("message_id", "outbox_rows", "outbox_sha256", "o.outbox", "o.row.*")
     )
+    return grouped.select("*", "o.outbox", "o.row.*").drop("o")
 
 
-def broker_by_id(messages: DataFrame) -> DataFrame:
-    """One row per message id over all broker records, with how often it was stored."""
-    return messages.groupBy(F.col("id").alias("message_id")).agg(
-        F.count(F.lit(1)).alias("broker_copies"),
-        F.array_sort(F.collect_set("broker")).alias("brokers"),
-        F.array_sort(F.collect_set("body_sha256")).alias("broker_sha256"),
-        F.min("subject").alias("b_subject"),
-        F.min("producer").alias("b_producer"),
-        F.min("created_at").alias("b_created_at"),
-        F.max("deliver_at").alias("b_deliver_at"),
-        F.min("stored_at").alias("stored_at"),
-    )
+_BROKER_SIDE = (
+    ("b_broker", "string"),
+    ("b_body_sha256", "string"),
+    ("b_subject", "string"),
+    ("b_producer", "string"),
+    ("b_created_at", "timestamp"),
+    ("b_deliver_at", "timestamp"),
+    ("b_stored_at", "timestamp"),
+)
 
 
 def _category(has_row: Column, stored: Column, reconciled: Column) -> Column:
@@ -167,7 +195,7 @@ def classify(
     ``producers``: whose broker messages need an outbox row (orphans); ``None`` means the
     producers found in the outbox rows.
     """
-    joined = outbox_by_id(outbox).join(broker_by_id(messages), "message_id", "full")
+    joined = by_message_id(outbox, messages)
     if producers is None:
         known = (
             outbox.where(F.col("producer").isNotNull())
