@@ -157,9 +157,6 @@ class Broker:
     def _start_pulls(self) -> None:
         """Pull actors, their scheduler and its workers (needs the recovered groups)."""
         config = self.config
-        import os, sys  # EXPERIMENT
-        if os.environ.get("QMQ_EXP_SWITCH"):
-            sys.setswitchinterval(float(os.environ["QMQ_EXP_SWITCH"]))
         self._read_pool = ThreadPoolExecutor(config.workers, thread_name_prefix="qmq-pull-read")
         clock = LoopClock()
         service = PullService(

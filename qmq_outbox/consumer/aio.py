@@ -225,7 +225,9 @@ class AsyncRunner:
             message = await self.queue.get()
             if message is None:
                 return
-            result = await handle_async(self.specs[message.subject], self.config.group, message)
+            result = await handle_async(
+                self.specs[message.subject], self.config.store_group, message
+            )
             if isinstance(result, Ack):
                 self.counters.add("duplicates" if result.duplicate else "processed")
                 self.acker.add(message.subject, message.seq)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -29,6 +30,22 @@ class ConsumerConfig:
     def capacity(self) -> int:
         """The most leases held at once: running plus prefetched."""
         return self.concurrency + self.prefetch
+
+    @property
+    def store_group(self) -> str:
+        """The ``consumer_group`` of this consumer's ``qmq_consumed`` rows.
+
+        Shared mode: the group (its consumers share the messages, so they share the dedup
+        rows). Broadcast mode: every consumer must handle every message, so each dedups on
+        its own: ``group@consumer_id`` (hashed to fit the 200-character column).
+        """
+        if self.mode == "shared":
+            return self.group
+        key = f"{self.group}@{self.consumer_id}"
+        if len(key) <= 200:
+            return key
+        digest = hashlib.sha256(self.consumer_id.encode()).hexdigest()[:32]
+        return f"{self.group[:160]}@{digest}"
 
 
 class PullClient(Protocol):

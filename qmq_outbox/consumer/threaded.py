@@ -241,7 +241,7 @@ class ThreadedRunner:
             item = self.queue.get()
             if item is STOP:
                 return
-            self._finish(item, handle(self.specs[item.subject], self.config.group, item))
+            self._finish(item, handle(self.specs[item.subject], self.config.store_group, item))
 
     def _finish(self, message: Message, result: Result) -> None:
         """An ack keeps the lease slot until the acker has sent it; a nack frees it now."""

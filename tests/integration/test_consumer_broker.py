@@ -13,9 +13,11 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from qmq_outbox import BrokerClient, BrokerRejected, Consumer, IdempotentStore, Message, RetryLater
+from qmq_outbox.schema import consumed_table
 from tests.integration.consumer_support import (
     consumer_database,
     count,
+    effects,
     group_state,
     invoices,
     produce,
@@ -238,3 +240,27 @@ def test_broadcast_gives_every_consumer_of_the_group_every_message(
         wait_for(lambda: all(c.stats().acked == 10 for c in consumers), what="acks")
     for node, got in seen.items():
         assert sorted(got) == sorted(ids), node
+
+
+def test_broadcast_with_the_store_applies_every_message_on_every_consumer(
+    fast_broker: BrokerProcess, client: BrokerClient, engine: Engine
+) -> None:
+    """Each broadcast consumer dedups on its own rows: both apply each message once."""
+    subject, group = unique("prices"), "price-cache"
+    produce(client, subject, [b"{}" for _ in range(5)])
+    store = IdempotentStore(sessionmaker(engine))
+    consumers = []
+    for node in ("n1", "n2"):
+        consumer = _consumer(fast_broker.url, group, consumer_id=node, mode="broadcast")
+
+        def apply(message: Message, session: Session, node: str = node) -> None:
+            session.execute(sa.insert(effects).values(message_id=f"{node}/{message.id}", attempt=1))
+
+        consumer.add_handler(subject, apply, idempotent=store)
+        consumers.append(consumer)
+    with running(*consumers):
+        wait_for(lambda: all(c.stats().acked == 5 for c in consumers), what="acks")
+    assert count(engine, effects) == 10
+    with engine.connect() as conn:
+        groups = set(conn.execute(sa.select(consumed_table.c.consumer_group)).scalars())
+    assert groups == {"price-cache@n1", "price-cache@n2"}

@@ -180,3 +180,18 @@ async def test_async_handlers_are_awaited_and_sync_ones_run_in_a_thread() -> Non
     result = await handle_async(HandlerSpec(subject="o", fn=later, guard=None), "g", _msg())
     assert result == Nack(delay_ms=1000, error="RetryLater: retry in 1s")
     assert seen == ["async", "sync"]
+
+
+def test_broadcast_consumers_dedup_each_on_their_own() -> None:
+    shared = Consumer("http://unused", "billing", consumer_id="node-1")
+    assert shared.config.store_group == "billing"
+    node = Consumer("http://unused", "caches", consumer_id="node-1", mode="broadcast")
+    assert node.config.store_group == "caches@node-1"
+    long = Consumer("http://unused", "g" * 200, consumer_id="n" * 100, mode="broadcast")
+    assert len(long.config.store_group) <= 200
+    assert (
+        long.config.store_group
+        != Consumer(
+            "http://unused", "g" * 200, consumer_id="m" * 100, mode="broadcast"
+        ).config.store_group
+    )
