@@ -6,17 +6,20 @@ Starts its own broker (``python -m qmq_outbox broker``, fsync always) on a temp 
 fresh PostgreSQL database (dropped afterwards); the consumer runs in its own process.
 
 1. Latency at 1,000 msgs/s offered: open loop, transaction i (one business row + one
-   ``outbox.publish``) starts at ``t0 + i/1000`` on one of 8 producer threads. Commit time =
-   wall clock in SQLAlchemy's ``after_commit`` (COMMIT returned; the outbox has not handed
-   the message over yet), carried in the ``x-committed-at`` header of the same message's
-   record in this process and joined by message id; handler start = wall clock on entry to
-   the handler of a consumer using ``IdempotentStore`` (after its dedup insert), which
-   bills the order in the same transaction. First 2 s are warm-up and excluded.
+   ``outbox.publish``) starts at ``t0 + i/1000`` on one of 16 producer threads. Commit
+   time = wall clock in SQLAlchemy's ``after_commit`` (COMMIT returned; the outbox has not
+   handed the message over yet). A message cannot carry a time that exists only once its
+   transaction has committed, so the producer keeps it by message id and the consumer
+   process sends back, by message id, the wall clock on entry to its handler (a consumer
+   using ``IdempotentStore``: after the dedup insert; it bills the order in the same
+   transaction) and the broker's ``stored_at``; same host, same clock. The first 2 s are
+   warm-up and excluded.
 2. Maximum throughput with the store: a backlog of N messages is produced first (straight
-   to the broker), then one consumer process (and then two, same group) drains it, every
-   message one PostgreSQL transaction (dedup row + business row). Rate = N / (time until
-   the broker counts N acks - time the consumers were told to start; they are started and
-   have imported everything before).
+   to the broker), then one consumer process drains it, every message one PostgreSQL
+   transaction (dedup row + business row); then with ``IdempotentStore(batch_size=32)``
+   (one transaction for up to 32 queued messages), one process and two of the group.
+   Rate = N / (time until the broker counts N acks - time the consumers were told to
+   start; they are started and have imported everything before).
 3. The same without the store (handler does nothing), one process.
 
 Prints a markdown block for docs/benchmarks.md.
@@ -70,6 +73,7 @@ invoices = sa.Table(
     sa.Column("message_id", sa.String(128), primary_key=True),
     sa.Column("amount", sa.Integer, nullable=False),
 )
+INSERT_INVOICE = sa.insert(invoices)  # built once, executed with parameters
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -110,22 +114,24 @@ def consumer_main(
     results: Any,
 ) -> None:
     """Consume until told to stop; send back the handler start times by message id."""
-    starts: dict[str, float] = {}
+    starts: dict[str, tuple[float, float]] = {}  # id -> (handler start, broker stored_at)
+    settings = dict(settings)
+    batch_size = settings.pop("store_batch", 1)
     consumer = Consumer(broker_url, "bench", **settings)
     engine = None
     if db_url is None:
 
         def plain(message: Message) -> None:
-            starts[message.id] = time.time()
+            starts[message.id] = (time.time(), _stored(message))
 
         consumer.add_handler(subject, plain)
     else:
         engine = sa.create_engine(db_url, pool_size=settings["concurrency"] + 2)
-        store = IdempotentStore(sessionmaker(engine))
+        store = IdempotentStore(sessionmaker(engine), batch_size=batch_size)
 
         def bill(message: Message, session: Session) -> None:
-            starts[message.id] = time.time()
-            session.execute(sa.insert(invoices).values(message_id=message.id, amount=1))
+            starts[message.id] = (time.time(), _stored(message))
+            session.execute(INSERT_INVOICE, {"message_id": message.id, "amount": 1})
 
         consumer.add_handler(subject, bill, idempotent=store)
     runner = threading.Thread(
@@ -141,6 +147,10 @@ def consumer_main(
     results.put((starts, consumer.stats(), time.process_time() - cpu))
     if engine is not None:
         engine.dispose()
+
+
+def _stored(message: Message) -> float:
+    return message.stored_at.timestamp() if message.stored_at else float("nan")
 
 
 @contextmanager
@@ -198,9 +208,11 @@ def wait_acked(client: BrokerClient, subject: str, count: int, timeout: float = 
 # -- 1. latency ----------------------------------------------------------------------------
 
 
-def latency(broker_url: str, db_url: str, seconds: float, threads: int = 8) -> dict[str, float]:
+def latency(
+    broker_url: str, db_url: str, seconds: float, rate: float = RATE, threads: int = 16
+) -> dict[str, float]:
     subject = f"bench.e2e.{uuid.uuid4().hex[:6]}"
-    count = int(RATE * seconds)
+    count = int(rate * seconds)
     engine = sa.create_engine(db_url, pool_size=threads + 2)
     maker = sessionmaker(engine)
     outbox = Outbox(broker_url=broker_url, app="bench")
@@ -214,7 +226,13 @@ def latency(broker_url: str, db_url: str, seconds: float, threads: int = 8) -> d
     slots = iter(range(count))
     lock = threading.Lock()
     late = [0]
-    settings: dict[str, Any] = {"concurrency": 8, "wait_ms": 5000, "ack_interval": 0.05}
+    settings: dict[str, Any] = {
+        "concurrency": 8,
+        "prefetch": 64,
+        "wait_ms": 5000,
+        "ack_interval": 0.05,
+        "store_batch": 32,
+    }
     with consumers(broker_url, db_url, subject, **settings) as (go, _, collected):
         go.set()
         time.sleep(1.0)  # let the consumer's first long poll reach the broker
@@ -226,7 +244,7 @@ def latency(broker_url: str, db_url: str, seconds: float, threads: int = 8) -> d
                     i = next(slots, None)
                 if i is None:
                     return
-                pause = start + i / RATE - time.perf_counter()
+                pause = start + i / rate - time.perf_counter()
                 if pause > 0:
                     time.sleep(pause)
                 elif pause < -0.005:
@@ -247,11 +265,15 @@ def latency(broker_url: str, db_url: str, seconds: float, threads: int = 8) -> d
         with BrokerClient(broker_url) as client:
             wait_acked(client, subject, count)
     starts = {k: v for result in collected for k, v in result[0].items()}
+    consumer_cpu = sum(result[2] for result in collected)
     outbox.close()
     engine.dispose()
     ordered = sorted(commits.items(), key=lambda item: item[1])
-    skip = int(RATE * WARMUP)
-    delays = [(starts[mid] - at) * 1000 for mid, at in ordered[skip:] if mid in starts]
+    skip = int(rate * WARMUP)
+    joined = [(starts[mid], at) for mid, at in ordered[skip:] if mid in starts]
+    delays = [(start - at) * 1000 for (start, _), at in joined]
+    to_broker = [(stored - at) * 1000 for (_, stored), at in joined]
+    to_handler = [(start - stored) * 1000 for (start, stored), _ in joined]
     return {
         "messages": float(len(delays)),
         "offered_rate": count / offered_for,
@@ -260,6 +282,12 @@ def latency(broker_url: str, db_url: str, seconds: float, threads: int = 8) -> d
         "p90": percentile(delays, 0.90),
         "p99": percentile(delays, 0.99),
         "max": max(delays),
+        "stored_p50": statistics.median(to_broker),
+        "stored_p99": percentile(to_broker, 0.99),
+        "handler_p50": statistics.median(to_handler),
+        "handler_p99": percentile(to_handler, 0.99),
+        "consumer_us": consumer_cpu / count * 1e6,
+        "wall": time.perf_counter() - start,
     }
 
 
@@ -286,15 +314,20 @@ def drain(
         BrokerClient(broker_url) as client,
         consumers(broker_url, db_url, subject, processes, **settings) as (go, _, collected),
     ):
+        broker_cpu = broker.cpu_seconds()
         began = time.time()
         go.set()
         finished = wait_acked(client, subject, count)
-    processed = sum(stats.processed for _, stats in collected)
+        broker_cpu = broker.cpu_seconds() - broker_cpu
+    processed = sum(stats.processed for _, stats, _ in collected)
     assert processed == count, collected
+    consumer_cpu = sum(cpu for _, _, cpu in collected)
     return {
         "messages": float(count),
         "seconds": finished - began,
         "rate": count / (finished - began),
+        "consumer_us": consumer_cpu / count * 1e6,
+        "broker_us": broker_cpu / count * 1e6,
     }
 
 
@@ -318,6 +351,8 @@ def main() -> None:
     parser.add_argument("--store-messages", type=int, default=30_000)
     parser.add_argument("--plain-messages", type=int, default=100_000)
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    parser.add_argument("--latency-only", action="store_true", help="skip the drains")
+    parser.add_argument("--rate", type=float, default=RATE, help="offered msgs/s (latency)")
     args = parser.parse_args()
     if args.quick:
         args.seconds, args.store_messages, args.plain_messages = 4.0, 3_000, 10_000
@@ -328,16 +363,31 @@ def main() -> None:
     broker.start()
     try:
         with fresh_database(args.admin_url) as db_url:
-            lat = latency(broker.url, db_url, args.seconds)
-            store_settings: dict[str, Any] = {
+            lat = latency(broker.url, db_url, args.seconds, args.rate)
+            print("latency", lat, file=sys.stderr, flush=True)
+            if args.latency_only:
+                return
+            one_by_one: dict[str, Any] = {
                 "concurrency": 16,
                 "prefetch": 64,
                 "max_batch": 256,
                 "ack_batch_size": 500,
                 "wait_ms": 1000,
             }
-            store = drain(broker, db_url, args.store_messages, **store_settings)
-            store2 = drain(broker, db_url, args.store_messages, 2, **store_settings)
+            store = drain(broker, db_url, args.store_messages, **one_by_one)
+            print("store", store, file=sys.stderr, flush=True)
+            batched: dict[str, Any] = {
+                "concurrency": 4,
+                "prefetch": 256,
+                "max_batch": 256,
+                "ack_batch_size": 500,
+                "wait_ms": 1000,
+                "store_batch": 32,
+            }
+            store_b = drain(broker, db_url, args.store_messages, **batched)
+            print("store batched", store_b, file=sys.stderr, flush=True)
+            store_b2 = drain(broker, db_url, args.store_messages, 2, **batched)
+            print("store batched x2", store_b2, file=sys.stderr, flush=True)
             plain = drain(
                 broker,
                 None,
@@ -366,17 +416,39 @@ def main() -> None:
             f"p99 <= 50 ms ({verdict(lat['p99'] <= 50)})",
         ),
         (
-            "drain with IdempotentStore on PostgreSQL, 1 consumer process "
-            f"({store['messages']:.0f} msgs, 16 handler threads)",
+            "of which commit -> broker `stored_at` (outbox dispatcher + produce), p50 / p99",
+            f"{lat['stored_p50']:.1f} / {lat['stored_p99']:.1f} ms",
+            "",
+        ),
+        (
+            "of which `stored_at` -> handler start (pull + dedup insert), p50 / p99",
+            f"{lat['handler_p50']:.1f} / {lat['handler_p99']:.1f} ms",
+            "",
+        ),
+        (
+            "drain with IdempotentStore on PostgreSQL, one transaction per message "
+            f"(`batch_size=1`, the default), 1 consumer process, 16 handler threads "
+            f"({store['messages']:.0f} msgs)",
             f"{store['rate']:,.0f} msgs/s",
             f">= 3,000 ({verdict(store['rate'] >= 3000)})",
         ),
-        ("same, 2 consumer processes of the group", f"{store2['rate']:,.0f} msgs/s", ""),
         (
-            "CPU per message with the store: consumer process / broker",
+            "CPU per message in that run: consumer process / broker",
             f"{store['consumer_us']:.0f} / {store['broker_us']:.0f} µs",
             "",
         ),
+        (
+            "same with `IdempotentStore(batch_size=32)` (up to 32 queued messages per "
+            "transaction), 1 consumer process, 4 handler threads",
+            f"{store_b['rate']:,.0f} msgs/s",
+            f">= 3,000 ({verdict(store_b['rate'] >= 3000)})",
+        ),
+        (
+            "CPU per message in that run: consumer process / broker",
+            f"{store_b['consumer_us']:.0f} / {store_b['broker_us']:.0f} µs",
+            "",
+        ),
+        ("same, 2 consumer processes of the group", f"{store_b2['rate']:,.0f} msgs/s", ""),
         (
             f"drain without the store, 1 consumer process ({plain['messages']:.0f} msgs, "
             "no-op handler)",

@@ -1,6 +1,6 @@
 """Fair pull scheduling: skewed groups and slow-group isolation, ``fair`` vs ``fifo``.
 
-    .venv/bin/python bench/fairness.py [--seconds 20] [--batch 32] [--backlog 1000000]
+    .venv/bin/python bench/fairness.py [--seconds 20] [--batch 256] [--backlog 1000000] [--repeat 2]
 
 1. Skewed groups. One subject with a large backlog; group A runs 100 consumers and group
    B runs 2, every consumer pulling (``wait_ms=0``, no acks) in a loop as fast as the broker
@@ -12,8 +12,13 @@
    recently written messages. Reported: D's pull latency alone and with C running.
 
 Both schedulers run in the same invocation, on the same data directory, with the default
-``--workers`` and ``--time-slice-ms``. The consumers are asyncio tasks over the project's
-``AsyncBrokerClient``, one process per group (multiprocessing, spawn), so the load
+``--workers`` and ``--time-slice-ms``, ``--repeat`` rounds of fair then fifo (the machine
+is shared; the rounds show the spread). The skewed groups pull batches of 256 by default:
+at 32 the Python load generator spends about as much CPU per pull (httpx, envelope parsing)
+as the broker does, so on 2 vCPUs the generator, not the broker, would set the pace.
+
+The consumers are asyncio tasks over the project's ``AsyncBrokerClient`` (one connection
+each), one process per group (multiprocessing, spawn), so the load
 generators do not share a GIL with each other or with the broker. To show the broker is
 the bottleneck, each run reports CPU time / wall time of the broker process and of each
 load-generator process over the measurement window.
@@ -35,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import httpx
 
 from bench._broker import Broker
 from qmq_outbox.client import AsyncBrokerClient
@@ -121,6 +128,7 @@ async def _consume(load: GroupLoad, url: str, ready: Any, go: Any, window: Any) 
         "cpu_share": (cpu_at["end"] - cpu_at["begin"]) / (end - begin),
         "p50_ms": 1000 * _quantile(latencies, 0.50),
         "p99_ms": 1000 * _quantile(latencies, 0.99),
+        "latencies": latencies,
     }
 
 
@@ -190,27 +198,47 @@ def jain(values: list[float]) -> float:
 # --- scenarios ----------------------------------------------------------------------------
 
 
-def skewed(data: Path, scheduler: str, args: argparse.Namespace) -> dict[str, Any]:
+def skewed(data: Path, scheduler: str, label: str, args: argparse.Namespace) -> dict[str, Any]:
     broker = Broker(data, "--scheduler", scheduler, "--fsync", "never", "--ack-timeout", "1h")
     broker.start()
+    loads = [
+        GroupLoad("skew", f"A-{label}", 100, args.batch),
+        GroupLoad("skew", f"B-{label}", 2, args.batch),
+    ]
     try:
-        loads = [
-            GroupLoad("skew", f"A-{scheduler}", 100, args.batch),
-            GroupLoad("skew", f"B-{scheduler}", 2, args.batch),
-        ]
         result = run_loads(broker, loads, args.seconds)
+        waits = mailbox_waits(broker.url)
     finally:
         broker.stop()
+    for group in result["groups"].values():
+        del group["latencies"]
     a, b = (result["groups"][load.group] for load in loads)
     result["b_share"] = b["delivered"] / max(a["delivered"] + b["delivered"], 1)
     result["jain"] = jain([a["delivered"], b["delivered"]])
     result["a"], result["b"] = a, b
+    result["a_wait_ms"], result["b_wait_ms"] = (waits.get(load.group, 0.0) for load in loads)
     return result
 
 
-def isolation(data: Path, scheduler: str, args: argparse.Namespace) -> dict[str, Any]:
-    cold_group = f"C-{scheduler}"
-    delay = f"cold:{cold_group}={args.cold_read_ms}"
+def mailbox_waits(url: str) -> dict[str, float]:
+    """Mean time (ms) a pull waited in its group's mailbox, from the broker's metrics."""
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        for suffix, into in (("_sum{", sums), ("_count{", counts)):
+            if line.startswith("qmq_broker_actor_queue_wait_seconds" + suffix):
+                group = line.split('group="', 1)[1].split('"', 1)[0]
+                into[group] = float(line.rsplit(" ", 1)[1])
+    return {g: 1000 * sums[g] / counts[g] for g in sums if counts.get(g)}
+
+
+def isolation(data: Path, scheduler: str, label: str, args: argparse.Namespace) -> dict[str, Any]:
+    """D alone and D beside C, alternated ``--phases`` times on one broker.
+
+    Alternating the two conditions spreads the shared machine's load drift over both; the
+    latencies of each condition are pooled before taking percentiles.
+    """
+    cold_group = f"C-{label}"
     broker = Broker(
         data,
         "--scheduler",
@@ -220,30 +248,35 @@ def isolation(data: Path, scheduler: str, args: argparse.Namespace) -> dict[str,
         "--ack-timeout",
         "1h",
         "--debug-read-delay-ms",
-        delay,
+        f"cold:{cold_group}={args.cold_read_ms}",
     )
     broker.start()
+    window = args.seconds / args.phases
+    alone: list[dict[str, Any]] = []
+    beside: list[dict[str, Any]] = []
+    cold: list[dict[str, Any]] = []
     try:
-        alone = run_loads(broker, [GroupLoad("hot", f"D-{scheduler}-alone", 2, 32)], args.seconds)
-        both = run_loads(
-            broker,
-            [
-                GroupLoad("hot", f"D-{scheduler}-with-C", 2, 32),
-                GroupLoad("cold", cold_group, 8, 32),
-            ],
-            args.seconds,
-        )
+        for phase in range(args.phases):
+            d_alone = GroupLoad("hot", f"D-{label}-alone-{phase}", 2, 32)
+            alone.append(run_loads(broker, [d_alone], window)["groups"][d_alone.group])
+            d_with = GroupLoad("hot", f"D-{label}-with-C-{phase}", 2, 32)
+            both = run_loads(broker, [d_with, GroupLoad("cold", cold_group, 8, 32)], window)
+            beside.append(both["groups"][d_with.group])
+            cold.append(both["groups"][cold_group])
     finally:
         broker.stop()
-    d_alone = alone["groups"][f"D-{scheduler}-alone"]
-    d_with = both["groups"][f"D-{scheduler}-with-C"]
+    result = {"d_alone": _pool(alone), "d_with": _pool(beside), "c": _pool(cold)}
+    result["p99_ratio"] = result["d_with"]["p99_ms"] / result["d_alone"]["p99_ms"]
+    return result
+
+
+def _pool(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    latencies = sorted(x for part in parts for x in part["latencies"])
     return {
-        "alone": alone,
-        "with_c": both,
-        "d_alone": d_alone,
-        "d_with": d_with,
-        "c": both["groups"][cold_group],
-        "p99_ratio": d_with["p99_ms"] / d_alone["p99_ms"],
+        "delivered": sum(part["delivered"] for part in parts),
+        "pulls": sum(part["pulls"] for part in parts),
+        "p50_ms": 1000 * _quantile(latencies, 0.50),
+        "p99_ms": 1000 * _quantile(latencies, 0.99),
     }
 
 
@@ -267,23 +300,25 @@ def report(args: argparse.Namespace, skew: dict[str, Any], iso: dict[str, Any], 
         f"**1. Skewed groups** (A: 100 consumers, B: 2; batch {args.batch}; "
         f"{args.seconds:.0f} s window after {WARMUP_S:.0f} s warm-up; no acks)",
         "",
-        "| scheduler | A msgs | B msgs | B share | Jain | A p99 ms | B p99 ms "
-        "| broker CPU | load gen CPU (A, B) |",
+        "| run | A msgs | B msgs | B share | Jain | mailbox wait A / B (mean ms) "
+        "| pull p99 A / B (ms) | broker CPU | load gen CPU A, B |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in skew.items():
         a, b = r["a"], r["b"]
         lines.append(
             f"| {name} | {a['delivered']} | {b['delivered']} | {r['b_share']:.3f} "
-            f"| {r['jain']:.3f} | {a['p99_ms']:.1f} | {b['p99_ms']:.1f} "
+            f"| {r['jain']:.3f} | {r['a_wait_ms']:.1f} / {r['b_wait_ms']:.1f} "
+            f"| {a['p99_ms']:.0f} / {b['p99_ms']:.0f} "
             f"| {r['broker_cpu_share']:.2f} | {a['cpu_share']:.2f}, {b['cpu_share']:.2f} |"
         )
     lines += [
         "",
         f"**2. Slow-group isolation** (C: 8 consumers on a cold backlog, "
-        f"{args.cold_read_ms} ms per read; D: 2 consumers on hot messages; batch 32)",
+        f"{args.cold_read_ms} ms per read; D: 2 consumers on hot messages; batch 32; "
+        f"{args.phases} alternations of D alone / D with C, {args.seconds:.0f} s of each)",
         "",
-        "| scheduler | D p50 alone | D p99 alone | D p50 with C | D p99 with C | p99 ratio "
+        "| run | D p50 alone | D p99 alone | D p50 with C | D p99 with C | p99 ratio "
         "| D msgs/s alone | D msgs/s with C | C msgs/s |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -301,10 +336,12 @@ def report(args: argparse.Namespace, skew: dict[str, Any], iso: dict[str, Any], 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=20.0, help="measurement window")
-    parser.add_argument("--batch", type=int, default=32, help="max messages per pull")
+    parser.add_argument("--batch", type=int, default=256, help="max messages per pull (skew)")
     parser.add_argument("--backlog", type=int, default=1_000_000)
     parser.add_argument("--cold-read-ms", type=int, default=20)
     parser.add_argument("--only", choices=["skew", "isolation"], default=None)
+    parser.add_argument("--repeat", type=int, default=2, help="rounds of fair then fifo")
+    parser.add_argument("--phases", type=int, default=3, help="isolation: alternations")
     args = parser.parse_args()
     command = "python bench/fairness.py " + " ".join(sys.argv[1:])
     date = subprocess.run(["date", "-u"], capture_output=True, text=True).stdout.strip()
@@ -323,13 +360,15 @@ def main() -> None:
             filler.stop()
         skew: dict[str, Any] = {}
         iso: dict[str, Any] = {}
-        for scheduler in ("fair", "fifo"):
-            if args.only != "isolation":
-                skew[scheduler] = skewed(data, scheduler, args)
-                print(scheduler, "skew", skew[scheduler], file=sys.stderr)
-            if args.only != "skew":
-                iso[scheduler] = isolation(data, scheduler, args)
-                print(scheduler, "isolation", iso[scheduler], file=sys.stderr)
+        for round_ in range(1, args.repeat + 1):
+            for scheduler in ("fair", "fifo"):
+                label = f"{scheduler}-{round_}"
+                if args.only != "isolation":
+                    skew[label] = skewed(data, scheduler, label, args)
+                    print(label, "skew", skew[label], file=sys.stderr)
+                if args.only != "skew":
+                    iso[label] = isolation(data, scheduler, label, args)
+                    print(label, "isolation", iso[label], file=sys.stderr)
     print(
         report(
             args,

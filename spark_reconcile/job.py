@@ -144,14 +144,20 @@ def run(
             )
             _materialise_outbox(outbox, sources)
         with _stage(timings, "classify"):
-            classified = _cache(
-                transforms.classify(outbox, messages, window=window, producers=producers), cached
-            )
-            counts = _counts(classified)
+            classified = transforms.classify(outbox, messages, window=window, producers=producers)
+            report.prepare_out(out_dir)
+            counts = report.stage_categories(classified, out_dir)
+            acked = _cache(transforms.acked_messages(messages, actions), cached)
             groups = transforms.group_stats(
-                messages, actions, now=started, ack_threshold=ack_threshold, window=window
+                messages,
+                actions,
+                now=started,
+                ack_threshold=ack_threshold,
+                window=window,
+                acked=acked,
             ).collect()
-            samples = _cache(transforms.latency_samples(messages, actions, window=window), cached)
+            samples = transforms.latency_samples(messages, actions, window=window, acked=acked)
+            samples = _cache(samples, cached)
             latency = transforms.latency_stats(samples).collect()
             histogram = _histogram(transforms.latency_histogram(samples).collect())
         with _stage(timings, "write_outputs"):
@@ -159,8 +165,7 @@ def run(
                 counts, [r.asDict() for r in groups], [r.asDict() for r in latency]
             )
             text = report.render_text(doc, info)
-            report.prepare_out(out_dir)
-            report.write_categories(classified, out_dir, counts)
+            report.publish_categories(out_dir)
             report.write_reports(out_dir, doc, text, report.render_html(doc, info, histogram))
     finally:
         for frame in cached:
@@ -219,13 +224,6 @@ def _materialise_outbox(outbox: DataFrame, sources: Sequence[readers.JdbcSource]
     except readers.SPARK_ERRORS as exc:
         labels = ", ".join(s.label for s in sources)
         raise OutboxUnreadable(f"outbox {labels}: {readers.first_line(exc)}") from exc
-
-
-def _counts(classified: DataFrame) -> dict[str, int]:
-    return {
-        str(row["category"]): int(row["count"])
-        for row in transforms.category_counts(classified).collect()
-    }
 
 
 def _histogram(rows: Sequence[Any]) -> dict[str, dict[int, int]]:

@@ -1,8 +1,10 @@
 """The reconciliation's outputs: ``summary.json``, Parquet per category, text and HTML reports.
 
 ``summary`` builds the ``summary.json`` document (ARCHITECTURE.md §7) from collected
-results; ``render_text`` and ``render_html`` are pure; the ``write_*`` functions are the
-only ones that touch the output directory.
+results; ``render_text`` and ``render_html`` are pure; ``prepare_out``,
+``stage_categories``, ``publish_categories`` and ``write_reports`` are the only functions
+that touch the output directory. The classified messages are written in one pass,
+partitioned by category, into ``out/_categories`` and then moved to ``out/<category>/``.
 """
 
 from __future__ import annotations
@@ -17,13 +19,13 @@ from typing import Any
 
 import orjson
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
 from spark_reconcile.transforms import (
     CATEGORIES,
     CRITICAL,
     HISTOGRAM_BOUNDS_MS,
     LATENCY_METRICS,
+    category_counts,
 )
 
 EXIT_CLEAN = 0
@@ -49,7 +51,6 @@ MEANING = {
     "body_mismatch": "same id, different body",
     "duplicate_in_broker": "same id stored more than once",
 }
-SMALL_CATEGORY_ROWS = 100_000  # written as a single Parquet file
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -253,28 +254,40 @@ until {e(_fmt_time(info.until))}, settled before {e(_fmt_time(info.settled_befor
 # --- writing ----------------------------------------------------------------------------------
 
 
+STAGING = "_categories"
+
+
 def prepare_out(out: Path) -> None:
     """Create the output directory and drop category folders left by an earlier run."""
     out.mkdir(parents=True, exist_ok=True)
-    for name in CATEGORIES:
+    for name in (*CATEGORIES, STAGING):
         folder = out / name
         if folder.exists():
             shutil.rmtree(folder)
 
 
-def write_categories(classified: DataFrame, out: Path, counts: Mapping[str, int]) -> list[str]:
-    """One Parquet folder per non-empty category; returns the folders written."""
-    written = []
+def stage_categories(classified: DataFrame, out: Path) -> dict[str, int]:
+    """Write the classified messages once, partitioned by category, under ``out/_categories``
+    (one pass over the classification), and count them from the Parquet files."""
+    staging = out / STAGING
+    classified.write.mode("overwrite").partitionBy("category").parquet(str(staging))
+    if not any(staging.glob("category=*")):
+        return {}
+    rows = category_counts(classified.sparkSession.read.parquet(str(staging))).collect()
+    return {str(row["category"]): int(row["count"]) for row in rows}
+
+
+def publish_categories(out: Path) -> list[str]:
+    """Move each staged category to its own folder (``out/<category>/``); returns them."""
+    staging = out / STAGING
+    published = []
     for name in CATEGORIES:
-        count = counts.get(name, 0)
-        if not count:
-            continue
-        rows = classified.where(F.col("category") == name)
-        if count <= SMALL_CATEGORY_ROWS:
-            rows = rows.coalesce(1)
-        rows.write.mode("overwrite").parquet(str(out / name))
-        written.append(name)
-    return written
+        folder = staging / f"category={name}"
+        if folder.is_dir():
+            folder.rename(out / name)
+            published.append(name)
+    shutil.rmtree(staging, ignore_errors=True)
+    return published
 
 
 def write_reports(out: Path, doc: Mapping[str, Any], text: str, page: str) -> None:

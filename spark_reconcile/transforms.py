@@ -274,6 +274,17 @@ def dead_letters(actions: DataFrame) -> DataFrame:
     )
 
 
+def acked_messages(messages: DataFrame, actions: DataFrame) -> DataFrame:
+    """Each first ack with its message: ``broker, subject, seq, group, state, acked_at,
+    created_at, stored_at`` (acks of messages no longer stored drop out)."""
+    stored = messages.select("broker", "subject", "seq", "created_at", "stored_at")
+    return first_acks(actions).join(stored, ["broker", "subject", "seq"])
+
+
+def _per_owner(frame: DataFrame, name: str) -> DataFrame:
+    return frame.groupBy(*_OWNER).agg(F.count(F.lit(1)).alias(name))
+
+
 def group_stats(
     messages: DataFrame,
     actions: DataFrame,
@@ -281,42 +292,57 @@ def group_stats(
     now: datetime,
     ack_threshold: timedelta,
     window: Window | None = None,
+    acked: DataFrame | None = None,
 ) -> DataFrame:
     """Per ``subject, group``: ``mode, acked, unacked_past_threshold, dead_letters,
     never_acked`` over all brokers.
 
-    A message counts as unacked when it was stored more than ``ack_threshold`` before
-    ``now``, at or after the group's start seq, and the group (in broadcast mode: each of
-    its consumers) has neither acked it nor dead-lettered it.
+    A message is due for a group (in broadcast mode: for each of its consumers) when it was
+    stored more than ``ack_threshold`` before ``now`` at or after the group's start seq;
+    unacked = due - acked among them - dead-lettered among them. Counted with aggregates
+    over one shared ack-message join (``acked``, default ``acked_messages``), no anti-join.
     """
+    acked = acked if acked is not None else acked_messages(messages, actions)
     owners = actions.groupBy(*_OWNER).agg(
         F.coalesce(F.min(F.when(F.col("type") == "group", F.col("start_seq"))), F.lit(0)).alias(
             "start_seq"
         )
     )
-    stale = messages.where(F.col("stored_at") < F.lit(_utc(now) - ack_threshold))
-    if window is not None:
-        stale = stale.where(window.created_in_range(F.col("created_at")))
-    acked = first_acks(actions)
+
+    def due(frame: DataFrame) -> DataFrame:
+        condition = (F.col("stored_at") < F.lit(_utc(now) - ack_threshold)) & (
+            F.col("seq") >= F.col("start_seq")
+        )
+        if window is not None:
+            condition &= window.created_in_range(F.col("created_at"))
+        return frame.where(condition)
+
+    stored = messages.select("broker", "subject", "seq", "created_at", "stored_at")
     dead = dead_letters(actions)
-    unacked = (
-        owners.join(stale.select("broker", "subject", "seq"), ["broker", "subject"])
-        .where(F.col("seq") >= F.col("start_seq"))
-        .join(acked, [*_OWNER, "seq"], "left_anti")
-        .join(dead, [*_OWNER, "seq"], "left_anti")
-        .groupBy(*_OWNER)
-        .agg(F.count(F.lit(1)).alias("unacked"))
-    )
-    per_owner = (
-        owners.join(unacked, list(_OWNER), "left")
-        .join(acked.groupBy(*_OWNER).agg(F.count(F.lit(1)).alias("acked")), list(_OWNER), "left")
-        .join(dead.groupBy(*_OWNER).agg(F.count(F.lit(1)).alias("dead")), list(_OWNER), "left")
-        .fillna(0, subset=["unacked", "acked", "dead"])
-    )
+    counts = [
+        _per_owner(due(stored.join(F.broadcast(owners), ["broker", "subject"])), "due"),
+        _per_owner(due(acked.join(F.broadcast(owners), list(_OWNER))), "due_acked"),
+        _per_owner(
+            due(
+                dead.join(stored, ["broker", "subject", "seq"]).join(
+                    F.broadcast(owners), list(_OWNER)
+                )
+            ),
+            "due_dead",
+        ),
+        _per_owner(first_acks(actions), "acked"),
+        _per_owner(dead, "dead"),
+    ]
+    per_owner = owners
+    for frame in counts:
+        per_owner = per_owner.join(frame, list(_OWNER), "left")
+    names = ["due", "due_acked", "due_dead", "acked", "dead"]
+    per_owner = per_owner.fillna(0, subset=names)
+    unacked = F.col("due") - F.col("due_acked") - F.col("due_dead")
     return per_owner.groupBy("subject", "group").agg(
         F.when(F.max(F.length("state")) > 0, "broadcast").otherwise("shared").alias("mode"),
         F.sum("acked").cast("long").alias("acked"),
-        F.sum("unacked").cast("long").alias("unacked_past_threshold"),
+        F.sum(unacked).cast("long").alias("unacked_past_threshold"),
         F.sum("dead").cast("long").alias("dead_letters"),
         (F.sum("acked") == 0).alias("never_acked"),
     )
@@ -326,25 +352,28 @@ def group_stats(
 
 
 def latency_samples(
-    messages: DataFrame, actions: DataFrame, *, window: Window | None = None
+    messages: DataFrame,
+    actions: DataFrame,
+    *,
+    window: Window | None = None,
+    acked: DataFrame | None = None,
 ) -> DataFrame:
-    """``metric, ms``: created→stored per stored message, stored→acked per first ack."""
-    stored = messages
+    """``metric, ms``: created→stored per stored message, stored→acked per first ack
+    (``acked``: ``acked_messages``, computed when not given)."""
+    acked = acked if acked is not None else acked_messages(messages, actions)
+    stored = messages.where(F.col("stored_at").isNotNull())
     if window is not None:
         stored = stored.where(window.created_in_range(F.col("created_at")))
-    created_to_stored = stored.where(F.col("stored_at").isNotNull()).select(
+        acked = acked.where(window.created_in_range(F.col("created_at")))
+    created_to_stored = stored.select(
         F.lit("created_to_stored").alias("metric"),
         _ms_between(F.col("created_at"), F.col("stored_at")).alias("ms"),
     )
-    stored_to_acked = first_acks(actions).join(
-        stored.select("broker", "subject", "seq", "stored_at"), ["broker", "subject", "seq"]
+    stored_to_acked = acked.select(
+        F.lit("stored_to_acked").alias("metric"),
+        _ms_between(F.col("stored_at"), F.col("acked_at")).alias("ms"),
     )
-    return created_to_stored.unionByName(
-        stored_to_acked.select(
-            F.lit("stored_to_acked").alias("metric"),
-            _ms_between(F.col("stored_at"), F.col("acked_at")).alias("ms"),
-        )
-    )
+    return created_to_stored.unionByName(stored_to_acked)
 
 
 def latency_stats(samples: DataFrame, *, accuracy: int = 10_000) -> DataFrame:

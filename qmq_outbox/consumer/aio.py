@@ -16,7 +16,7 @@ from typing import Any
 from qmq_outbox.consumer.acks import AckBuffer, chunks
 from qmq_outbox.consumer.budget import AsyncLeaseBudget, next_want
 from qmq_outbox.consumer.config import AsyncPullClient, ConsumerConfig, Counters
-from qmq_outbox.consumer.handlers import Ack, HandlerSpec, Nack, handle_async
+from qmq_outbox.consumer.handlers import Ack, HandlerSpec, Nack, Result, handle_batch_async
 from qmq_outbox.consumer.logs import (
     FINAL_ACK_ATTEMPTS,
     STOPPED_ERROR,
@@ -221,21 +221,32 @@ class AsyncRunner:
             want = next_want(last_pulled=len(messages), max_batch=cfg.max_batch)
 
     async def _work(self) -> None:
+        held: list[Message | None] = []  # an item taken while batching, for the next round
         while True:
-            message = await self.queue.get()
+            message = held.pop() if held else await self.queue.get()
             if message is None:
                 return
-            result = await handle_async(
-                self.specs[message.subject], self.config.store_group, message
-            )
-            if isinstance(result, Ack):
-                self.counters.add("duplicates" if result.duplicate else "processed")
-                self.acker.add(message.subject, message.seq)
-                continue
-            try:
-                await self.nack(message, result)
-            finally:
-                await self.budget.release(1)
+            spec = self.specs[message.subject]
+            batch = [message]
+            while len(batch) < spec.batch_limit and not self.queue.empty():
+                more = self.queue.get_nowait()
+                if more is None or more.subject != message.subject:
+                    held.append(more)
+                    break
+                batch.append(more)
+            results = await handle_batch_async(spec, self.config.store_group, batch)
+            for one, result in zip(batch, results, strict=True):
+                await self._finish(one, result)
+
+    async def _finish(self, message: Message, result: Result) -> None:
+        if isinstance(result, Ack):
+            self.counters.add("duplicates" if result.duplicate else "processed")
+            self.acker.add(message.subject, message.seq)
+            return
+        try:
+            await self.nack(message, result)
+        finally:
+            await self.budget.release(1)
 
     async def nack(self, message: Message, result: Nack) -> None:
         cfg = self.config

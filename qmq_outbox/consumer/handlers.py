@@ -79,6 +79,13 @@ class HandlerSpec:
             getattr(self.fn, "__call__", None)  # noqa: B004 - async __call__ of an object
         )
 
+    @property
+    def batch_limit(self) -> int:
+        """How many queued messages of this subject one transaction may take."""
+        if isinstance(self.guard, IdempotentStore):
+            return self.guard.batch_size
+        return 1
+
     def validate(self) -> None:
         """Reject combinations that cannot work, at registration time."""
         if not SUBJECT.match(self.subject) or self.subject.startswith("_qmq"):
@@ -147,6 +154,36 @@ def handle(spec: HandlerSpec, group: str, message: Message) -> Result:
         return _acked(spec.guard.process(group, message, spec.fn))
     except Exception as exc:
         return _fail(spec, group, message, exc)
+
+
+def handle_batch(spec: HandlerSpec, group: str, messages: list[Message]) -> list[Result]:
+    """Several messages of one subject through the store's batch; one result each."""
+    if len(messages) == 1:
+        return [handle(spec, group, messages[0])]
+    assert isinstance(spec.guard, IdempotentStore)
+    outcomes = spec.guard.process_batch(group, messages, spec.fn)
+    return [_result(spec, group, m, o) for m, o in zip(messages, outcomes, strict=True)]
+
+
+async def handle_batch_async(
+    spec: HandlerSpec, group: str, messages: list[Message]
+) -> list[Result]:
+    if len(messages) == 1:
+        return [await handle_async(spec, group, messages[0])]
+    guard = spec.guard
+    assert isinstance(guard, IdempotentStore)
+    if guard.is_async:
+        outcomes = await guard.process_batch_async(group, messages, spec.fn)
+    else:
+        outcomes = await asyncio.to_thread(guard.process_batch, group, messages, spec.fn)
+    return [_result(spec, group, m, o) for m, o in zip(messages, outcomes, strict=True)]
+
+
+def _result(spec: HandlerSpec, group: str, message: Message, outcome: object) -> Result:
+    if isinstance(outcome, Outcome):
+        return _acked(outcome)
+    assert isinstance(outcome, Exception)
+    return _fail(spec, group, message, outcome)
 
 
 async def handle_async(spec: HandlerSpec, group: str, message: Message) -> Result:

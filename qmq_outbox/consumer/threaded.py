@@ -17,7 +17,7 @@ from typing import Any
 from qmq_outbox.consumer.acks import AckBuffer, chunks
 from qmq_outbox.consumer.budget import LeaseBudget, next_want
 from qmq_outbox.consumer.config import ConsumerConfig, Counters, PullClient
-from qmq_outbox.consumer.handlers import Ack, HandlerSpec, Nack, Result, handle
+from qmq_outbox.consumer.handlers import Ack, HandlerSpec, Nack, Result, handle_batch
 from qmq_outbox.consumer.logs import (
     FINAL_ACK_ATTEMPTS,
     STOPPED_ERROR,
@@ -237,11 +237,25 @@ class ThreadedRunner:
     # -- handling ---------------------------------------------------------------------
 
     def _work(self) -> None:
+        held: list[Any] = []  # an item taken while batching, for the next round
         while True:
-            item = self.queue.get()
+            item = held.pop() if held else self.queue.get()
             if item is STOP:
                 return
-            self._finish(item, handle(self.specs[item.subject], self.config.store_group, item))
+            spec = self.specs[item.subject]
+            batch = [item]
+            while len(batch) < spec.batch_limit:  # what is already queued, without waiting
+                try:
+                    more = self.queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is STOP or more.subject != item.subject:
+                    held.append(more)
+                    break
+                batch.append(more)
+            results = handle_batch(spec, self.config.store_group, batch)
+            for message, result in zip(batch, results, strict=True):
+                self._finish(message, result)
 
     def _finish(self, message: Message, result: Result) -> None:
         """An ack keeps the lease slot until the acker has sent it; a nack frees it now."""

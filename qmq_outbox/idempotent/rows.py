@@ -8,12 +8,14 @@ here, the same for PostgreSQL and SQLite, sync and async. Times are computed by 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
+from qmq_outbox.envelope import Message
 from qmq_outbox.schema import consumed_table as t
 
 PK_NAME = "pk_qmq_consumed"
@@ -42,7 +44,7 @@ _RELEASE = sa.delete(t).where(
     _KEY, t.c.status == PROCESSING, t.c.lease_until == sa.bindparam("g_until")
 )
 
-Statement = tuple[sa.Executable, dict[str, Any]]
+Statement = tuple[sa.Executable, Any]  # a statement and its parameters (a dict or a list)
 
 
 def insert_done(group: str, message_id: str, *, now: datetime) -> Statement:
@@ -87,6 +89,35 @@ def mark_done(group: str, message_id: str, *, now: datetime) -> Statement:
 def release(group: str, message_id: str, *, until: datetime) -> Statement:
     """Drop our own claim after a failed handler, fenced by our lease so a twin's survives."""
     return _RELEASE, {"g_group": group, "g_id": message_id, "g_until": until}
+
+
+def insert_done_many(
+    dialect: str, group: str, messages: Sequence[Message], *, now: datetime
+) -> Statement | None:
+    """The dedup rows of a batch at once, skipping existing ones, returning the inserted ids.
+
+    Rows go in sorted by message id, so two batches sharing messages lock them in the same
+    order (no deadlock). None where the dialect has no ``ON CONFLICT DO NOTHING``.
+    """
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    elif dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert  # type: ignore[assignment]
+    else:
+        return None
+    statement = insert(t).on_conflict_do_nothing().returning(t.c.message_id)
+    ids = sorted({message.id for message in messages})
+    params = [
+        {
+            "consumer_group": group,
+            "message_id": message_id,
+            "status": DONE,
+            "lease_until": None,
+            "consumed_at": now,
+        }
+        for message_id in ids
+    ]
+    return statement, params  # type: ignore[return-value]
 
 
 def gc_batch(*, cutoff: datetime, limit: int) -> sa.Delete:

@@ -107,7 +107,7 @@ async def test_run_async_with_async_store_and_a_lease_expiring_mid_handler(
     task = asyncio.create_task(consumer.run_async(install_signal_handlers=False))
     try:
         await wait_until_async(
-            lambda: consumer.stats().processed + consumer.stats().duplicates >= 31, timeout=15
+            lambda: consumer.stats().processed + consumer.stats().duplicates >= 31, within=15
         )
     finally:
         consumer.stop()

@@ -203,13 +203,15 @@ def test_a_rolled_back_handler_leaves_nothing_and_the_retry_succeeds(
     assert consumer.stats().processed == 1
 
 
-def test_many_messages_many_consumers_each_effect_once(
+def test_many_messages_many_batching_consumers_each_effect_once(
     fast_broker: BrokerProcess, client: BrokerClient, engine: Engine
 ) -> None:
     subject, group = unique("orders"), "billing"
-    store = IdempotentStore(sessionmaker(engine))
+    store = IdempotentStore(sessionmaker(engine), batch_size=16)
     produce(client, subject, [f'{{"order_id": "o-{i}"}}'.encode() for i in range(200)])
-    consumers = [_consumer(fast_broker.url, group, consumer_id=f"c{i}") for i in range(3)]
+    consumers = [
+        _consumer(fast_broker.url, group, consumer_id=f"c{i}", prefetch=32) for i in range(3)
+    ]
     for consumer in consumers:
         consumer.add_handler(subject, _bill, idempotent=store)
     with running(*consumers):

@@ -176,3 +176,34 @@ async def test_async_twins_on_postgres(
     assert await nt.process_async("g", _msg("x"), effect) is Outcome.PROCESSED
     assert await nt.process_async("g", _msg("x"), effect) is Outcome.DUPLICATE
     assert seen == ["x"]
+
+
+def test_overlapping_batches_on_twins_commit_each_message_once(engine: Engine) -> None:
+    """Two consumers hold overlapping batches (leases expired): every message's effect once,
+    and no deadlock, because batches insert their dedup rows in message-id order."""
+    store = IdempotentStore(sessionmaker(engine), batch_size=16)
+    batches = [
+        [_msg(f"m-{i:02d}") for i in range(0, 12)],
+        [_msg(f"m-{i:02d}") for i in reversed(range(6, 18))],
+    ]
+    start = threading.Barrier(2)
+    results: list[list[object]] = []
+
+    def bill(message: Message, session: Session) -> None:
+        session.execute(
+            sa.insert(invoices).values(order_id=message.id, message_id=message.id, amount=1)
+        )
+
+    def twin(batch: list[Message]) -> None:
+        start.wait(5)
+        results.append(list(store.process_batch("billing", batch, bill)))
+
+    threads = [threading.Thread(target=twin, args=(batch,)) for batch in batches]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert count(engine, invoices) == 18
+    flat = [outcome for result in results for outcome in result]
+    assert flat.count(Outcome.PROCESSED) == 18
+    assert flat.count(Outcome.DUPLICATE) == 6

@@ -15,6 +15,7 @@ from spark_reconcile.datasource import (
     ACTION_SCHEMA,
     MESSAGE_SCHEMA,
     action_batches,
+    action_types,
     message_batches,
 )
 from tests.spark.segments import T0, message, write_segment
@@ -106,3 +107,22 @@ def test_spark_reads_one_partition_per_segment(spark: SparkSession, tmp_path: Pa
     assert acts.count() == 0  # no actions/ folder: an empty frame
     acked = spark.read.format("qmq-log").option("kind", "actions").load(str(b)).collect()
     assert [(r["type"], r["seq"]) for r in acked] == [("ack", 0)]
+
+
+def test_action_types_skip_other_records_undecoded(tmp_path: Path) -> None:
+    lease = ActionRecord(
+        type=ActionType.LEASE,
+        at_us=T0,
+        subject="orders",
+        group="g",
+        seqs=(0, 1),
+        fields={"consumer": "c", "deadline": T0, "attempts": [1, 1]},
+    )
+    ack = ActionRecord(type=ActionType.ACK, at_us=T0 + 1, subject="orders", group="g", seqs=(0,))
+    path = write_segment(tmp_path, SegmentKind.ACTIONS, 0, [lease, ack])
+    everything = [r["type"] for b in action_batches("b1", path) for r in b.to_pylist()]
+    assert everything == ["lease", "lease", "ack"]
+    acks_only = action_batches("b1", path, types=action_types("ack, dead"))
+    assert [r["type"] for b in acks_only for r in b.to_pylist()] == ["ack"]
+    with pytest.raises(ValueError, match="unknown type"):
+        action_types("ack,bogus")

@@ -224,9 +224,10 @@ def wait_until(predicate: Any, timeout: float = 5.0, interval: float = 0.005) ->
         time.sleep(interval)
 
 
-async def wait_until_async(predicate: Any, timeout: float = 5.0, interval: float = 0.005) -> None:
-    deadline = time.monotonic() + timeout
+async def wait_until_async(predicate: Any, within: float = 5.0, interval: float = 0.005) -> None:
+    """``wait_until`` without blocking the loop."""
+    deadline = time.monotonic() + within
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
+            raise AssertionError(f"condition not met within {within}s")
         await asyncio.sleep(interval)

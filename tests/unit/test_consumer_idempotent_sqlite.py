@@ -294,3 +294,82 @@ async def test_async_non_transactional_and_gc(
     assert seen == ["m-1", "m-2", "m-3"]
     clock.advance(hours=2)
     assert await store.gc_async() == 3
+
+
+def test_a_batch_commits_new_messages_together_and_skips_known_ones(
+    sm: sessionmaker[Session],
+) -> None:
+    store = IdempotentStore(sm, batch_size=8)
+    seen: list[str] = []
+
+    def record(message: Message, session: Session) -> None:
+        seen.append(message.id)
+        session.execute(sa.insert(invoices).values(order_id=message.id, amount=1))
+
+    first = [_msg("a"), _msg("b")]
+    assert store.process_batch("g", first, record) == [Outcome.PROCESSED] * 2
+    again = [_msg("b"), _msg("c"), _msg("a"), _msg("c")]
+    assert store.process_batch("g", again, record) == [
+        Outcome.DUPLICATE,
+        Outcome.PROCESSED,
+        Outcome.DUPLICATE,
+        Outcome.DUPLICATE,  # the same message twice in one batch runs once
+    ]
+    assert seen == ["a", "b", "c"]
+    assert _count(sm, invoices) == 3
+
+
+def test_a_failure_in_a_batch_fails_only_its_message(sm: sessionmaker[Session]) -> None:
+    store = IdempotentStore(sm, batch_size=8)
+    calls: list[str] = []
+
+    def picky(message: Message, session: Session) -> None:
+        calls.append(message.id)
+        session.execute(sa.insert(invoices).values(order_id=message.id, amount=1))
+        if message.id == "bad":
+            raise ValueError("bad order")
+
+    results = store.process_batch("g", [_msg("x"), _msg("bad"), _msg("y")], picky)
+    assert results[0] is Outcome.PROCESSED
+    assert isinstance(results[1], ValueError)
+    assert results[2] is Outcome.PROCESSED
+    assert calls == ["x", "bad", "x", "bad", "y"]  # rolled back, then one by one
+    with sm() as session:
+        ids = set(session.execute(sa.select(consumed_table.c.message_id)).scalars())
+    assert ids == {"x", "y"}
+    assert _count(sm, invoices) == 2
+
+
+def test_a_dialect_without_on_conflict_falls_back_to_one_by_one(
+    sm: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(rows, "insert_done_many", lambda *args, **kwargs: None)
+    store = IdempotentStore(sm, batch_size=4)
+    assert store.process_batch("g", [_msg("a"), _msg("b")], lambda m, s: None) == [
+        Outcome.PROCESSED,
+        Outcome.PROCESSED,
+    ]
+    assert store.process_batch("g", [_msg("a")], lambda m, s: None) == [Outcome.DUPLICATE]
+
+
+async def test_async_batches(asm: async_sessionmaker[AsyncSession]) -> None:
+    store = IdempotentStore(asm, batch_size=4)
+
+    async def handler(message: Message, session: AsyncSession) -> None:
+        if message.id == "boom":
+            raise RuntimeError("boom")
+
+    results = await store.process_batch_async("g", [_msg("a"), _msg("boom"), _msg("b")], handler)
+    assert results[0] is Outcome.PROCESSED
+    assert isinstance(results[1], RuntimeError)
+    assert await store.process_batch_async("g", [_msg("a"), _msg("b")], handler) == [
+        Outcome.DUPLICATE,
+        Outcome.DUPLICATE,
+    ]
+
+
+def test_batch_size_must_be_positive(sm: sessionmaker[Session]) -> None:
+    from qmq_outbox.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError):
+        IdempotentStore(sm, batch_size=0)

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -297,7 +298,8 @@ async def test_async_consumer_runs_plain_handlers_and_flushes_on_stop() -> None:
     consumer.add_handler(SUBJECT, lambda m: threads.append(threading.current_thread().name))
     await _run_until(consumer, lambda: consumer.stats().processed == 1)
     assert broker.group(SUBJECT, "g").acked == {0}
-    assert threads and threads[0] != threading.main_thread().name
+    assert len(threads) == 1
+    assert threads[0] != threading.main_thread().name
 
 
 async def test_async_consumer_dies_loudly() -> None:
@@ -342,3 +344,42 @@ def test_batched_acks_do_not_stall_a_consumer_whose_budget_is_spent() -> None:
     with running(consumer):
         wait_until(lambda: len(broker.group(SUBJECT, "g").acked) == 60, timeout=3.0)
     assert broker.max_leased["c1"] <= 3
+
+
+@pytest.mark.parametrize("runner", ["threads", "asyncio"])
+def test_a_batching_store_acks_the_good_and_nacks_the_bad(tmp_path: Path, runner: str) -> None:
+    import sqlalchemy as sa
+    from sqlalchemy.orm import Session, sessionmaker
+
+    from qmq_outbox import IdempotentStore
+    from qmq_outbox.schema import metadata
+
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'batch.db'}")
+    metadata.create_all(engine)
+    broker = FakeBroker(max_attempts=1)
+    for index in range(40):
+        broker.produce(SUBJECT, message_id="poison" if index == 17 else f"m-{index}")
+    store = IdempotentStore(sessionmaker(engine), batch_size=8)
+    handled: list[str] = []
+
+    def bill(message: Message, session: Session) -> None:
+        if message.id == "poison":
+            raise ValueError("poison")
+        handled.append(message.id)
+
+    def done() -> bool:
+        state = broker.group(SUBJECT, "g")
+        return len(state.acked) == 39 and state.dead == {17}
+
+    if runner == "threads":
+        consumer = _consumer(broker, concurrency=1, prefetch=15)
+        consumer.add_handler(SUBJECT, bill, idempotent=store)
+        with running(consumer):
+            wait_until(done)
+    else:
+        consumer = _consumer(AsyncFakeBroker(broker), concurrency=1, prefetch=15)
+        consumer.add_handler(SUBJECT, bill, idempotent=store)
+        asyncio.run(_run_until(consumer, done))
+    assert len(set(handled)) == 39
+    assert consumer.stats().processed == 39
+    engine.dispose()

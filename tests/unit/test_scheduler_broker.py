@@ -1,0 +1,115 @@
+"""The scheduler inside a real ``Broker`` (files in tmp_path, no HTTP): threads and isolation."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import broker.pulls
+from broker.config import BrokerConfig, FsyncPolicy
+from broker.engine import Broker
+from broker.messages import IncomingMessage
+from broker.metrics import BrokerMetrics
+from broker.scheduling import MailboxFull
+
+
+def message(i: int, subject: str) -> IncomingMessage:
+    return IncomingMessage(
+        id=f"{subject}-{i}",
+        subject=subject,
+        key=None,
+        headers={},
+        body=b"x" * 100,
+        body_base64=False,
+        producer=None,
+        created_at_us=None,
+        deliver_at_us=0,
+    )
+
+
+@pytest.fixture
+async def running(tmp_path: Path) -> AsyncIterator[Broker]:
+    config = BrokerConfig(
+        data_dir=tmp_path,
+        fsync=FsyncPolicy(mode="never"),
+        mailbox_size=3,
+        debug_read_delay_s=(("orders", "cold", 1.0),),
+    )
+    instance = Broker(config, metrics=BrokerMetrics())
+    await instance.start()
+    try:
+        await instance.produce([message(i, "orders") for i in range(50)])
+        yield instance
+    finally:
+        await instance.close()
+
+
+async def pull(instance: Broker, group: str, *, wait_ms: int = 0, consumer: str = "c") -> Any:
+    return await instance.pull(
+        subject="orders",
+        group=group,
+        consumer=consumer,
+        max_messages=5,
+        wait_ms=wait_ms,
+        mode="shared",
+        start="earliest",
+    )
+
+
+async def test_records_are_read_on_the_read_pool_not_the_loop(
+    running: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads: list[str] = []
+    read = broker.pulls._read_batch
+
+    def spy(*args: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return read(*args)
+
+    monkeypatch.setattr(broker.pulls, "_read_batch", spy)
+    got = await pull(running, "g")
+    assert [m["seq"] for m in got] == [0, 1, 2, 3, 4]
+    assert threads
+    assert all(name.startswith("qmq-pull-read") for name in threads)
+
+
+async def test_a_slow_read_delays_only_its_own_group(running: Broker) -> None:
+    cold = asyncio.create_task(pull(running, "cold"))  # its read sleeps 1 s on a thread
+    await asyncio.sleep(0.05)
+    began = time.monotonic()
+    hot = await pull(running, "hot")
+    assert time.monotonic() - began < 0.5
+    assert len(hot) == 5
+    assert not cold.done()
+    assert len(await cold) == 5
+
+
+async def test_a_long_poll_is_resumed_by_a_produce(running: Broker) -> None:
+    await pull(running, "g")  # the group exists and is at seq 5
+    for _ in range(9):
+        await pull(running, "g")
+    waiting = asyncio.create_task(pull(running, "g", wait_ms=10_000))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    began = time.monotonic()
+    await running.produce([message(100, "orders")])
+    got = await asyncio.wait_for(waiting, timeout=5)
+    assert time.monotonic() - began < 0.5  # woken by the produce, not by its 10 s timeout
+    assert [m["id"] for m in got] == ["orders-100"]
+
+
+async def test_the_mailbox_bound_covers_parked_long_polls(running: Broker) -> None:
+    for _ in range(10):
+        await pull(running, "g")  # drain the 50 messages
+    polls = [asyncio.create_task(pull(running, "g", wait_ms=5_000)) for _ in range(3)]
+    await asyncio.sleep(0.05)
+    with pytest.raises(MailboxFull):
+        await pull(running, "g")
+    running.begin_shutdown()  # answers every parked long poll now
+    assert await asyncio.wait_for(asyncio.gather(*polls), timeout=5) == [[], [], []]
