@@ -21,6 +21,7 @@ from broker.format import (
     ActionType,
     MessageRecord,
     SegmentKind,
+    encode_message,
     id_hash,
     list_segments,
     segment_number,
@@ -309,9 +310,9 @@ class Broker:
     ) -> int:
         subject = self._subject(message.subject)
         seq = subject.next_seq
-        record = MessageRecord(
+        payload = encode_message(
             seq=seq,
-            id=message.id,
+            message_id=message.id,
             subject=message.subject,
             key=message.key,
             headers=message.headers,
@@ -323,7 +324,7 @@ class Broker:
             deliver_at_us=message.deliver_at_us,
         )
         entry = journal.append_message(
-            record.encode(), subject=subject.name, stored_at_us=now, hashed_id=hashed
+            payload, subject=subject.name, stored_at_us=now, hashed_id=hashed
         )
         subject.allocate(entry)
         subject.bytes_total += subject.raw(seq)[1]

@@ -199,23 +199,19 @@ class MessageRecord:
     deliver_at_us: int  # 0: delivered on arrival
 
     def encode(self) -> bytes:
-        parts = [
-            _MSG_FIXED.pack(
-                RECORD_MESSAGE,
-                FLAG_BODY_BASE64 if self.body_base64 else 0,
-                self.seq,
-                self.created_at_us,
-                self.stored_at_us,
-                self.deliver_at_us,
-            ),
-            _pack_str(self.subject),
-            _pack_str(self.id),
-            _pack_str(self.key),
-            _pack_str(self.producer),
-        ]
-        headers = orjson.dumps(self.headers) if self.headers else b""
-        parts += [_U32.pack(len(headers)), headers, _U32.pack(len(self.body)), self.body]
-        return b"".join(parts)
+        return encode_message(
+            seq=self.seq,
+            message_id=self.id,
+            subject=self.subject,
+            key=self.key,
+            headers=self.headers,
+            body=self.body,
+            body_base64=self.body_base64,
+            producer=self.producer,
+            created_at_us=self.created_at_us,
+            stored_at_us=self.stored_at_us,
+            deliver_at_us=self.deliver_at_us,
+        )
 
     @classmethod
     def decode(cls, payload: bytes, *, path: str = "?", offset: int = -1) -> MessageRecord:
@@ -254,6 +250,49 @@ class MessageRecord:
             stored_at_us=stored,
             deliver_at_us=deliver,
         )
+
+
+def encode_message(
+    *,
+    seq: int,
+    message_id: str,
+    subject: str,
+    key: str | None,
+    headers: dict[str, str],
+    body: bytes,
+    body_base64: bool,
+    producer: str | None,
+    created_at_us: int,
+    stored_at_us: int,
+    deliver_at_us: int,
+) -> bytes:
+    """The payload of a message record (``MessageRecord.encode`` without building one first;
+    the produce path calls it for every message)."""
+    raw_subject = subject.encode()
+    raw_id = message_id.encode()
+    raw_headers = orjson.dumps(headers) if headers else b""
+    return b"".join(
+        (
+            _MSG_FIXED.pack(
+                RECORD_MESSAGE,
+                FLAG_BODY_BASE64 if body_base64 else 0,
+                seq,
+                created_at_us,
+                stored_at_us,
+                deliver_at_us,
+            ),
+            _U16.pack(len(raw_subject)),
+            raw_subject,
+            _U16.pack(len(raw_id)),
+            raw_id,
+            _pack_str(key),
+            _pack_str(producer),
+            _U32.pack(len(raw_headers)),
+            raw_headers,
+            _U32.pack(len(body)),
+            body,
+        )
+    )
 
 
 def _pack_str(value: str | None) -> bytes:

@@ -110,6 +110,8 @@ class Scheduler:
 
     def is_scheduled(self, subject: str, message_id: str) -> bool:
         """True while a message with this id waits in the schedule log for this subject."""
+        if not self._ids:
+            return False  # the common case: nothing scheduled, no hash to compute
         return schedule_key(subject, message_id) in self._ids
 
     def accept(self, message: IncomingMessage, *, now_us: int) -> None:
