@@ -34,9 +34,19 @@ class Broker:
         began = time.monotonic()
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "qmq_outbox", "broker", "--data-dir", str(self.data_dir),
-                 "--port", str(self.port), *self.args],
-                stdout=log, stderr=subprocess.STDOUT,
+                [
+                    sys.executable,
+                    "-m",
+                    "qmq_outbox",
+                    "broker",
+                    "--data-dir",
+                    str(self.data_dir),
+                    "--port",
+                    str(self.port),
+                    *self.args,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
         while time.monotonic() - began < timeout:
             try:

@@ -24,18 +24,23 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._broker import Broker  # noqa: E402
-from qmq_outbox.client import AsyncBrokerClient  # noqa: E402
-from qmq_outbox.envelope import OutgoingMessage  # noqa: E402
+from bench._broker import Broker
+from qmq_outbox.client import AsyncBrokerClient
+from qmq_outbox.envelope import OutgoingMessage
 
 BODY = b"x" * 1024
 
 
 def batch(prefix: str, start: int, size: int, subject: str) -> list[OutgoingMessage]:
-    return [OutgoingMessage(id=f"{prefix}-{n}", subject=subject, body=BODY) for n in range(start, start + size)]
+    return [
+        OutgoingMessage(id=f"{prefix}-{n}", subject=subject, body=BODY)
+        for n in range(start, start + size)
+    ]
 
 
-async def durable_produce(url: str, seconds: float, connections: int = 8, size: int = 100) -> tuple[float, int]:
+async def durable_produce(
+    url: str, seconds: float, connections: int = 8, size: int = 100
+) -> tuple[float, int]:
     counter = 0
     stop_at = time.monotonic() + seconds
 
@@ -72,7 +77,9 @@ async def pull_ack(url: str, total: int, consumers: int = 4, size: int = 100) ->
     async def worker(client: AsyncBrokerClient, consumer: str) -> None:
         nonlocal received
         while received < total:
-            messages = await client.pull("bench.produce", "bench", consumer, max_messages=size, wait_ms=500)
+            messages = await client.pull(
+                "bench.produce", "bench", consumer, max_messages=size, wait_ms=500
+            )
             if not messages:
                 return
             await client.ack("bench.produce", "bench", consumer, [m.seq for m in messages])
@@ -115,13 +122,40 @@ def main() -> None:
             cpu0 = broker.cpu_seconds()
             rate, sent = asyncio.run(durable_produce(broker.url, args.produce_seconds))
             cpu = (broker.cpu_seconds() - cpu0) / args.produce_seconds
-            rows.append(("durable produce, 1 KiB, batches of 100, 8 connections", f"{rate:,.0f} msgs/s",
-                         "≥ 50,000 msgs/s", f"{sent:,} msgs; broker CPU {cpu:.2f} cores"))
+            rows.append(
+                (
+                    "durable produce, 1 KiB, batches of 100, 8 connections",
+                    f"{rate:,.0f} msgs/s",
+                    "≥ 50,000 msgs/s",
+                    f"{sent:,} msgs; broker CPU {cpu:.2f} cores",
+                )
+            )
             latencies = asyncio.run(single_latency(broker.url))
-            rows.append(("single-message produce p50", f"{pct(latencies, 0.5) * 1000:.2f} ms", "≤ 2 ms", "fsync always, 1 connection"))
-            rows.append(("single-message produce p99", f"{pct(latencies, 0.99) * 1000:.2f} ms", "≤ 10 ms", f"{len(latencies)} requests"))
+            rows.append(
+                (
+                    "single-message produce p50",
+                    f"{pct(latencies, 0.5) * 1000:.2f} ms",
+                    "≤ 2 ms",
+                    "fsync always, 1 connection",
+                )
+            )
+            rows.append(
+                (
+                    "single-message produce p99",
+                    f"{pct(latencies, 0.99) * 1000:.2f} ms",
+                    "≤ 10 ms",
+                    f"{len(latencies)} requests",
+                )
+            )
             rate = asyncio.run(pull_ack(broker.url, min(sent, 300_000)))
-            rows.append(("pull + ack, batches of 100, 4 consumers", f"{rate:,.0f} msgs/s", "≥ 30,000 msgs/s", "shared group"))
+            rows.append(
+                (
+                    "pull + ack, batches of 100, 4 consumers",
+                    f"{rate:,.0f} msgs/s",
+                    "≥ 30,000 msgs/s",
+                    "shared group",
+                )
+            )
         finally:
             broker.stop()
 
@@ -136,16 +170,32 @@ def main() -> None:
             broker.kill9()
             until_healthy = broker.start(timeout=600)
             rss_recovered = broker.rss_mb()
-            rows.append((f"recovery after kill -9, {args.recovery_messages:,} stored", f"{recovered_seconds(broker.log):.2f} s",
-                         "≤ 10 s", f"{until_healthy:.2f} s from exec to /healthz 200 (filled at {fill_rate:,.0f} msgs/s)"))
-            rows.append((f"broker RSS, {args.recovery_messages:,} × 1 KiB stored", f"{max(rss_loaded, rss_recovered):.0f} MB",
-                         "≤ 300 MB", f"{rss_loaded:.0f} MB after filling, {rss_recovered:.0f} MB after recovery"))
+            rows.append(
+                (
+                    f"recovery after kill -9, {args.recovery_messages:,} stored",
+                    f"{recovered_seconds(broker.log):.2f} s",
+                    "≤ 10 s",
+                    f"{until_healthy:.2f} s from exec to /healthz 200"
+                    f" (filled at {fill_rate:,.0f} msgs/s)",
+                )
+            )
+            rows.append(
+                (
+                    f"broker RSS, {args.recovery_messages:,} x 1 KiB stored",
+                    f"{max(rss_loaded, rss_recovered):.0f} MB",
+                    "≤ 300 MB",
+                    f"{rss_loaded:.0f} MB after filling, {rss_recovered:.0f} MB after recovery",
+                )
+            )
         finally:
             broker.stop()
 
-    print(f"\n`python bench/broker_throughput.py --produce-seconds {args.produce_seconds:g} "
-          f"--recovery-messages {args.recovery_messages}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-          f"{platform.node()}: {os.cpu_count()} vCPU, Python {platform.python_version()}\n")
+    print(
+        f"\n`python bench/broker_throughput.py --produce-seconds {args.produce_seconds:g} "
+        f"--recovery-messages {args.recovery_messages}` on "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+        f"{platform.node()}: {os.cpu_count()} vCPU, Python {platform.python_version()}\n"
+    )
     print("| measure | result | target | notes |\n|---|---|---|---|")
     for row in rows:
         print("| " + " | ".join(row) + " |")

@@ -50,13 +50,26 @@ def build(broker_url: str, database_url: str, *, consumer_id: str | None = None)
     store = IdempotentStore(sessions)
     # Acks go out in batches every half second: a crash loses the batch's acks, so its
     # messages come back -- and the idempotent store makes sure they bill only once.
-    consumer = Consumer(broker_url, "billing", consumer_id=consumer_id, concurrency=4, wait_ms=1000, ack_interval=0.5)
+    consumer = Consumer(
+        broker_url,
+        "billing",
+        consumer_id=consumer_id,
+        concurrency=4,
+        wait_ms=1000,
+        ack_interval=0.5,
+    )
 
     @consumer.handler("order.created", idempotent=store)
     def bill(message: Message, session: Session) -> None:
         time.sleep(0.02)  # pretend to talk to a payment provider
         order = message.json()
-        session.add(Invoice(order_id=order["order_id"], customer=order["customer"], amount_cents=order["amount_cents"]))
+        session.add(
+            Invoice(
+                order_id=order["order_id"],
+                customer=order["customer"],
+                amount_cents=order["amount_cents"],
+            )
+        )
 
     return consumer
 
@@ -69,12 +82,18 @@ def write_stats_forever(consumer: Consumer, path: Path, stop: threading.Event) -
 def write_stats(consumer: Consumer, path: Path) -> None:
     stats = consumer.stats()
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"processed": stats.processed, "duplicates": stats.duplicates, "pulled": stats.pulled}))
+    tmp.write_text(
+        json.dumps(
+            {"processed": stats.processed, "duplicates": stats.duplicates, "pulled": stats.pulled}
+        )
+    )
     tmp.replace(path)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--database-url", required=True)
     parser.add_argument("--broker-url", required=True)
     parser.add_argument("--consumer-id")
@@ -83,7 +102,9 @@ def main() -> None:
     consumer = build(args.broker_url, args.database_url, consumer_id=args.consumer_id)
     stop = threading.Event()
     if args.stats_file:
-        threading.Thread(target=write_stats_forever, args=(consumer, args.stats_file, stop), daemon=True).start()
+        threading.Thread(
+            target=write_stats_forever, args=(consumer, args.stats_file, stop), daemon=True
+        ).start()
     consumer.run()  # until SIGTERM/SIGINT: finishes in-flight work and flushes acks
     stop.set()
     if args.stats_file:

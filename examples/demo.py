@@ -59,7 +59,9 @@ class Proc:
 
     def start(self) -> Proc:
         with self.log.open("ab") as log:
-            self.proc = subprocess.Popen([sys.executable, *self.args], stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                [sys.executable, *self.args], stdout=log, stderr=subprocess.STDOUT
+            )
         return self
 
     def kill9(self) -> None:
@@ -124,7 +126,9 @@ def duplicates_suppressed(stats_files: list[Path]) -> int:
 
 
 def dashboard(progress: Progress, numbers: dict[str, int], total: int) -> Table:
-    table = Table(title=f"qmq-outbox demo: {progress.placed}/{total} orders placed", show_header=False)
+    table = Table(
+        title=f"qmq-outbox demo: {progress.placed}/{total} orders placed", show_header=False
+    )
     table.add_column("what", style="cyan")
     table.add_column("count", justify="right")
     for name, value in numbers.items():
@@ -137,15 +141,24 @@ def dashboard(progress: Progress, numbers: dict[str, int], total: int) -> Table:
 def reconciliation_words(exit_code: int | None, skipped: bool) -> str:
     if skipped:
         return "skipped (--skip-reconcile)"
-    return {0: "clean (exit 0)", 1: "CRITICAL findings (exit 1)"}.get(exit_code or -1, f"failed (exit {exit_code})")
+    return {0: "clean (exit 0)", 1: "CRITICAL findings (exit 1)"}.get(
+        exit_code or -1, f"failed (exit {exit_code})"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--orders", type=int, default=300)
     parser.add_argument("--rate", type=float, default=25.0, help="orders per second")
     parser.add_argument("--dir", type=Path, default=Path(".demo"))
-    parser.add_argument("--cancel-after", type=float, default=4.0, help="seconds before an unpaid order is cancelled")
+    parser.add_argument(
+        "--cancel-after",
+        type=float,
+        default=4.0,
+        help="seconds before an unpaid order is cancelled",
+    )
     parser.add_argument("--short", action="store_true", help="a quick run for CI")
     parser.add_argument("--skip-reconcile", action="store_true")
     args = parser.parse_args(argv)
@@ -156,7 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(root, ignore_errors=True)
     logs = root / "logs"
     logs.mkdir(parents=True)
-    logging.basicConfig(filename=logs / "demo.log", level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(
+        filename=logs / "demo.log",
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
     orders_url = f"sqlite:///{root / 'orders.db'}"
     billing_url = f"sqlite:///{root / 'billing.db'}"
     broker_data = root / "broker-data"
@@ -165,8 +182,22 @@ def main(argv: list[str] | None = None) -> int:
     py = ["-m", "qmq_outbox"]
 
     console.print(f"[bold]qmq-outbox demo[/bold]: everything under {root}")
-    broker = Proc("broker", [*py, "broker", "--data-dir", str(broker_data), "--port", str(port),
-                             "--ack-timeout", "3s", "--checkpoint-interval", "1s"], logs).start()
+    broker = Proc(
+        "broker",
+        [
+            *py,
+            "broker",
+            "--data-dir",
+            str(broker_data),
+            "--port",
+            str(port),
+            "--ack-timeout",
+            "3s",
+            "--checkpoint-interval",
+            "1s",
+        ],
+        logs,
+    ).start()
     wait_healthy(broker_url)
     engine, sessions = connect(orders_url)
     prepare_database(engine)
@@ -174,17 +205,83 @@ def main(argv: list[str] | None = None) -> int:
     prepare_billing(billing_engine)
     stats = [root / "billing-b1.json", root / "billing-b2.json"]
     consumers = {
-        "billing-b1": Proc("billing-b1", ["-m", "examples.billing", "--broker-url", broker_url, "--database-url", billing_url,
-                                          "--consumer-id", "b1", "--stats-file", str(stats[0])], logs),
-        "billing-b2": Proc("billing-b2", ["-m", "examples.billing", "--broker-url", broker_url, "--database-url", billing_url,
-                                          "--consumer-id", "b2", "--stats-file", str(stats[1])], logs),
-        "notify-email": Proc("notify-email", ["-m", "examples.notifications", "--broker-url", broker_url,
-                                              "--consumer-id", "email", "--out", str(root / "email.txt")], logs),
-        "notify-sms": Proc("notify-sms", ["-m", "examples.notifications", "--broker-url", broker_url,
-                                          "--consumer-id", "sms", "--out", str(root / "sms.txt")], logs),
+        "billing-b1": Proc(
+            "billing-b1",
+            [
+                "-m",
+                "examples.billing",
+                "--broker-url",
+                broker_url,
+                "--database-url",
+                billing_url,
+                "--consumer-id",
+                "b1",
+                "--stats-file",
+                str(stats[0]),
+            ],
+            logs,
+        ),
+        "billing-b2": Proc(
+            "billing-b2",
+            [
+                "-m",
+                "examples.billing",
+                "--broker-url",
+                broker_url,
+                "--database-url",
+                billing_url,
+                "--consumer-id",
+                "b2",
+                "--stats-file",
+                str(stats[1]),
+            ],
+            logs,
+        ),
+        "notify-email": Proc(
+            "notify-email",
+            [
+                "-m",
+                "examples.notifications",
+                "--broker-url",
+                broker_url,
+                "--consumer-id",
+                "email",
+                "--out",
+                str(root / "email.txt"),
+            ],
+            logs,
+        ),
+        "notify-sms": Proc(
+            "notify-sms",
+            [
+                "-m",
+                "examples.notifications",
+                "--broker-url",
+                broker_url,
+                "--consumer-id",
+                "sms",
+                "--out",
+                str(root / "sms.txt"),
+            ],
+            logs,
+        ),
     }
-    compensator = Proc("compensator", [*py, "compensator", "--database-url", orders_url, "--broker-url", broker_url,
-                                       "--interval", "500ms", "--grace", "2s"], logs).start()
+    compensator = Proc(
+        "compensator",
+        [
+            *py,
+            "compensator",
+            "--database-url",
+            orders_url,
+            "--broker-url",
+            broker_url,
+            "--interval",
+            "500ms",
+            "--grace",
+            "2s",
+        ],
+        logs,
+    ).start()
     for proc in consumers.values():
         proc.start()
 
@@ -198,7 +295,9 @@ def main(argv: list[str] | None = None) -> int:
         if service.cancel_if_unpaid(message.json()["order_id"]):
             progress.cancelled += 1
 
-    timeout_thread = threading.Thread(target=timeouts.run, kwargs={"install_signal_handlers": False}, name="demo-timeouts")
+    timeout_thread = threading.Thread(
+        target=timeouts.run, kwargs={"install_signal_handlers": False}, name="demo-timeouts"
+    )
     timeout_thread.start()
 
     def place_orders() -> None:
@@ -224,7 +323,9 @@ def main(argv: list[str] | None = None) -> int:
         consumers["billing-b1"].kill9()
         progress.event("billing consumer b1 killed mid-batch; its leases expire in 3s")
         time.sleep(1)
-        os.replace(stats[0], stats[0].with_name(stats[0].name + ".before-kill")) if stats[0].exists() else None
+        os.replace(stats[0], stats[0].with_name(stats[0].name + ".before-kill")) if stats[
+            0
+        ].exists() else None
         consumers["billing-b1"].start()
         progress.event("billing consumer b1 restarted")
 
@@ -236,8 +337,12 @@ def main(argv: list[str] | None = None) -> int:
     def numbers() -> dict[str, int]:
         return {
             "outbox rows committed": count(engine, "SELECT count(*) FROM qmq_outbox"),
-            "outbox rows pending": count(engine, "SELECT count(*) FROM qmq_outbox WHERE status = 'pending'"),
-            "invoices (billing, exactly once)": count(billing_engine, "SELECT count(*) FROM invoices"),
+            "outbox rows pending": count(
+                engine, "SELECT count(*) FROM qmq_outbox WHERE status = 'pending'"
+            ),
+            "invoices (billing, exactly once)": count(
+                billing_engine, "SELECT count(*) FROM invoices"
+            ),
             "order.created seen by email": notifications(root / "email.txt"),
             "order.created seen by sms": notifications(root / "sms.txt"),
             "orders paid": progress.paid,
@@ -246,7 +351,12 @@ def main(argv: list[str] | None = None) -> int:
         }
 
     deadline = None
-    with Live(dashboard(progress, numbers(), args.orders), console=console, refresh_per_second=4, transient=False) as live:
+    with Live(
+        dashboard(progress, numbers(), args.orders),
+        console=console,
+        refresh_per_second=4,
+        transient=False,
+    ) as live:
         while True:
             current = numbers()
             live.update(dashboard(progress, current, args.orders))
@@ -279,23 +389,45 @@ def main(argv: list[str] | None = None) -> int:
     stored = sum(s["messages"] for s in broker_stats)
     broker.stop()
     with engine.connect() as conn:
-        statuses = dict(conn.execute(select(Order.status, func.count()).group_by(Order.status)).all())
+        statuses = dict(
+            conn.execute(select(Order.status, func.count()).group_by(Order.status)).all()
+        )
     engine.dispose()
     billing_engine.dispose()
 
     reconcile: dict[str, Any] = {"exit_code": None}
     report_dir = root / "report"
     if not args.skip_reconcile:
-        console.print("\n[bold]Reconciliation[/bold] (Spark, local mode): outbox table vs broker logs")
+        console.print(
+            "\n[bold]Reconciliation[/bold] (Spark, local mode): outbox table vs broker logs"
+        )
         run = subprocess.run(
-            [sys.executable, *py, "reconcile", "--outbox", orders_url, "--broker-data", str(broker_data),
-             "--out", str(report_dir), "--grace", "0s", "--master", "local[2]"],
-            capture_output=True, text=True,
+            [
+                sys.executable,
+                *py,
+                "reconcile",
+                "--outbox",
+                orders_url,
+                "--broker-data",
+                str(broker_data),
+                "--out",
+                str(report_dir),
+                "--grace",
+                "0s",
+                "--master",
+                "local[2]",
+            ],
+            capture_output=True,
+            text=True,
         )
         (logs / "reconcile.log").write_text(run.stdout + run.stderr)
         console.print(run.stdout.strip())
         summary_path = report_dir / "summary.json"
-        reconcile = json.loads(summary_path.read_text()) if summary_path.exists() else {"exit_code": run.returncode}
+        reconcile = (
+            json.loads(summary_path.read_text())
+            if summary_path.exists()
+            else {"exit_code": run.returncode}
+        )
         reconcile["process_exit_code"] = run.returncode
 
     verdict = {
@@ -328,21 +460,27 @@ def main(argv: list[str] | None = None) -> int:
     console.print("\n[bold]Verdict[/bold]")
     for line in progress.events:
         console.print(f"  {line}")
+    v = verdict
+    reconciled = reconciliation_words(v["reconciliation_exit_code"], args.skip_reconcile)
     console.print(
-        f"  orders placed {verdict['orders_placed']} (paid {verdict['orders_paid']}, cancelled unpaid "
-        f"{verdict['orders_cancelled']} by a delayed message)\n"
-        f"  messages committed {verdict['messages_committed']}, stored in the broker {verdict['messages_stored']}, "
-        f"still pending {verdict['outbox_pending']}\n"
-        f"  invoices {verdict['invoices']} (one per order), email {verdict['notifications_email']} and "
-        f"sms {verdict['notifications_sms']} notifications (broadcast)\n"
-        f"  duplicates suppressed by the idempotent store: {verdict['duplicates_suppressed']}\n"
-        f"  reconciliation: {reconciliation_words(verdict['reconciliation_exit_code'], args.skip_reconcile)}"
+        f"  orders placed {v['orders_placed']} (paid {v['orders_paid']}, "
+        f"cancelled unpaid {v['orders_cancelled']} by a delayed message)\n"
+        f"  messages committed {v['messages_committed']}, "
+        f"stored in the broker {v['messages_stored']}, still pending {v['outbox_pending']}\n"
+        f"  invoices {v['invoices']} (one per order), email {v['notifications_email']} "
+        f"and sms {v['notifications_sms']} notifications (broadcast)\n"
+        f"  duplicates suppressed by the idempotent store: {v['duplicates_suppressed']}\n"
+        f"  reconciliation: {reconciled}"
     )
     console.print(
         f"  report: {report_dir / 'report.html'}  summary: {report_dir / 'summary.json'}\n"
         f"  logs: {logs}  verdict: {root / 'verdict.json'}"
     )
-    console.print("[bold green]ALL GOOD[/bold green]" if ok else "[bold red]SOMETHING IS OFF[/bold red] (see the logs)")
+    console.print(
+        "[bold green]ALL GOOD[/bold green]"
+        if ok
+        else "[bold red]SOMETHING IS OFF[/bold red] (see the logs)"
+    )
     return 0 if ok else 1
 
 

@@ -1,6 +1,7 @@
 """Notification consumer in broadcast mode: every instance sees every order event.
 
-    python -m examples.notifications --broker-url http://127.0.0.1:8931 --consumer-id n1 --out n1.log
+    python -m examples.notifications --broker-url http://127.0.0.1:8931 \
+        --consumer-id n1 --out n1.log
 
 Each running instance (say one per notification channel) gets every message of the group.
 """
@@ -15,7 +16,9 @@ from qmq_outbox import Consumer, Message
 
 
 def build(broker_url: str, consumer_id: str, out: Path) -> Consumer:
-    consumer = Consumer(broker_url, "notifications", consumer_id=consumer_id, mode="broadcast", wait_ms=1000)
+    consumer = Consumer(
+        broker_url, "notifications", consumer_id=consumer_id, mode="broadcast", wait_ms=1000
+    )
     lock = threading.Lock()
 
     def notify(message: Message) -> None:
@@ -28,7 +31,9 @@ def build(broker_url: str, consumer_id: str, out: Path) -> Consumer:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--broker-url", required=True)
     parser.add_argument("--consumer-id", required=True)
     parser.add_argument("--out", type=Path, required=True, help="where notifications are written")

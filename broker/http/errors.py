@@ -18,7 +18,6 @@ from broker.http.schemas import (
     RedriveRequest,
 )
 
-
 _FIELD_NAMES = frozenset(
     name
     for model in (Envelope, ProduceRequest, PullRequest, AckRequest, NackRequest, RedriveRequest)

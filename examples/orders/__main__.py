@@ -1,6 +1,6 @@
 """Run the orders service on its own: place orders, pay most, cancel the unpaid when due.
 
-    python -m examples.orders --database-url sqlite:///orders.db --broker-url http://127.0.0.1:8931
+python -m examples.orders --database-url sqlite:///orders.db --broker-url http://127.0.0.1:8931
 """
 
 from __future__ import annotations
@@ -16,13 +16,20 @@ from qmq_outbox import Consumer, Message, Outbox
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--database-url", required=True)
     parser.add_argument("--broker-url", required=True)
     parser.add_argument("--orders", type=int, default=100)
     parser.add_argument("--rate", type=float, default=20.0, help="orders per second")
     parser.add_argument("--pay-ratio", type=float, default=0.7)
-    parser.add_argument("--cancel-after", type=float, default=5.0, help="seconds before an unpaid order is cancelled")
+    parser.add_argument(
+        "--cancel-after",
+        type=float,
+        default=5.0,
+        help="seconds before an unpaid order is cancelled",
+    )
     args = parser.parse_args()
 
     engine, sessions = connect(args.database_url)
@@ -36,7 +43,9 @@ def main() -> None:
             if service.cancel_if_unpaid(message.json()["order_id"]):
                 print(f"cancelled unpaid order {message.json()['order_id']}")
 
-        runner = threading.Thread(target=timeouts.run, kwargs={"install_signal_handlers": False}, name="orders-timeouts")
+        runner = threading.Thread(
+            target=timeouts.run, kwargs={"install_signal_handlers": False}, name="orders-timeouts"
+        )
         runner.start()
         rng = random.Random(1)
         for n in range(args.orders):

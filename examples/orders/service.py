@@ -51,7 +51,9 @@ class OrdersService:
     cancel_if_unpaid: Callable[[int], bool]
 
 
-def make_service(sessions: sessionmaker[Session], outbox: Outbox, *, cancel_after: timedelta) -> OrdersService:
+def make_service(
+    sessions: sessionmaker[Session], outbox: Outbox, *, cancel_after: timedelta
+) -> OrdersService:
     @outbox.transactional(sessions)
     def place_order(session: Session, customer: str, amount_cents: int) -> int:
         order = Order(customer=customer, amount_cents=amount_cents, status="placed")
@@ -59,7 +61,13 @@ def make_service(sessions: sessionmaker[Session], outbox: Outbox, *, cancel_afte
         session.flush()  # assigns order.id
         payload = {"order_id": order.id, "customer": customer, "amount_cents": amount_cents}
         outbox.publish(session, "order.created", payload, key=str(order.id))
-        outbox.publish(session, "order.payment_due", {"order_id": order.id}, key=str(order.id), delay=cancel_after)
+        outbox.publish(
+            session,
+            "order.payment_due",
+            {"order_id": order.id},
+            key=str(order.id),
+            delay=cancel_after,
+        )
         return order.id
 
     @outbox.transactional(sessions)
@@ -80,7 +88,9 @@ def make_service(sessions: sessionmaker[Session], outbox: Outbox, *, cancel_afte
         outbox.publish(session, "order.cancelled", {"order_id": order_id}, key=str(order_id))
         return True
 
-    return OrdersService(place_order=place_order, pay_order=pay_order, cancel_if_unpaid=cancel_if_unpaid)
+    return OrdersService(
+        place_order=place_order, pay_order=pay_order, cancel_if_unpaid=cancel_if_unpaid
+    )
 
 
 def connect(database_url: str) -> tuple[Engine, sessionmaker[Session]]:

@@ -85,9 +85,9 @@ class Load:
 
     def run_for(self, seconds: float) -> None:
         self.stop.clear()
-        self.threads = [threading.Thread(target=self.produce, args=(i,)) for i in range(len(self.threads) - 1)] + [
-            threading.Thread(target=self.consume)
-        ]
+        self.threads = [
+            threading.Thread(target=self.produce, args=(i,)) for i in range(len(self.threads) - 1)
+        ] + [threading.Thread(target=self.consume)]
         for thread in self.threads:
             thread.start()
         time.sleep(seconds)
@@ -114,7 +114,10 @@ def check_after_restart(client: BrokerClient, load: Load) -> None:
     for start in range(0, len(ids), 500):
         chunk = ids[start : start + 500]
         results = client.produce(
-            [OutgoingMessage(id=i, subject=SUBJECT, body=b"x" * 200, producer="crash") for i in chunk]
+            [
+                OutgoingMessage(id=i, subject=SUBJECT, body=b"x" * 200, producer="crash")
+                for i in chunk
+            ]
         )
         lost = [(r.id, r.status) for r in results if r.status != "duplicate"]
         assert lost == [], f"confirmed messages missing after restart: {lost[:5]}"
@@ -153,19 +156,37 @@ def crash_cycles(broker: BrokerProcess, cycles: int, seed: int) -> None:
     assert len(unanswered) < len(load.acked_seqs) / 10
 
 
-def test_kill_9_twenty_times_loses_nothing(broker_factory: type[BrokerProcess], tmp_path: Path) -> None:
+def test_kill_9_twenty_times_loses_nothing(
+    broker_factory: type[BrokerProcess], tmp_path: Path
+) -> None:
     broker = broker_factory(
         tmp_path / "data",
-        extra_args=["--ack-timeout", "1s", "--checkpoint-interval", "300ms", "--segment-size", "1048576"],
+        extra_args=[
+            "--ack-timeout",
+            "1s",
+            "--checkpoint-interval",
+            "300ms",
+            "--segment-size",
+            "1048576",
+        ],
     ).start()
     crash_cycles(broker, cycles=20, seed=20261121)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
-def test_kill_9_two_hundred_times_loses_nothing(broker_factory: type[BrokerProcess], tmp_path: Path) -> None:
+def test_kill_9_two_hundred_times_loses_nothing(
+    broker_factory: type[BrokerProcess], tmp_path: Path
+) -> None:
     broker = broker_factory(
         tmp_path / "data",
-        extra_args=["--ack-timeout", "1s", "--checkpoint-interval", "300ms", "--segment-size", "1048576"],
+        extra_args=[
+            "--ack-timeout",
+            "1s",
+            "--checkpoint-interval",
+            "300ms",
+            "--segment-size",
+            "1048576",
+        ],
     ).start()
     crash_cycles(broker, cycles=200, seed=7)

@@ -50,7 +50,9 @@ def record(**overrides: object) -> MessageRecord:
 
 @given(
     seq=st.integers(min_value=0, max_value=2**63 - 1),
-    message_id=st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), min_size=1, max_size=128),
+    message_id=st.text(
+        alphabet=st.characters(min_codepoint=32, max_codepoint=126), min_size=1, max_size=128
+    ),
     key=st.none() | texts,
     producer=st.none() | texts,
     headers=st.dictionaries(texts, texts, max_size=5),
@@ -66,7 +68,15 @@ def test_message_record_round_trips(
     body: bytes,
     base64: bool,
 ) -> None:
-    original = record(seq=seq, id=message_id, key=key, producer=producer, headers=headers, body=body, body_base64=base64)
+    original = record(
+        seq=seq,
+        id=message_id,
+        key=key,
+        producer=producer,
+        headers=headers,
+        body=body,
+        body_base64=base64,
+    )
     assert MessageRecord.decode(original.encode()) == original
 
 
@@ -130,5 +140,7 @@ def test_segment_header_is_checked() -> None:
 def test_reader_reads_records_from_a_segment_file(tmp_path: Path) -> None:
     path = tmp_path / "00000000000000000000.seg"
     records = [record(seq=i, id=f"id-{i}") for i in range(3)]
-    path.write_bytes(segment_header(SegmentKind.MESSAGES) + b"".join(frame(r.encode()) for r in records))
+    path.write_bytes(
+        segment_header(SegmentKind.MESSAGES) + b"".join(frame(r.encode()) for r in records)
+    )
     assert [r for _, r in iter_message_records(path)] == records

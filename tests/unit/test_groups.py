@@ -11,13 +11,26 @@ POLICY = Policy(ack_timeout_us=30_000_000, max_attempts=3, backoff_s=(1, 5, 10))
 
 
 def rec(kind: ActionType, seqs: list[int], at: int = 0, **fields: Any) -> ActionRecord:
-    return ActionRecord(type=kind, at_us=at, subject="s", group="g", seqs=tuple(seqs), fields=fields)
+    return ActionRecord(
+        type=kind, at_us=at, subject="s", group="g", seqs=tuple(seqs), fields=fields
+    )
 
 
-def lease(state: DeliveryState, *, now: int, limit: int, end: int, consumer: str = "c") -> list[int]:
+def lease(
+    state: DeliveryState, *, now: int, limit: int, end: int, consumer: str = "c"
+) -> list[int]:
     seqs, attempts = state.choose(limit=limit, now_us=now, end_seq=end)
     if seqs:
-        state.apply(rec(ActionType.LEASE, seqs, now, consumer=consumer, deadline=now + POLICY.ack_timeout_us, attempts=attempts))
+        state.apply(
+            rec(
+                ActionType.LEASE,
+                seqs,
+                now,
+                consumer=consumer,
+                deadline=now + POLICY.ack_timeout_us,
+                attempts=attempts,
+            )
+        )
     return seqs
 
 

@@ -17,7 +17,9 @@ async def test_health_is_503_until_recovery_finishes(tmp_path: Path) -> None:
         response = await client.get("/healthz")
         assert response.status_code == 503
         assert response.json() == {"status": "recovering"}
-        produce = await client.post("/v1/messages", json={"messages": [{"id": "1", "subject": "a", "body": "x"}]})
+        produce = await client.post(
+            "/v1/messages", json={"messages": [{"id": "1", "subject": "a", "body": "x"}]}
+        )
         assert produce.status_code == 503
         assert produce.json()["error"]["code"] == "recovering"
         await broker.start()
@@ -25,6 +27,8 @@ async def test_health_is_503_until_recovery_finishes(tmp_path: Path) -> None:
             assert (await client.get("/healthz")).json() == {"status": "ok"}
         finally:
             await broker.close()
-        stopped = await client.post("/v1/messages", json={"messages": [{"id": "1", "subject": "a", "body": "x"}]})
+        stopped = await client.post(
+            "/v1/messages", json={"messages": [{"id": "1", "subject": "a", "body": "x"}]}
+        )
         assert stopped.status_code == 503
         assert stopped.json()["error"]["code"] == "shutting_down"

@@ -46,9 +46,19 @@ def run_broker(data_dir: Path, script: Any) -> Any:
 async def produce_pull_ack(broker: Broker) -> dict[str, Any]:
     await broker.produce([message(i) for i in range(40)])
     await broker.produce([message(i, "payments") for i in range(5)])
-    pulled = await broker.pull(subject="orders", group="g", consumer="c", max_messages=10, wait_ms=0, mode="shared", start="earliest")
+    pulled = await broker.pull(
+        subject="orders",
+        group="g",
+        consumer="c",
+        max_messages=10,
+        wait_ms=0,
+        mode="shared",
+        start="earliest",
+    )
     await broker.ack(subject="orders", group="g", consumer="c", seqs=[m["seq"] for m in pulled[:6]])
-    await broker.nack(subject="orders", group="g", consumer="c", seqs=[6, 7], delay_ms=60_000, error="later")
+    await broker.nack(
+        subject="orders", group="g", consumer="c", seqs=[6, 7], delay_ms=60_000, error="later"
+    )
     return broker.subject_stats("orders")
 
 
@@ -94,7 +104,12 @@ def test_group_state_replays_from_the_action_log(tmp_path: Path) -> None:
     replayed = recover(tmp_path, dedup_window_s=3600).groups[("orders", "g")].snapshot()
     assert replayed == with_checkpoint
     group = stats["groups"][0]
-    assert (group["acked"], group["in_flight"], group["retrying"], group["backlog"]) == (6, 2, 2, 30)
+    assert (group["acked"], group["in_flight"], group["retrying"], group["backlog"]) == (
+        6,
+        2,
+        2,
+        30,
+    )
 
 
 def test_restarted_broker_dedups_and_continues_seqs(tmp_path: Path) -> None:

@@ -34,12 +34,22 @@ def test_old_segments_are_deleted_whole_and_groups_skip_ahead(tmp_path: Path) ->
         return time.time_ns() // 1000 + skew["us"]
 
     async def scenario() -> None:
-        config = BrokerConfig(data_dir=tmp_path, segment_bytes=16 * 1024, retention_s=3600, dedup_window_s=4 * 3600)
+        config = BrokerConfig(
+            data_dir=tmp_path, segment_bytes=16 * 1024, retention_s=3600, dedup_window_s=4 * 3600
+        )
         broker = Broker(config, metrics=BrokerMetrics(), clock=clock)
         await broker.start()
         try:
             await broker.produce([message(i) for i in range(60)])
-            first = await broker.pull(subject="orders", group="g", consumer="c", max_messages=1, wait_ms=0, mode="shared", start="earliest")
+            first = await broker.pull(
+                subject="orders",
+                group="g",
+                consumer="c",
+                max_messages=1,
+                wait_ms=0,
+                mode="shared",
+                start="earliest",
+            )
             assert first[0]["seq"] == 0
             before = broker.subject_stats("orders")
             segments = list_segments(tmp_path, SegmentKind.MESSAGES)
@@ -56,7 +66,15 @@ def test_old_segments_are_deleted_whole_and_groups_skip_ahead(tmp_path: Path) ->
             assert after["first_seq"] > 0
             assert after["messages"] == 60 - after["first_seq"]
             assert after["bytes"] < before["bytes"]
-            nxt = await broker.pull(subject="orders", group="g", consumer="c", max_messages=1, wait_ms=0, mode="shared", start="earliest")
+            nxt = await broker.pull(
+                subject="orders",
+                group="g",
+                consumer="c",
+                max_messages=1,
+                wait_ms=0,
+                mode="shared",
+                start="earliest",
+            )
             assert nxt[0]["seq"] == after["first_seq"]
             # dedup still answers within its window even though the record is gone
             again = await broker.produce([message(0)])
