@@ -110,7 +110,16 @@ class PullService:
         log = self._subjects[request.subject]
         if state.cursor < log.first_seq:
             state.cursor = log.first_seq  # retention removed what this group never read
-        seqs, attempts = state.choose(limit=request.max_messages, now_us=now, end_seq=log.end_seq)
+        while True:
+            seqs, attempts = state.choose(
+                limit=request.max_messages, now_us=now, end_seq=log.end_seq
+            )
+            gone = [seq for seq in seqs if seq < log.first_seq]
+            if not gone:
+                break
+            # Retries of messages that retention deleted: dead, saying why, then choose again.
+            error = "removed by retention before it was acknowledged"
+            self._record(_action(ActionType.DEAD, now, request, gone, {"error": error}))
         if not seqs:
             return None
         positions = []

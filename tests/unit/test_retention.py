@@ -66,6 +66,10 @@ def test_old_segments_are_deleted_whole_and_groups_skip_ahead(tmp_path: Path) ->
             assert after["first_seq"] > 0
             assert after["messages"] == 60 - after["first_seq"]
             assert after["bytes"] < before["bytes"]
+            assert (
+                broker.dead_letters(subject="orders", group="g", limit=10, after_seq=None)["dead"]
+                == []
+            )
             nxt = await broker.pull(
                 subject="orders",
                 group="g",
@@ -76,6 +80,12 @@ def test_old_segments_are_deleted_whole_and_groups_skip_ahead(tmp_path: Path) ->
                 start="earliest",
             )
             assert nxt[0]["seq"] == after["first_seq"]
+            # seq 0 was leased before retention removed it: it is dead, and says why
+            (dead,) = broker.dead_letters(subject="orders", group="g", limit=10, after_seq=None)[
+                "dead"
+            ]
+            assert (dead["seq"], dead["message"]) == (0, None)
+            assert dead["error"] == "removed by retention before it was acknowledged"
             # dedup still answers within its window even though the record is gone
             again = await broker.produce([message(0)])
             assert again[0]["status"] == "duplicate"
