@@ -93,6 +93,8 @@ def build_session(
         # Grouping a million distinct message ids: the object hash aggregate falls back
         # to sorting after 128 keys anyway, and costs more than sorting from the start.
         "spark.sql.execution.useObjectHashAggregateExec": "false",
+        # Categories are written with partitionBy: concurrent writers instead of a sort.
+        "spark.sql.maxConcurrentOutputFileWriters": "16",
         **local_conf(master),
         **(conf or {}),
     }

@@ -119,29 +119,29 @@ def by_message_id(outbox: DataFrame, messages: DataFrame) -> DataFrame:
     and then full-outer-joined). The outbox side is its first row by (outbox, row id); an
     id with no row has ``outbox_rows`` null, one never stored ``broker_copies`` null.
     """
-    row = F.struct("subject", "producer", "status", "created_at", "sent_at", "deliver_at")
+    # min() of a struct compares field by field: the first row by (outbox, row id).
+    first = F.struct(
+        "outbox", "row_id", "subject", "producer", "status", "created_at", "sent_at", "deliver_at"
+    )
     rows = outbox.select(
         "message_id",
-        F.struct("outbox", "row_id").alias("o_order"),
-        F.struct(F.col("outbox"), row.alias("row")).alias("o"),
+        first.alias("o"),
         F.col("body_sha256").alias("o_sha256"),
         *(_null(t).alias(c) for c, t in _BROKER_SIDE),
     )
     stored = messages.select(
         F.col("id").alias("message_id"),
-        _null("struct<outbox:string,row_id:bigint>").alias("o_order"),
         _null(rows.schema["o"].dataType.simpleString()).alias("o"),
         _null("string").alias("o_sha256"),
         *(F.col(c.removeprefix("b_")).alias(c) for c, _ in _BROKER_SIDE),
     )
-    is_row = F.col("o_order").isNotNull()
     grouped = (
         rows.unionByName(stored)
         .groupBy("message_id")
         .agg(
-            F.nullif(F.count_if(is_row), F.lit(0)).alias("outbox_rows"),
-            F.nullif(F.count_if(~is_row), F.lit(0)).alias("broker_copies"),
-            F.min_by("o", "o_order").alias("o"),
+            F.nullif(F.count("o"), F.lit(0)).alias("outbox_rows"),
+            F.nullif(F.count("b_broker"), F.lit(0)).alias("broker_copies"),
+            F.min("o").alias("o"),
             F.array_sort(F.collect_set("o_sha256")).alias("outbox_sha256"),
             F.array_sort(F.collect_set("b_broker")).alias("brokers"),
             F.array_sort(F.collect_set("b_body_sha256")).alias("broker_sha256"),
@@ -152,7 +152,7 @@ def by_message_id(outbox: DataFrame, messages: DataFrame) -> DataFrame:
             F.min("b_stored_at").alias("stored_at"),
         )
     )
-    return grouped.select("*", "o.outbox", "o.row.*").drop("o")
+    return grouped.select("*", "o.*").drop("o", "row_id")
 
 
 _BROKER_SIDE = (

@@ -1,0 +1,1 @@
+"""Storage adapters: segment files, the group-commit journal, recovery and checkpoints."""
