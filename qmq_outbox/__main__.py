@@ -1,3 +1,3 @@
 from qmq_outbox.cli import main
 
-main()
+main(prog_name="qmq")

@@ -7,6 +7,8 @@ given as ``QMQ_<CMD>_<OPTION>`` (e.g. ``QMQ_BROKER_PORT``), shown in ``--help``.
 from __future__ import annotations
 
 import importlib
+import sys
+from collections.abc import Sequence
 from typing import Any
 
 import click
@@ -24,6 +26,32 @@ SUBCOMMANDS = {
 
 
 class LazyGroup(click.Group):
+    """Loads subcommands on demand; reports usage errors as one line and exits 2."""
+
+    def main(  # type: ignore[override]
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        try:
+            result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.UsageError as exc:  # bad option, bad value, missing argument
+            where = exc.ctx.command_path if exc.ctx else "qmq"
+            click.echo(f"{where}: error: {exc.format_message()}", err=True)
+            sys.exit(2)
+        except click.ClickException as exc:
+            click.echo(f"qmq: error: {exc.format_message()}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("qmq: aborted", err=True)
+            sys.exit(1)
+        if not standalone_mode:
+            return result
+        sys.exit(result if isinstance(result, int) else 0)
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(SUBCOMMANDS)
 
@@ -44,7 +72,12 @@ class LazyGroup(click.Group):
 @click.group(cls=LazyGroup, context_settings={"auto_envvar_prefix": "QMQ", "show_default": True})
 @click.version_option(package_name="qmq-outbox")
 def main() -> None:
-    """qmq-outbox: reliable messaging for SQLAlchemy services."""
+    """qmq-outbox: reliable messaging for SQLAlchemy services.
+
+    Every option of `qmq <command>` can also come from an environment variable
+    QMQ_<COMMAND>_<OPTION> (for example QMQ_BROKER_PORT), shown in each command's --help.
+    Durations read 500ms, 30s, 5m, 2h, 7d; a bare number means seconds.
+    """
 
 
 def run(**kwargs: Any) -> None:  # pragma: no cover - used by `python -m qmq_outbox`

@@ -34,6 +34,7 @@ def _seconds(value: timedelta) -> float:
     "--fsync",
     "fsync_policy",
     default="always",
+    envvar="QMQ_BROKER_FSYNC",
     show_envvar=True,
     help="always | interval:<ms> | never. With always, a produce is answered after fsync.",
 )
@@ -190,7 +191,11 @@ def broker(
     auth_file: Path | None,
     log_level: str,
 ) -> None:
-    """Run the broker: durable logs over HTTP API v1 (ARCHITECTURE.md §3)."""
+    """Run the broker: durable logs served over HTTP API v1.
+
+    Produce, pull, ack, nack, dead letters and stats on --host:--port; /healthz, /metrics
+    and /openapi.json beside them. See docs/broker.md.
+    """
     try:
         from broker import logs
         from broker.config import BrokerConfig, FsyncPolicy
