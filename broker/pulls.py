@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
 from broker.errors import CorruptRecord, StorageError
-from broker.format import ActionRecord, ActionType, MessageRecord
+from broker.format import ActionRecord, ActionType, MessageRecord, read_frame_at
 from broker.groups import DeliveryState, Group, Policy
 from broker.messages import to_wire
 from broker.metrics import BrokerMetrics
@@ -31,6 +32,7 @@ from broker.storage.segments import SegmentReader
 from broker.subjects import SubjectLog
 
 logger = logging.getLogger(__name__)
+_MAX_RUN = 4 * 1024 * 1024  # bytes read by one pread at most
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -168,17 +170,70 @@ def _read_batch(
         time.sleep(delay_s)
     out: list[dict[str, Any]] = []
     unreadable: list[tuple[int, str]] = []
-    for seq, attempt, (segment, offset, length) in zip(
-        batch.seqs, batch.attempts, batch.positions, strict=True
+    payloads = _payloads(reader, batch.positions)
+    for seq, attempt, (segment, offset, _), payload in zip(
+        batch.seqs, batch.attempts, batch.positions, payloads, strict=True
     ):
         try:
-            payload = reader.read(segment, offset, length)
+            if isinstance(payload, BaseException):
+                raise payload
             record = MessageRecord.decode(payload, path=f"messages/{segment}", offset=offset)
         except (StorageError, CorruptRecord, OSError) as exc:
             unreadable.append((seq, str(exc)))
             continue
         out.append(to_wire(record, attempt=attempt))
     return out, unreadable
+
+
+def _payloads(
+    reader: SegmentReader, positions: list[tuple[int, int, int]]
+) -> list[bytes | BaseException]:
+    """Frame payloads, reading each run of adjacent frames with one ``pread``.
+
+    A batch of a subject's consecutive messages usually sits back to back in one segment;
+    one system call per run instead of one per frame also means one GIL hand-off per run.
+    """
+    out: list[bytes | BaseException] = []
+    i = 0
+    while i < len(positions):
+        segment, start, length = positions[i]
+        j = i + 1
+        end = start + length
+        while j < len(positions) and positions[j][0] == segment and positions[j][1] == end:
+            if end + positions[j][2] - start > _MAX_RUN:
+                break
+            end += positions[j][2]
+            j += 1
+        if j - i == 1:
+            try:
+                out.append(reader.read(segment, start, length))
+            except (StorageError, CorruptRecord, OSError) as exc:
+                out.append(exc)
+        else:
+            out.extend(_run(reader, positions[i:j], start, end))
+        i = j
+    return out
+
+
+def _run(
+    reader: SegmentReader, positions: list[tuple[int, int, int]], start: int, end: int
+) -> list[bytes | BaseException]:
+    path = f"messages/{positions[0][0]}"
+    try:
+        data = memoryview(os.pread(reader._fd(positions[0][0]), end - start, start))
+    except (StorageError, OSError) as exc:
+        return [exc] * len(positions)
+    out: list[bytes | BaseException] = []
+    for _, offset, length in positions:
+        try:
+            out.append(
+                read_frame_at(
+                    data[offset - start : offset - start + length], offset=offset, path=path
+                )
+            )
+        except CorruptRecord as exc:
+            out.append(exc)
+    return out
 
 
 def _action(

@@ -3,6 +3,11 @@
 Inputs are checked before Spark starts, so a bad path or URL fails fast with a
 ``BadInput``. Each input is read once and cached, so every result of the run sees the
 same snapshot of the outbox tables and broker files.
+
+Stages (timed in ``Result.timings``): ``read_broker`` and ``read_outbox`` (read and
+cache), ``classify`` (the categories, computed once and staged as Parquet partitioned by
+category, then group stats and latency), ``write_outputs`` (category folders moved into
+place, ``summary.json``, ``report.txt``, ``report.html``).
 """
 
 from __future__ import annotations
