@@ -29,6 +29,7 @@ from broker.format import (
 from broker.groups import DeliveryState, Group, Policy
 from broker.messages import IncomingMessage, rfc3339, to_wire
 from broker.metrics import BrokerMetrics
+from broker.pull_reads import RunReader
 from broker.pulls import PullService
 from broker.schedule.metrics import ScheduleMetrics
 from broker.schedule.recovery import recover_schedule
@@ -38,7 +39,6 @@ from broker.scheduling import Scheduler as PullScheduler
 from broker.storage.checkpoint import Checkpoint
 from broker.storage.journal import Journal
 from broker.storage.recovery import Recovered, apply_action, recover
-from broker.storage.segments import SegmentReader
 from broker.subjects import SubjectLog
 
 logger = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ class Broker:
         self._read_pool: ThreadPoolExecutor | None = None
         self._actor_metrics = ActorMetrics(metrics.registry)
         self._journal: Journal | None = None
-        self._reader = SegmentReader(config.data_dir, SegmentKind.MESSAGES)
+        self._reader = RunReader(config.data_dir, SegmentKind.MESSAGES)
         self._tasks: list[asyncio.Task[None]] = []
         self._policy = Policy(
             ack_timeout_us=int(config.ack_timeout_s * 1_000_000),

@@ -3,46 +3,26 @@
 The decision (expire leases, choose seqs, append the LEASE record) runs on the loop with
 no await inside, so group state changes only on the loop thread and in log order, exactly
 as replay will rebuild it; the seqs are leased before they are read, so nothing else can
-choose them meanwhile. The reads (``pread``, CRC, decode, wire form) run on the read pool
-and touch only immutable inputs: positions resolved on the loop and the thread-safe
-``SegmentReader``. Unreadable records go to the dead letters, as before, on the loop.
-
-``read_delays`` adds a sleep before each batch read of a (subject, group), on its worker
-thread: it stands in for a cold disk in benchmarks and tests (``--debug-read-delay-ms``).
+choose them meanwhile. The reads run on the read pool (``broker.pull_reads``) and touch only
+immutable inputs. Unreadable records go to the dead letters, as before, on the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
-import os
-import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
-from broker.errors import CorruptRecord, StorageError
-from broker.format import ActionRecord, ActionType, MessageRecord, read_frame_at
+from broker.format import ActionRecord, ActionType
 from broker.groups import DeliveryState, Group, Policy
-from broker.messages import to_wire
 from broker.metrics import BrokerMetrics
+from broker.pull_reads import Batch, RunReader, read_batches
 from broker.scheduling import Clock, Outcome, PullRequest
-from broker.storage.segments import SegmentReader
 from broker.subjects import SubjectLog
 
 logger = logging.getLogger(__name__)
-_MAX_RUN = 4 * 1024 * 1024  # bytes read by one pread at most
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Batch:
-    """What a decision leased: seqs, their attempt numbers and where they are stored."""
-
-    seqs: list[int]
-    attempts: list[int]
-    positions: list[tuple[int, int, int]]  # (segment, offset, length)
-    now_us: int
 
 
 class PullService:
@@ -54,7 +34,7 @@ class PullService:
         groups: dict[tuple[str, str], Group],
         subjects: dict[str, SubjectLog],
         record: Callable[[ActionRecord], None],
-        reader: SegmentReader,
+        reader: RunReader,
         policy: Policy,
         now_us: Callable[[], int],
         clock: Clock,
@@ -79,7 +59,7 @@ class PullService:
         outcomes: list[Outcome | None] = [None] * len(requests)
         todo = list(range(len(requests)))
         while todo:
-            reads: list[tuple[int, _Batch, float]] = []
+            reads: list[tuple[int, Batch, float]] = []
             for index in todo:
                 request = requests[index]
                 state = self._groups[(request.subject, request.group)].states[request.key]
@@ -92,7 +72,7 @@ class PullService:
             if not reads:
                 break
             results = await loop.run_in_executor(
-                self._executor, _read_batches, self._reader, [(b, d) for _, b, d in reads]
+                self._executor, read_batches, self._reader, [(b, d) for _, b, d in reads]
             )
             todo = []
             for (index, batch, _), (messages, unreadable) in zip(reads, results, strict=True):
@@ -105,7 +85,7 @@ class PullService:
                     todo.append(index)  # all it chose was unreadable (now dead): choose again
         return [o if o is not None else Outcome(None) for o in outcomes]
 
-    def _decide(self, request: PullRequest, state: DeliveryState) -> _Batch | None:
+    def _decide(self, request: PullRequest, state: DeliveryState) -> Batch | None:
         now = self._now_us()
         for kind, seqs, fields in state.expire(now_us=now, policy=self._policy):
             self._record(_action(kind, now, request, seqs, fields))
@@ -131,7 +111,7 @@ class PullService:
         deadline = now + self._policy.ack_timeout_us
         fields = {"consumer": request.consumer, "deadline": deadline, "attempts": attempts}
         self._record(_action(ActionType.LEASE, now, request, seqs, fields))
-        return _Batch(seqs=seqs, attempts=attempts, positions=positions, now_us=now)
+        return Batch(seqs=seqs, attempts=attempts, positions=positions, now_us=now)
 
     def _bury(self, request: PullRequest, now: int, unreadable: list[tuple[int, str]]) -> None:
         for seq, error in unreadable:
@@ -154,86 +134,6 @@ class PullService:
             return None
         delay = max((wakeup - self._now_us()) / 1_000_000, 0.001)
         return self._clock.now() + delay
-
-
-def _read_batches(
-    reader: SegmentReader, batches: list[tuple[_Batch, float]]
-) -> list[tuple[list[dict[str, Any]], list[tuple[int, str]]]]:
-    """Runs on a read-pool thread: each batch's records in wire form, and the failures."""
-    return [_read_batch(reader, batch, delay_s) for batch, delay_s in batches]
-
-
-def _read_batch(
-    reader: SegmentReader, batch: _Batch, delay_s: float
-) -> tuple[list[dict[str, Any]], list[tuple[int, str]]]:
-    if delay_s > 0:
-        time.sleep(delay_s)
-    out: list[dict[str, Any]] = []
-    unreadable: list[tuple[int, str]] = []
-    payloads = _payloads(reader, batch.positions)
-    for seq, attempt, (segment, offset, _), payload in zip(
-        batch.seqs, batch.attempts, batch.positions, payloads, strict=True
-    ):
-        try:
-            if isinstance(payload, BaseException):
-                raise payload
-            record = MessageRecord.decode(payload, path=f"messages/{segment}", offset=offset)
-        except (StorageError, CorruptRecord, OSError) as exc:
-            unreadable.append((seq, str(exc)))
-            continue
-        out.append(to_wire(record, attempt=attempt))
-    return out, unreadable
-
-
-def _payloads(
-    reader: SegmentReader, positions: list[tuple[int, int, int]]
-) -> list[bytes | BaseException]:
-    """Frame payloads, reading each run of adjacent frames with one ``pread``.
-
-    A batch of a subject's consecutive messages usually sits back to back in one segment;
-    one system call per run instead of one per frame also means one GIL hand-off per run.
-    """
-    out: list[bytes | BaseException] = []
-    i = 0
-    while i < len(positions):
-        segment, start, length = positions[i]
-        j = i + 1
-        end = start + length
-        while j < len(positions) and positions[j][0] == segment and positions[j][1] == end:
-            if end + positions[j][2] - start > _MAX_RUN:
-                break
-            end += positions[j][2]
-            j += 1
-        if j - i == 1:
-            try:
-                out.append(reader.read(segment, start, length))
-            except (StorageError, CorruptRecord, OSError) as exc:
-                out.append(exc)
-        else:
-            out.extend(_run(reader, positions[i:j], start, end))
-        i = j
-    return out
-
-
-def _run(
-    reader: SegmentReader, positions: list[tuple[int, int, int]], start: int, end: int
-) -> list[bytes | BaseException]:
-    path = f"messages/{positions[0][0]}"
-    try:
-        data = memoryview(os.pread(reader._fd(positions[0][0]), end - start, start))
-    except (StorageError, OSError) as exc:
-        return [exc] * len(positions)
-    out: list[bytes | BaseException] = []
-    for _, offset, length in positions:
-        try:
-            out.append(
-                read_frame_at(
-                    data[offset - start : offset - start + length], offset=offset, path=path
-                )
-            )
-        except CorruptRecord as exc:
-            out.append(exc)
-    return out
 
 
 def _action(

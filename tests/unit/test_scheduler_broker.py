@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-import broker.pulls
+import broker.pull_reads
 from broker.config import BrokerConfig, FsyncPolicy
 from broker.engine import Broker
 from broker.messages import IncomingMessage
@@ -66,13 +66,13 @@ async def test_records_are_read_on_the_read_pool_not_the_loop(
     running: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     threads: list[str] = []
-    read = broker.pulls._read_batch
+    read = broker.pull_reads._read_batch
 
     def spy(*args: Any) -> Any:
         threads.append(threading.current_thread().name)
         return read(*args)
 
-    monkeypatch.setattr(broker.pulls, "_read_batch", spy)
+    monkeypatch.setattr(broker.pull_reads, "_read_batch", spy)
     got = await pull(running, "g")
     assert [m["seq"] for m in got] == [0, 1, 2, 3, 4]
     assert threads

@@ -1,0 +1,93 @@
+"""The read side of a pull: runs of adjacent frames in one pread, failures kept per record."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from broker.format import HEADER_SIZE, MessageRecord, SegmentKind, frame, segment_header
+from broker.pull_reads import Batch, RunReader, read_batches
+from broker.storage.segments import segment_path
+
+
+def record(seq: int) -> MessageRecord:
+    return MessageRecord(
+        seq=seq,
+        id=f"id-{seq}",
+        subject="orders",
+        key=None,
+        headers={},
+        body=f"body-{seq}".encode(),
+        body_base64=False,
+        producer=None,
+        created_at_us=1_700_000_000_000_000,
+        stored_at_us=1_700_000_000_000_000,
+        deliver_at_us=0,
+    )
+
+
+@pytest.fixture
+def stored(tmp_path: Path) -> tuple[RunReader, list[tuple[int, int, int]]]:
+    """Segment 0 holding seqs 0..5 back to back; returns (reader, positions by seq)."""
+    path = segment_path(tmp_path, SegmentKind.MESSAGES, 0)
+    path.parent.mkdir(parents=True)
+    data = bytearray(segment_header(SegmentKind.MESSAGES))
+    positions = []
+    for seq in range(6):
+        framed = frame(record(seq).encode())
+        positions.append((0, len(data), len(framed)))
+        data += framed
+    assert positions[0][1] == HEADER_SIZE
+    path.write_bytes(bytes(data))
+    return RunReader(tmp_path, SegmentKind.MESSAGES), positions
+
+
+def batch(positions: list[tuple[int, int, int]], seqs: list[int]) -> Batch:
+    return Batch(
+        seqs=seqs, attempts=[1] * len(seqs), positions=[positions[s] for s in seqs], now_us=0
+    )
+
+
+def test_adjacent_and_scattered_records_are_read_in_order(
+    stored: tuple[RunReader, list[tuple[int, int, int]]],
+) -> None:
+    reader, positions = stored
+    [(messages, unreadable)] = read_batches(reader, [(batch(positions, [0, 1, 2, 4, 5]), 0.0)])
+    assert [m["id"] for m in messages] == ["id-0", "id-1", "id-2", "id-4", "id-5"]
+    assert unreadable == []
+
+
+def test_a_corrupt_frame_inside_a_run_fails_alone(
+    stored: tuple[RunReader, list[tuple[int, int, int]]], tmp_path: Path
+) -> None:
+    reader, positions = stored
+    path = segment_path(tmp_path, SegmentKind.MESSAGES, 0)
+    data = bytearray(path.read_bytes())
+    _, offset, length = positions[2]
+    data[offset + length - 1] ^= 0xFF  # last body byte of seq 2: CRC mismatch
+    path.write_bytes(bytes(data))
+    [(messages, unreadable)] = read_batches(reader, [(batch(positions, [1, 2, 3]), 0.0)])
+    assert [m["seq"] for m in messages] == [1, 3]
+    assert [(seq, "CRC mismatch" in error) for seq, error in unreadable] == [(2, True)]
+
+
+def test_a_missing_segment_makes_its_records_unreadable(
+    stored: tuple[RunReader, list[tuple[int, int, int]]],
+) -> None:
+    reader, positions = stored
+    gone = [(7, offset, length) for _, offset, length in positions]  # segment 7 never existed
+    [(messages, unreadable)] = read_batches(reader, [(batch(gone, [0, 1]), 0.0)])
+    assert messages == []
+    assert [seq for seq, _ in unreadable] == [0, 1]
+
+
+def test_a_frame_past_the_end_of_the_segment_is_unreadable(
+    stored: tuple[RunReader, list[tuple[int, int, int]]],
+) -> None:
+    reader, positions = stored
+    _, offset, length = positions[5]
+    beyond = [*positions, (0, offset + length, length), (0, offset + 2 * length, length)]
+    [(messages, unreadable)] = read_batches(reader, [(batch(beyond, [5, 6, 7]), 0.0)])
+    assert [m["seq"] for m in messages] == [5]
+    assert [seq for seq, _ in unreadable] == [6, 7]
