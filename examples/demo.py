@@ -109,9 +109,11 @@ def count(engine: Any, sql: str) -> int:
 
 
 def notifications(path: Path) -> int:
+    """Distinct orders notified: delivery is at least once, so a line may repeat."""
     if not path.exists():
         return 0
-    return sum(1 for line in path.read_text().splitlines() if line.startswith("order.created"))
+    lines = path.read_text().splitlines()
+    return len({line.split()[1] for line in lines if line.startswith("order.created ")})
 
 
 def duplicates_suppressed(stats_files: list[Path]) -> int:
@@ -141,9 +143,10 @@ def dashboard(progress: Progress, numbers: dict[str, int], total: int) -> Table:
 def reconciliation_words(exit_code: int | None, skipped: bool) -> str:
     if skipped:
         return "skipped (--skip-reconcile)"
-    return {0: "clean (exit 0)", 1: "CRITICAL findings (exit 1)"}.get(
-        exit_code or -1, f"failed (exit {exit_code})"
-    )
+    if exit_code is None:
+        return "not run"
+    words = {0: "clean (exit 0)", 1: "CRITICAL findings (exit 1)"}
+    return words.get(exit_code, f"failed (exit {exit_code})")
 
 
 def main(argv: list[str] | None = None) -> int:
