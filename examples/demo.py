@@ -346,8 +346,8 @@ def main(argv: list[str] | None = None) -> int:
             "invoices (billing, exactly once)": count(
                 billing_engine, "SELECT count(*) FROM invoices"
             ),
-            "order.created seen by email": notifications(root / "email.txt"),
-            "order.created seen by sms": notifications(root / "sms.txt"),
+            "orders notified by email": notifications(root / "email.txt"),
+            "orders notified by sms": notifications(root / "sms.txt"),
             "orders paid": progress.paid,
             "unpaid orders cancelled by delayed message": progress.cancelled,
             "duplicates suppressed by IdempotentStore": duplicates_suppressed(stats),
@@ -368,8 +368,8 @@ def main(argv: list[str] | None = None) -> int:
                 and not chaos_thread.is_alive()
                 and current["outbox rows pending"] == 0
                 and current["invoices (billing, exactly once)"] == progress.placed
-                and current["order.created seen by email"] >= progress.placed
-                and current["order.created seen by sms"] >= progress.placed
+                and current["orders notified by email"] >= progress.placed
+                and current["orders notified by sms"] >= progress.placed
                 and progress.paid + progress.cancelled == progress.placed
             )
             if done:
@@ -441,8 +441,8 @@ def main(argv: list[str] | None = None) -> int:
         "messages_stored": stored,
         "outbox_pending": final["outbox rows pending"],
         "invoices": final["invoices (billing, exactly once)"],
-        "notifications_email": final["order.created seen by email"],
-        "notifications_sms": final["order.created seen by sms"],
+        "notifications_email": final["orders notified by email"],
+        "notifications_sms": final["orders notified by sms"],
         "duplicates_suppressed": final["duplicates suppressed by IdempotentStore"],
         "reconciliation_exit_code": reconcile.get("process_exit_code"),
         "reconciliation_categories": reconcile.get("categories", {}),
