@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import multiprocessing
 import os
 import platform
@@ -138,8 +139,15 @@ def _quantile(values: list[float], q: float) -> float:
     return values[min(int(q * len(values)), len(values) - 1)]
 
 
-def run_loads(broker: Broker, loads: list[GroupLoad], seconds: float) -> dict[str, Any]:
-    """Run one process per group; return per-group results and the broker's CPU share."""
+def run_loads(
+    broker: Broker, loads: list[GroupLoad], seconds: float, pullgen: Path | None
+) -> dict[str, Any]:
+    """Run one load-generator process per group; per-group results and the broker's CPU.
+
+    ``pullgen``: the compiled ``bench/pullgen.c``; without it, AsyncBrokerClient processes.
+    """
+    if pullgen is not None:
+        return _run_pullgen(pullgen, broker, loads, seconds)
     ctx = multiprocessing.get_context("spawn")
     ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
     window = ctx.Array("d", [0.0, 0.0])
@@ -157,14 +165,58 @@ def run_loads(broker: Broker, loads: list[GroupLoad], seconds: float) -> dict[st
     end = begin + seconds
     window[0], window[1] = begin, end
     go.set()
-    time.sleep(max(begin - time.time(), 0))
-    cpu_begin = broker.cpu_seconds()
-    time.sleep(max(end - time.time(), 0))
-    cpu_end = broker.cpu_seconds()
+    cpu = _broker_cpu(broker, begin, end)
     results = {r["group"]: r for r in (out.get(timeout=300) for _ in procs)}
     for proc in procs:
         proc.join(30)
-    return {"groups": results, "broker_cpu_share": (cpu_end - cpu_begin) / seconds}
+    return {"groups": results, "broker_cpu_share": cpu}
+
+
+def _run_pullgen(
+    binary: Path, broker: Broker, loads: list[GroupLoad], seconds: float
+) -> dict[str, Any]:
+    begin = time.time() + 0.5 + WARMUP_S
+    end = begin + seconds
+    procs = [
+        subprocess.Popen(
+            [
+                str(binary),
+                str(broker.port),
+                load.subject,
+                load.group,
+                str(load.consumers),
+                str(load.batch),
+                repr(begin),
+                repr(end),
+            ],
+            stdout=subprocess.PIPE,
+        )
+        for load in loads
+    ]
+    cpu = _broker_cpu(broker, begin, end)
+    results = {}
+    for proc in procs:
+        stdout, _ = proc.communicate(timeout=120)
+        if proc.returncode != 0:
+            raise RuntimeError(f"pullgen exited with {proc.returncode}")
+        result = json.loads(stdout)
+        results[result["group"]] = result
+    return {"groups": results, "broker_cpu_share": cpu}
+
+
+def _broker_cpu(broker: Broker, begin: float, end: float) -> float:
+    """CPU seconds per second the broker process used in [begin, end)."""
+    time.sleep(max(begin - time.time(), 0))
+    cpu_begin = broker.cpu_seconds()
+    time.sleep(max(end - time.time(), 0))
+    return (broker.cpu_seconds() - cpu_begin) / (end - begin)
+
+
+def compile_pullgen(into: Path) -> Path:
+    binary = into / "pullgen"
+    source = Path(__file__).resolve().parent / "pullgen.c"
+    subprocess.run(["gcc", "-O2", "-o", str(binary), str(source)], check=True)
+    return binary
 
 
 # --- setup --------------------------------------------------------------------------------
@@ -206,7 +258,7 @@ def skewed(data: Path, scheduler: str, label: str, args: argparse.Namespace) -> 
         GroupLoad("skew", f"B-{label}", 2, args.batch),
     ]
     try:
-        result = run_loads(broker, loads, args.seconds)
+        result = run_loads(broker, loads, args.seconds, args.pullgen)
         waits = mailbox_waits(broker.url)
     finally:
         broker.stop()
@@ -258,9 +310,12 @@ def isolation(data: Path, scheduler: str, label: str, args: argparse.Namespace) 
     try:
         for phase in range(args.phases):
             d_alone = GroupLoad("hot", f"D-{label}-alone-{phase}", 2, 32)
-            alone.append(run_loads(broker, [d_alone], window)["groups"][d_alone.group])
+            alone.append(
+                run_loads(broker, [d_alone], window, args.pullgen)["groups"][d_alone.group]
+            )
             d_with = GroupLoad("hot", f"D-{label}-with-C-{phase}", 2, 32)
-            both = run_loads(broker, [d_with, GroupLoad("cold", cold_group, 8, 32)], window)
+            loads = [d_with, GroupLoad("cold", cold_group, 8, 32)]
+            both = run_loads(broker, loads, window, args.pullgen)
             beside.append(both["groups"][d_with.group])
             cold.append(both["groups"][cold_group])
     finally:
@@ -342,12 +397,21 @@ def main() -> None:
     parser.add_argument("--only", choices=["skew", "isolation"], default=None)
     parser.add_argument("--repeat", type=int, default=2, help="rounds of fair then fifo")
     parser.add_argument("--phases", type=int, default=3, help="isolation: alternations")
+    parser.add_argument(
+        "--client",
+        choices=["c", "python"],
+        default="c",
+        help="load generator: bench/pullgen.c (default) or AsyncBrokerClient tasks",
+    )
     args = parser.parse_args()
+    args.pullgen = None
     command = "python bench/fairness.py " + " ".join(sys.argv[1:])
     date = subprocess.run(["date", "-u"], capture_output=True, text=True).stdout.strip()
     before = machine()
     with tempfile.TemporaryDirectory(prefix="qmq-fairness-") as tmp:
         data = Path(tmp) / "data"
+        if args.client == "c":
+            args.pullgen = compile_pullgen(Path(tmp))
         filler = Broker(data, "--fsync", "never")
         filler.start()
         try:
