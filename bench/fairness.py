@@ -1,6 +1,6 @@
 """Fair pull scheduling: skewed groups and slow-group isolation, ``fair`` vs ``fifo``.
 
-    .venv/bin/python bench/fairness.py [--seconds 20] [--batch 256] [--backlog 1000000] [--repeat 2]
+    .venv/bin/python bench/fairness.py [--seconds 20] [--repeat 2] [--client c|python]
 
 1. Skewed groups. One subject with a large backlog; group A runs 100 consumers and group
    B runs 2, every consumer pulling (``wait_ms=0``, no acks) in a loop as fast as the broker
@@ -13,15 +13,18 @@
 
 Both schedulers run in the same invocation, on the same data directory, with the default
 ``--workers`` and ``--time-slice-ms``, ``--repeat`` rounds of fair then fifo (the machine
-is shared; the rounds show the spread). The skewed groups pull batches of 256 by default:
-at 32 the Python load generator spends about as much CPU per pull (httpx, envelope parsing)
-as the broker does, so on 2 vCPUs the generator, not the broker, would set the pace.
+is shared; the rounds show the spread). D alone and D with C alternate ``--phases`` times
+so that drifts of the shared machine's load hit both conditions alike.
 
-The consumers are asyncio tasks over the project's ``AsyncBrokerClient`` (one connection
-each), one process per group (multiprocessing, spawn), so the load
-generators do not share a GIL with each other or with the broker. To show the broker is
-the bottleneck, each run reports CPU time / wall time of the broker process and of each
-load-generator process over the measurement window.
+The server must be the bottleneck, not the load generator. The default generator,
+``--client c``, is ``bench/pullgen.c`` (compiled here with gcc): one process per group,
+one keep-alive connection per consumer, messages counted without parsing the JSON; it
+costs a few percent of the broker's CPU. ``--client python`` runs the consumers as asyncio
+tasks over the project's ``AsyncBrokerClient`` (one connection each, one process per
+group); that consumer spends about as much CPU per pull as the broker (it builds a
+``Message`` per message), so a group with few consumers is limited by its own round trip.
+Each run reports CPU time / wall time of the broker and of each generator process over
+the measurement window.
 """
 
 from __future__ import annotations
