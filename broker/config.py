@@ -1,4 +1,8 @@
-"""Broker configuration: one frozen, keyword-only record built by the CLI."""
+"""Broker configuration: one frozen, keyword-only record built by the CLI.
+
+Each field's metadata describes its ``qmq broker`` option (help text, unit, bounds), so each
+default is written once, here; ``broker.cli`` derives the options from the fields.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +10,8 @@ import dataclasses
 import re
 from pathlib import Path
 
-from broker.errors import BrokerError
-
-DEFAULT_BACKOFF_S = (1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+import qmq_wire
+from broker.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,42 +34,159 @@ class FsyncPolicy:
         match = re.fullmatch(r"interval:(\d+)(ms)?", text)
         if match and int(match.group(1)) > 0:
             return cls(mode="interval", interval_ms=int(match.group(1)))
-        raise BrokerError(f"fsync policy {text!r}: use always, never or interval:<ms>")
+        raise ConfigError(f"fsync policy {text!r}: use always, never or interval:<ms>")
 
     def __str__(self) -> str:
         return f"interval:{self.interval_ms}" if self.mode == "interval" else self.mode
 
 
+MIB = 1024 * 1024
+
+
+def _option(help: str, unit: str, **more: object) -> dict[str, object]:
+    """A field's ``qmq broker`` option: help text, unit and bounds (see ``broker.cli``)."""
+    return {"help": help, "unit": unit, **more}
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class BrokerConfig:
-    data_dir: Path
-    fsync: FsyncPolicy = FsyncPolicy(mode="always")
-    segment_bytes: int = 64 * 1024 * 1024
-    retention_s: float = 72 * 3600
-    dedup_window_s: float = 7 * 86400
-    ack_timeout_s: float = 30.0
-    max_attempts: int = 16
-    backoff_s: tuple[float, ...] = DEFAULT_BACKOFF_S
-    max_body_bytes: int = 1024 * 1024
-    max_request_bytes: int = 64 * 1024 * 1024
-    checkpoint_interval_s: float = 10.0
-    retention_check_interval_s: float = 60.0
-    max_wait_ms: int = 60_000
-    shutdown_timeout_s: float = 30.0
-    # pull scheduling (broker/scheduling): fair = one actor per (subject, group) by virtual
-    # runtime; fifo = one shared request queue, kept for comparison in benchmarks
-    scheduler: str = "fair"
-    workers: int = 4  # actors served at once; also the number of read threads
-    time_slice_s: float = 0.005  # longest run of one actor before it yields
-    mailbox_size: int = 10_000  # pending pulls per (subject, group) before 429
-    pull_grace_s: float = 5.0  # a pull not started within wait_ms + this is answered 503
-    # benchmarks/tests only: (subject, group, seconds) slept before each pull read
-    debug_read_delay_s: tuple[tuple[str, str, float], ...] = ()
-    max_delay_s: float = 730 * 86400  # deliver_at at most this far ahead (2 years)
-    schedule_load_ahead_s: float = 300.0  # an hour's delayed messages enter the wheel this early
-    schedule_tick_s: float = 0.5  # slot width of the in-memory timing wheel
+    """Everything the broker is tuned by; ``qmq broker`` derives one option from each field."""
 
-    def backoff_for(self, attempt: int) -> float:
-        """Delay before retry number ``attempt`` (1-based) when a nack names none."""
-        index = min(max(attempt, 1), len(self.backoff_s)) - 1
-        return self.backoff_s[index]
+    data_dir: Path = dataclasses.field(
+        metadata=_option("Where the logs, indexes and checkpoints live.", "directory")
+    )
+    fsync: FsyncPolicy = dataclasses.field(
+        default=FsyncPolicy(mode="always"),
+        metadata=_option(
+            "always | interval:<ms> | never. With always, a produce is answered after fsync.",
+            "fsync",
+        ),
+    )
+    segment_bytes: int = dataclasses.field(
+        default=64 * MIB,
+        metadata=_option("Roll log segments at this many bytes.", "bytes", min=MIB, max=2**31),
+    )
+    retention_s: float = dataclasses.field(
+        default=72 * 3600, metadata=_option("Delete whole segments older than this.", "duration")
+    )
+    dedup_window_s: float = dataclasses.field(
+        default=7 * 86400,
+        metadata=_option(
+            "A message id seen within this window is answered 'duplicate'.", "duration"
+        ),
+    )
+    ack_timeout_s: float = dataclasses.field(
+        default=qmq_wire.DEFAULT_ACK_TIMEOUT_S,
+        metadata=_option("Lease length of a pulled message in shared mode.", "duration"),
+    )
+    max_attempts: int = dataclasses.field(
+        default=qmq_wire.DEFAULT_MAX_ATTEMPTS,
+        metadata=_option(
+            "Deliveries before a message goes to the group's dead letters.",
+            "count",
+            min=1,
+            max=1000,
+        ),
+    )
+    backoff_s: tuple[float, ...] = dataclasses.field(
+        default=qmq_wire.DEFAULT_BACKOFF_S,
+        metadata=_option(
+            "Redelivery delays after the 1st, 2nd, ... failed attempt when a nack names none; "
+            "the last one repeats.",
+            "durations",
+        ),
+    )
+    max_body_bytes: int = dataclasses.field(
+        default=qmq_wire.MAX_BODY_BYTES,
+        metadata=_option("Largest message body in bytes (413 beyond).", "bytes", min=1, max=2**30),
+    )
+    max_request_bytes: int = dataclasses.field(
+        default=64 * MIB,
+        metadata=_option(
+            "Largest request body in bytes (413 beyond).", "bytes", min=1024, max=2**31
+        ),
+    )
+    checkpoint_interval_s: float = dataclasses.field(
+        default=10.0,
+        metadata=_option("How often group state and indexes are checkpointed.", "duration"),
+    )
+    retention_check_interval_s: float = dataclasses.field(
+        default=60.0,
+        metadata=_option("How often segments older than --retention are looked for.", "duration"),
+    )
+    max_wait_ms: int = dataclasses.field(
+        default=qmq_wire.MAX_WAIT_MS,
+        metadata=_option(
+            "Longest wait_ms a pull may ask for (longer ones are cut).", "count", min=0
+        ),
+    )
+    shutdown_timeout_s: float = dataclasses.field(
+        default=30.0,
+        metadata=_option("On SIGTERM, how long in-flight requests may still take.", "duration"),
+    )
+    max_delay_s: float = dataclasses.field(
+        default=qmq_wire.DEFAULT_MAX_DELAY_S,
+        metadata=_option("Furthest deliver_at accepted (400 delay_too_long beyond).", "duration"),
+    )
+    schedule_load_ahead_s: float = dataclasses.field(
+        default=300.0,
+        metadata=_option(
+            "How early an hour of delayed messages is read into the in-memory timing wheel.",
+            "duration",
+        ),
+    )
+    schedule_tick_s: float = dataclasses.field(
+        default=0.5, metadata=_option("Slot width of the in-memory timing wheel.", "duration")
+    )
+    # pull scheduling (docs/scheduling.md)
+    scheduler: str = dataclasses.field(
+        default="fair",
+        metadata=_option(
+            "Pull scheduling: fair (an actor per subject+group, lowest virtual runtime first) "
+            "or fifo (one shared request queue, for comparison).",
+            "choice",
+            choices=("fair", "fifo"),
+        ),
+    )
+    workers: int = dataclasses.field(
+        default=4,
+        metadata=_option(
+            "Pull workers: actors served at once, each with its own read thread.",
+            "count",
+            min=1,
+            max=1024,
+        ),
+    )
+    time_slice_s: float = dataclasses.field(
+        default=0.005,
+        metadata=_option(
+            "Longest run of one actor before it yields its worker.",
+            "milliseconds",
+            min=0.1,
+            max=10_000,
+        ),
+    )
+    mailbox_size: int = dataclasses.field(
+        default=10_000,
+        metadata=_option(
+            "Pending pulls per subject+group before 429 mailbox_full.", "count", min=1, max=10**7
+        ),
+    )
+    pull_grace_s: float = dataclasses.field(
+        default=5.0,
+        metadata=_option(
+            "How long past its wait_ms a pull may wait for a worker before 503 deadline_exceeded.",
+            "duration",
+        ),
+    )
+    debug_read_delay_s: tuple[tuple[str, str, float], ...] = dataclasses.field(
+        default=(),
+        metadata=_option(
+            "Benchmarks/tests only: sleep MS before each pull read of that group, on its "
+            "worker thread (stands in for a cold disk).",
+            "read_delay",
+            multiple=True,
+            hidden=True,
+            metavar="SUBJECT:GROUP=MS",
+        ),
+    )

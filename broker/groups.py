@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from broker.format import ActionRecord, ActionType
@@ -138,6 +138,14 @@ class DeliveryState:
     def known(self, seq: int) -> bool:
         return seq in self.leases or seq in self.retries
 
+    def skip_below(self, first_seq: int) -> None:
+        """Retention removed what this state never read: move the cursor past it.
+
+        Not an action record: replay reaches the same cursor at the next pull.
+        """
+        if self.cursor < first_seq:
+            self.cursor = first_seq
+
     def next_wakeup_us(self) -> int | None:
         """When a lease expires or a retry comes due next (stale heap tops make it early)."""
         times = [h[0][0] for h in (self.lease_heap, self.retry_heap) if h]
@@ -215,6 +223,17 @@ class DeliveryState:
         return state
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class GroupStats:
+    group: str
+    mode: str
+    backlog: int
+    in_flight: int
+    retrying: int
+    dead: int
+    acked: int
+
+
 @dataclasses.dataclass(slots=True)
 class Group:
     """A consumer group on one subject: its mode and its delivery state(s)."""
@@ -227,17 +246,17 @@ class Group:
     def state_key(self, consumer: str) -> str:
         return consumer if self.mode == "broadcast" else SHARED_STATE
 
-    def stats(self, end_seq: int) -> dict[str, Any]:
+    def stats(self, end_seq: int) -> GroupStats:
         states = list(self.states.values())
-        return {
-            "group": self.name,
-            "mode": self.mode,
-            "backlog": sum(max(end_seq - s.cursor, 0) for s in states),
-            "in_flight": sum(len(s.leases) for s in states),
-            "retrying": sum(len(s.retries) for s in states),
-            "dead": sum(len(s.dead) for s in states),
-            "acked": sum(s.acked for s in states),
-        }
+        return GroupStats(
+            group=self.name,
+            mode=self.mode,
+            backlog=sum(max(end_seq - s.cursor, 0) for s in states),
+            in_flight=sum(len(s.leases) for s in states),
+            retrying=sum(len(s.retries) for s in states),
+            dead=sum(len(s.dead) for s in states),
+            acked=sum(s.acked for s in states),
+        )
 
     def snapshot(self) -> dict[str, Any]:
         return {"mode": self.mode, "states": {k: s.snapshot() for k, s in self.states.items()}}
@@ -248,3 +267,59 @@ class Group:
         for key, state in doc["states"].items():
             group.states[key] = DeliveryState.restore(state)
         return group
+
+
+class GroupTable(Mapping[tuple[str, str], Group]):
+    """Every consumer group by (subject, group); changed only by ``apply``.
+
+    ``apply`` is what live traffic (through ``ActionLog.record``) and recovery (replaying
+    the action log) both call, so a restart rebuilds exactly the state the broker had.
+    """
+
+    def __init__(self, groups: dict[tuple[str, str], Group] | None = None) -> None:
+        self._groups = groups if groups is not None else {}
+
+    def __getitem__(self, key: tuple[str, str]) -> Group:
+        return self._groups[key]
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(self._groups)
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def apply(self, record: ActionRecord) -> None:
+        """Apply one action record to the group states."""
+        key = (record.subject, record.group)
+        group = self._groups.get(key)
+        if record.type is ActionType.GROUP:
+            if group is None:
+                group = self._groups[key] = Group(
+                    subject=record.subject, name=record.group, mode=str(record.fields["mode"])
+                )
+            if record.state not in group.states:
+                group.states[record.state] = DeliveryState(int(record.fields["cursor"]))
+            return
+        if group is None:
+            return
+        state = group.states.get(record.state)
+        if state is not None:
+            state.apply(record)
+
+    def of_subject(self, subject: str) -> list[Group]:
+        return [group for (s, _), group in sorted(self._groups.items()) if s == subject]
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        """Checkpoint form: ``{subject: {group: doc}}``."""
+        out: dict[str, dict[str, Any]] = {}
+        for (subject, name), group in self._groups.items():
+            out.setdefault(subject, {})[name] = group.snapshot()
+        return out
+
+    @classmethod
+    def restore(cls, snapshot: Mapping[str, Mapping[str, Any]]) -> GroupTable:
+        groups: dict[tuple[str, str], Group] = {}
+        for subject, by_name in snapshot.items():
+            for name, doc in by_name.items():
+                groups[(subject, name)] = Group.restore(subject, name, doc)
+        return cls(groups)

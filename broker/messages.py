@@ -1,11 +1,10 @@
-"""A validated message as the HTTP layer hands it to the broker core."""
+"""Messages at the core's edges: validated ones coming in, pulled ones going out."""
 
 from __future__ import annotations
 
 import base64
 import dataclasses
 from datetime import UTC, datetime
-from typing import Any
 
 from broker.format import MessageRecord
 
@@ -31,22 +30,43 @@ def rfc3339(micros: int) -> str:
     )
 
 
-def to_wire(record: MessageRecord, *, attempt: int) -> dict[str, Any]:
-    """The pull response form of a stored message (ARCHITECTURE.md §3.1)."""
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class PulledMessage:
+    """A stored message as a pull delivers it (``docs/architecture.md`` 3.1).
+
+    Built on a read thread, with the body already text (``body_encoding`` says how) and
+    timestamps in RFC 3339, so the answer is serialised without another pass.
+    """
+
+    id: str
+    subject: str
+    seq: int
+    attempt: int
+    key: str | None
+    headers: dict[str, str]
+    body: str
+    body_encoding: str
+    producer: str | None
+    created_at: str
+    stored_at: str
+
+
+def pulled(record: MessageRecord, *, attempt: int) -> PulledMessage:
+    """The pulled form of a stored message."""
     if record.body_base64:
         body, encoding = base64.b64encode(record.body).decode("ascii"), "base64"
     else:
         body, encoding = record.body.decode("utf-8"), "utf-8"
-    return {
-        "id": record.id,
-        "subject": record.subject,
-        "seq": record.seq,
-        "attempt": attempt,
-        "key": record.key,
-        "headers": record.headers,
-        "body": body,
-        "body_encoding": encoding,
-        "producer": record.producer,
-        "created_at": rfc3339(record.created_at_us),
-        "stored_at": rfc3339(record.stored_at_us),
-    }
+    return PulledMessage(
+        id=record.id,
+        subject=record.subject,
+        seq=record.seq,
+        attempt=attempt,
+        key=record.key,
+        headers=record.headers,
+        body=body,
+        body_encoding=encoding,
+        producer=record.producer,
+        created_at=rfc3339(record.created_at_us),
+        stored_at=rfc3339(record.stored_at_us),
+    )

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from broker.groups import GroupStats
 
 _LATENCY_BUCKETS = (
     0.0005,
@@ -28,7 +29,7 @@ _LATENCY_BUCKETS = (
     60,
 )
 
-GroupStats = Callable[[], Iterable[tuple[str, str, dict[str, Any]]]]
+GroupStatsSource = Callable[[], Iterable[tuple[str, str, GroupStats]]]
 
 
 class BrokerMetrics:
@@ -63,13 +64,13 @@ class BrokerMetrics:
             registry=r,
         )
 
-    def watch_groups(self, stats: GroupStats) -> None:
+    def watch_groups(self, stats: GroupStatsSource) -> None:
         """Expose backlog, in-flight, retrying and dead counts per group at scrape time."""
         self.registry.register(_GroupCollector(stats))
 
 
 class _GroupCollector(Collector):
-    def __init__(self, stats: GroupStats) -> None:
+    def __init__(self, stats: GroupStatsSource) -> None:
         self._stats = stats
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -83,7 +84,7 @@ class _GroupCollector(Collector):
         }
         for subject, group, stats in self._stats():
             for name, family in families.items():
-                family.add_metric([subject, group], float(stats[name]))
+                family.add_metric([subject, group], float(getattr(stats, name)))
         yield from families.values()
 
     def describe(self) -> Iterator[GaugeMetricFamily]:

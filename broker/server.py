@@ -29,7 +29,6 @@ def build(
 ) -> tuple[Broker, Starlette]:
     metrics = BrokerMetrics()
     broker = Broker(config, metrics=metrics)
-    metrics.watch_groups(broker.group_backlogs)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

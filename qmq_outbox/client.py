@@ -14,6 +14,7 @@ import orjson
 
 from qmq_outbox.envelope import Message, OutgoingMessage, ProduceResult
 from qmq_outbox.errors import BrokerRejected, BrokerUnavailable
+from qmq_wire import transient
 
 PullMode = Literal["shared", "broadcast"]
 StartAt = Literal["earliest", "latest"]
@@ -36,7 +37,7 @@ def _check(response: httpx.Response) -> Any:
         code, message, field = error["code"], error["message"], error.get("field")
     except (orjson.JSONDecodeError, KeyError, TypeError):
         code, message, field = "http_error", response.text[:200], None
-    if response.status_code == 429 or response.status_code >= 500:
+    if transient(response.status_code):
         raise BrokerUnavailable(f"broker answered {response.status_code} {code}: {message}")
     raise BrokerRejected(status=response.status_code, code=code, message=message, field=field)
 

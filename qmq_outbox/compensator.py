@@ -1,4 +1,4 @@
-"""``Compensator``: resend outbox rows the dispatcher did not confirm (ARCHITECTURE.md §4).
+"""``Compensator``: resend outbox rows the dispatcher did not confirm (docs/outbox.md).
 
 Each pass claims due ``pending`` rows in batches (older than ``grace`` on their first
 attempt), produces them, and then, fenced by the batch's claim token, marks them ``sent``,
@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 from datetime import datetime, timedelta
+from typing import Unpack
 
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -25,6 +26,7 @@ from sqlalchemy.engine import Engine
 
 from qmq_outbox.backoff import backoff_delay
 from qmq_outbox.client import BrokerClient
+from qmq_outbox.compensator_config import CompensatorConfig, CompensatorSettings
 from qmq_outbox.compensator_metrics import CompensatorMetrics
 from qmq_outbox.errors import ConfigurationError, QmqError
 from qmq_outbox.sending import SendReport, send
@@ -57,8 +59,9 @@ class Compensator:
     """Claims and resends unconfirmed outbox rows; run ``start()``/``stop()`` or ``run_once()``.
 
     ``engine`` is the application's database (the caller owns and disposes it); ``client`` or
-    ``broker_url`` the broker. Several compensators may share a PostgreSQL table; on SQLite
-    run one at a time.
+    ``broker_url`` the broker. ``config`` tunes it (a ``CompensatorConfig``); its fields may
+    also be given as keywords (``Compensator(engine=e, broker_url=u, batch_size=100)``).
+    Several compensators may share a PostgreSQL table; on SQLite run one at a time.
     """
 
     def __init__(
@@ -69,22 +72,13 @@ class Compensator:
         client: BrokerClient | None = None,
         broker_url: str | None = None,
         token: str | None = None,
-        interval: timedelta = timedelta(seconds=1),
-        batch_size: int = 500,
-        grace: timedelta = timedelta(seconds=30),
-        max_attempts: int = 16,
-        retention: timedelta = timedelta(days=7),
-        lease: timedelta = timedelta(minutes=1),
-        backoff_base: timedelta = timedelta(seconds=1),
-        backoff_cap: timedelta = timedelta(minutes=10),
-        purge_interval: timedelta = timedelta(minutes=1),
-        purge_batch_size: int = 1000,
-        pass_budget: timedelta = timedelta(seconds=30),
+        config: CompensatorConfig | None = None,
         registry: CollectorRegistry | None = None,
-        name: str = "qmq-compensator",
         rng: random.Random | None = None,
+        **settings: Unpack[CompensatorSettings],
     ) -> None:
         self._owned_client: BrokerClient | None = None
+        self.config = dataclasses.replace(config or CompensatorConfig(), **settings)
         if store is None:
             if engine is None:
                 raise ConfigurationError("Compensator needs engine= (or store=)")
@@ -93,23 +87,9 @@ class Compensator:
             if broker_url is None:
                 raise ConfigurationError("Compensator needs broker_url= (or client=)")
             client = self._owned_client = BrokerClient(broker_url, token=token)
-        if max_attempts < 1 or batch_size < 1:
-            raise ConfigurationError("max_attempts and batch_size must be at least 1")
         self.store = store
         self.client = client
-        self.interval = interval
-        self.batch_size = batch_size
-        self.grace = grace
-        self.max_attempts = max_attempts
-        self.retention = retention
-        self.lease = lease
-        self.backoff_base = backoff_base
-        self.backoff_cap = backoff_cap
-        self.purge_interval = purge_interval
-        self.purge_batch_size = purge_batch_size
-        self.pass_budget = pass_budget
         self.metrics = CompensatorMetrics(registry)
-        self.name = name
         self._rng = rng or random.Random()
         self._stop = threading.Event()
         self._idle = threading.Event()
@@ -128,15 +108,15 @@ class Compensator:
         """Claim and settle batches until nothing is due, the broker is unavailable, the
         ``pass_budget`` is spent or ``stop()`` was called; then purge if it is time."""
         total = PassResult()
-        deadline = time.monotonic() + self.pass_budget.total_seconds()
+        deadline = time.monotonic() + self.config.pass_budget.total_seconds()
         while not self._stop.is_set():
             result = self.run_batch()
             total.add(result)
-            if result.claimed < self.batch_size or result.unavailable:
+            if result.claimed < self.config.batch_size or result.unavailable:
                 break
             if time.monotonic() > deadline:
                 break
-        if time.monotonic() - self._last_purge >= self.purge_interval.total_seconds():
+        if time.monotonic() - self._last_purge >= self.config.purge_interval.total_seconds():
             total.purged = self.purge()
             self._last_purge = time.monotonic()
         self.update_gauges()
@@ -147,7 +127,7 @@ class Compensator:
         token = str(uuid.uuid4())
         started = time.perf_counter()
         rows = self.store.claim(
-            token=token, now=utcnow(), grace=self.grace, lease=self.lease, limit=self.batch_size
+            token=token, now=utcnow(), grace=self.config.grace, lease=self.config.lease, limit=self.config.batch_size
         )
         self.metrics.claim_latency.observe(time.perf_counter() - started)
         if not rows:
@@ -194,12 +174,12 @@ class Compensator:
         return result
 
     def _reschedule(self, rows: list[ClaimedRow], token: str, error: str) -> tuple[int, int]:
-        out_of_attempts = [row for row in rows if row.attempts >= self.max_attempts]
+        out_of_attempts = [row for row in rows if row.attempts >= self.config.max_attempts]
         now = utcnow()
         retries = [
             Retry(id=row.id, next_attempt_at=now + self._delay(row.attempts))
             for row in rows
-            if row.attempts < self.max_attempts
+            if row.attempts < self.config.max_attempts
         ]
         self.store.mark_retry(retries=retries, token=token, error=error)
         dead = self.store.mark_dead(ids=[r.id for r in out_of_attempts], token=token, error=error)
@@ -215,7 +195,7 @@ class Compensator:
         return len(retries), dead
 
     def _delay(self, attempts: int) -> timedelta:
-        return backoff_delay(attempts, base=self.backoff_base, cap=self.backoff_cap, rng=self._rng)
+        return backoff_delay(attempts, base=self.config.backoff_base, cap=self.config.backoff_cap, rng=self._rng)
 
     def _count(self, result: PassResult) -> None:
         self.metrics.sent.inc(result.sent)
@@ -226,14 +206,14 @@ class Compensator:
 
     def purge(self, *, now: datetime | None = None, max_batches: int = 100) -> int:
         """Delete sent rows older than the retention, ``purge_batch_size`` at a time."""
-        before = (now or utcnow()) - self.retention
+        before = (now or utcnow()) - self.config.retention
         purged = 0
         for _ in range(max_batches):
             if self._stop.is_set():
                 break
-            deleted = self.store.purge_sent(before=before, batch_size=self.purge_batch_size)
+            deleted = self.store.purge_sent(before=before, batch_size=self.config.purge_batch_size)
             purged += deleted
-            if deleted < self.purge_batch_size:
+            if deleted < self.config.purge_batch_size:
                 break
         self.metrics.purged.inc(purged)
         if purged:
@@ -257,12 +237,12 @@ class Compensator:
         if self._scheduler is not None:
             raise ConfigurationError("compensator already started")
         self._stop.clear()
-        executor = ThreadPoolExecutor(1, pool_kwargs={"thread_name_prefix": self.name})
+        executor = ThreadPoolExecutor(1, pool_kwargs={"thread_name_prefix": self.config.name})
         self._scheduler = BackgroundScheduler(executors={"default": executor}, timezone="UTC")
         self._scheduler.start()
         thread = getattr(self._scheduler, "_thread", None)
         if thread is not None:
-            thread.name = f"{self.name}-scheduler"
+            thread.name = f"{self.config.name}-scheduler"
         self._schedule(delay=timedelta(0))
         logger.info("compensator started", extra={"action": "outbox.compensator_started"})
 
@@ -297,7 +277,7 @@ class Compensator:
             raise
         finally:
             self._idle.set()
-            self._schedule(delay=self.interval)
+            self._schedule(delay=self.config.interval)
 
     def stop(self, timeout: float = 30.0) -> bool:
         """Stop after the current batch; True if it finished within ``timeout`` seconds."""

@@ -1,18 +1,23 @@
-"""Checks of envelope fields (ARCHITECTURE.md §2), applied by ``publish()`` before the insert."""
+"""Checks of envelope fields, applied by ``publish()`` before the insert.
+
+The rules are ``qmq_wire``'s (``docs/architecture.md`` section 2), so a message that passes
+here is not rejected by the broker for its subject, id, key or headers.
+"""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 
 from qmq_outbox.errors import ConfigurationError
-
-SUBJECT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
-RESERVED_PREFIX = "_qmq"
-MAX_ID = 128
-MAX_KEY = 200
-MAX_HEADERS = 64
+from qmq_wire import (
+    MAX_HEADERS,
+    MAX_KEY,
+    MAX_MESSAGE_ID,
+    NAME_PATTERN,
+    RESERVED_PREFIX,
+    valid_name,
+)
 
 
 class InvalidMessage(ConfigurationError, ValueError):
@@ -20,18 +25,18 @@ class InvalidMessage(ConfigurationError, ValueError):
 
 
 def check_subject(subject: str) -> str:
-    if not SUBJECT_RE.match(subject) or subject.startswith(RESERVED_PREFIX):
+    if not valid_name(subject) or subject.startswith(RESERVED_PREFIX):
         raise InvalidMessage(
-            f"invalid subject {subject!r}: must match {SUBJECT_RE.pattern} "
+            f"invalid subject {subject!r}: must match {NAME_PATTERN} "
             f"and not start with {RESERVED_PREFIX!r}"
         )
     return subject
 
 
 def check_message_id(message_id: str) -> str:
-    if not 0 < len(message_id) <= MAX_ID or not all(" " < c <= "~" for c in message_id):
+    if not 0 < len(message_id) <= MAX_MESSAGE_ID or not all(" " < c <= "~" for c in message_id):
         raise InvalidMessage(
-            f"invalid message id {message_id!r}: 1..{MAX_ID} printable ASCII characters"
+            f"invalid message id {message_id!r}: 1..{MAX_MESSAGE_ID} printable ASCII characters"
         )
     return message_id
 

@@ -1,10 +1,9 @@
-"""Routes of API v1 over the broker core."""
+"""Routes of API v1 over the broker's services: size limits, validation, auth, JSON."""
 
 from __future__ import annotations
 
 import base64
 import binascii
-import re
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -18,13 +17,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+import qmq_wire
 from broker.engine import Broker
-from broker.errors import RequestError
+from broker.errors import Invalid, NotFound, RequestError
 from broker.http.auth import Authorizer
 from broker.http.errors import error_response, from_validation
 from broker.http.openapi import openapi_document
 from broker.http.schemas import (
-    SUBJECT_PATTERN,
     AckRequest,
     Envelope,
     NackRequest,
@@ -71,17 +70,13 @@ class Api:
         limit = self.broker.config.max_request_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise RequestError(
-                status=413, code="request_too_large", message=f"request body over {limit} bytes"
-            )
+            raise Invalid(code="request_too_large", message=f"request body over {limit} bytes")
         chunks: list[bytes] = []
         size = 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
-                raise RequestError(
-                    status=413, code="request_too_large", message=f"request body over {limit} bytes"
-                )
+                raise Invalid(code="request_too_large", message=f"request body over {limit} bytes")
             chunks.append(chunk)
         return b"".join(chunks)
 
@@ -106,9 +101,9 @@ class Api:
         parsed = await self._parse(request, ProduceRequest)
         for i, envelope in enumerate(parsed.messages):
             self._authorize(request, "produce", envelope.subject, f"messages[{i}].subject")
-        now_us = self.broker.now_us()
+        now_us = self.broker.clock.wall_us()
         messages = [self._incoming(i, e, now_us) for i, e in enumerate(parsed.messages)]
-        results = await self.broker.produce(messages)
+        results = await self.broker.producer.produce(messages)
         return _json({"results": results})
 
     def _incoming(self, index: int, envelope: Envelope, now_us: int) -> IncomingMessage:
@@ -117,8 +112,7 @@ class Api:
             try:
                 body = base64.b64decode(envelope.body, validate=True)
             except (binascii.Error, ValueError):
-                raise RequestError(
-                    status=400,
+                raise Invalid(
                     code="invalid_body",
                     message="body is not valid base64",
                     field=f"{field}.body",
@@ -127,8 +121,7 @@ class Api:
             body = envelope.body.encode("utf-8")
         limit = self.broker.config.max_body_bytes
         if len(body) > limit:
-            raise RequestError(
-                status=413,
+            raise Invalid(
                 code="body_too_large",
                 message=f"body is {len(body)} bytes; the limit is {limit}",
                 field=f"{field}.body",
@@ -155,8 +148,7 @@ class Api:
             return 0
         limit_s = self.broker.config.max_delay_s
         if due - now_us > limit_s * 1_000_000:
-            raise RequestError(
-                status=400,
+            raise Invalid(
                 code="delay_too_long",
                 message=f"deliver_at is more than {_span(limit_s)} ahead (--max-delay)",
                 field=field,
@@ -167,7 +159,7 @@ class Api:
         parsed = await self._parse(request, PullRequest)
         self._authorize(request, "consume", parsed.subject, "subject")
         wait_ms = min(parsed.wait_ms, self.broker.config.max_wait_ms)
-        messages = await self.broker.pull(
+        messages = await self.broker.delivery.pull(
             subject=parsed.subject,
             group=parsed.group,
             consumer=parsed.consumer,
@@ -181,7 +173,7 @@ class Api:
     async def ack(self, request: Request) -> Response:
         parsed = await self._parse(request, AckRequest)
         self._authorize(request, "consume", parsed.subject, "subject")
-        result = await self.broker.ack(
+        result = await self.broker.delivery.ack(
             subject=parsed.subject, group=parsed.group, consumer=parsed.consumer, seqs=parsed.seqs
         )
         return _json(result)
@@ -189,7 +181,7 @@ class Api:
     async def nack(self, request: Request) -> Response:
         parsed = await self._parse(request, NackRequest)
         self._authorize(request, "consume", parsed.subject, "subject")
-        result = await self.broker.nack(
+        result = await self.broker.delivery.nack(
             subject=parsed.subject,
             group=parsed.group,
             consumer=parsed.consumer,
@@ -202,8 +194,7 @@ class Api:
     def _path_subject(self, request: Request) -> str:
         subject = str(request.path_params["subject"])
         if not _valid_name(subject):
-            raise RequestError(
-                status=400,
+            raise Invalid(
                 code="invalid_subject",
                 message="subject does not match the subject rules",
                 field="subject",
@@ -213,8 +204,7 @@ class Api:
     def _path_group(self, request: Request) -> str:
         group = str(request.path_params["group"])
         if not _valid_name(group):
-            raise RequestError(
-                status=400,
+            raise Invalid(
                 code="invalid_group",
                 message="group does not match the naming rules",
                 field="group",
@@ -224,12 +214,12 @@ class Api:
     async def subjects(self, request: Request) -> Response:
         if self.authorizer is not None:
             self.authorizer.grant_for(request.headers.get("authorization"))
-        return _json({"subjects": self.broker.subjects_stats()})
+        return _json({"subjects": self.broker.stats.subjects()})
 
     async def subject(self, request: Request) -> Response:
         subject = self._path_subject(request)
         self._authorize(request, "consume", subject, "subject")
-        return _json(self.broker.subject_stats(subject))
+        return _json(self.broker.stats.subject(subject))
 
     async def dead(self, request: Request) -> Response:
         subject = self._path_subject(request)
@@ -238,7 +228,9 @@ class Api:
         limit = _int_param(request, "limit", default=100, low=1, high=1000)
         after = _int_param(request, "after_seq", default=None, low=0, high=2**63 - 1)
         return _json(
-            self.broker.dead_letters(subject=subject, group=group, limit=limit, after_seq=after)
+            self.broker.delivery.dead_letters(
+                subject=subject, group=group, limit=limit, after_seq=after
+            )
         )
 
     async def redrive(self, request: Request) -> Response:
@@ -247,20 +239,21 @@ class Api:
         parsed = await self._parse(request, RedriveRequest)
         self._authorize(request, "consume", subject, "subject")
         if (parsed.seqs is None) == (parsed.all is not True):
-            raise RequestError(
-                status=400,
+            raise Invalid(
                 code="invalid_redrive",
                 message='give either "seqs" or "all": true',
                 field="seqs",
             )
-        redriven = await self.broker.redrive(subject=subject, group=group, seqs=parsed.seqs)
+        redriven = await self.broker.delivery.redrive(
+            subject=subject, group=group, seqs=parsed.seqs
+        )
         return _json({"redriven": redriven})
 
     async def schedule(self, request: Request) -> Response:
         if self.authorizer is not None:
             self.authorizer.grant_for(request.headers.get("authorization"))
         limit = _int_param(request, "limit", default=48, low=1, high=20000)
-        return _json(self.broker.schedule_stats(limit=limit))
+        return _json(self.broker.stats.schedule(limit=limit))
 
     async def healthz(self, request: Request) -> Response:
         status = self.broker.status
@@ -277,11 +270,8 @@ class Api:
         return _json(openapi_document())
 
 
-_NAME_RE = re.compile(SUBJECT_PATTERN)
-
-
 def _valid_name(value: str) -> bool:
-    return _NAME_RE.match(value) is not None and "\n" not in value
+    return qmq_wire.valid_name(value)
 
 
 def _int_param(request: Request, name: str, *, default: int | None, low: int, high: int) -> Any:
@@ -289,8 +279,7 @@ def _int_param(request: Request, name: str, *, default: int | None, low: int, hi
     if raw is None:
         return default
     if not raw.isdigit() or not low <= int(raw) <= high:
-        raise RequestError(
-            status=400,
+        raise Invalid(
             code=f"invalid_{name}",
             message=f"{name} must be an integer in [{low}, {high}]",
             field=name,
@@ -343,20 +332,16 @@ def create_app(
 
 
 async def _not_found(request: Request, exc: Exception) -> Response:
-    return error_response(
-        RequestError(status=404, code="not_found", message=f"no route {request.url.path}")
-    )
+    return error_response(NotFound(code="not_found", message=f"no route {request.url.path}"))
 
 
 async def _not_allowed(request: Request, exc: Exception) -> Response:
     return error_response(
-        RequestError(
-            status=405, code="method_not_allowed", message=f"{request.method} is not allowed here"
-        )
+        Invalid(code="method_not_allowed", message=f"{request.method} is not allowed here")
     )
 
 
 async def _internal(request: Request, exc: Exception) -> Response:
     return error_response(
-        RequestError(status=500, code="internal", message="internal error; see the broker log")
+        RequestError(code="internal", message="internal error; see the broker log")
     )

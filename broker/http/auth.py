@@ -17,7 +17,7 @@ from pathlib import Path
 
 import orjson
 
-from broker.errors import BrokerError, RequestError
+from broker.errors import ConfigError, Denied
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -54,33 +54,22 @@ class Authorizer:
                 for item in doc["tokens"]
             ]
         except (OSError, orjson.JSONDecodeError, KeyError, TypeError) as exc:
-            raise BrokerError(f"auth file {path}: {exc}") from exc
+            raise ConfigError(f"auth file {path}: {exc}") from exc
         return cls(grants)
 
     def grant_for(self, authorization: str | None) -> Grant:
         if not authorization or not authorization.startswith("Bearer "):
-            raise RequestError(
-                status=401,
-                code="unauthorized",
-                message="a bearer token is required",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
+            raise Denied(code="unauthorized", message="a bearer token is required")
         token = authorization[len("Bearer ") :].strip()
         for grant in self._grants:
             if hmac.compare_digest(grant.token, token):
                 return grant
-        raise RequestError(
-            status=401,
-            code="unauthorized",
-            message="unknown token",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
+        raise Denied(code="unauthorized", message="unknown token")
 
     def check(self, authorization: str | None, right: str, subject: str, field: str) -> None:
         grant = self.grant_for(authorization)
         if not grant.may(right, subject):
-            raise RequestError(
-                status=403,
+            raise Denied(
                 code="forbidden",
                 message=f"token {grant.name!r} may not {right} on {subject!r}",
                 field=field,

@@ -1,4 +1,4 @@
-"""Error responses: ``{"error": {"code", "message", "field"}}`` naming the offending field."""
+"""Error answers: ``{"error": {"code", "message", "field"}}`` naming the offending field."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import orjson
 from pydantic import ValidationError
 from starlette.responses import Response
 
-from broker.errors import RequestError
+import qmq_wire
+from broker.errors import Invalid, RequestError
 from broker.http.schemas import (
     AckRequest,
     Envelope,
@@ -26,12 +27,18 @@ _FIELD_NAMES = frozenset(
 
 
 def error_response(error: RequestError) -> Response:
+    """The answer to a core error: its status follows from its code (``qmq_wire``)."""
     body = {"error": {"code": error.code, "message": error.message, "field": error.field}}
+    headers = {}
+    if error.retry_after_s is not None:
+        headers["Retry-After"] = str(error.retry_after_s)
+    if error.code == "unauthorized":
+        headers["WWW-Authenticate"] = "Bearer"
     return Response(
         orjson.dumps(body),
-        status_code=error.status,
+        status_code=qmq_wire.error_status(error.code),
         media_type="application/json",
-        headers=error.headers,
+        headers=headers,
     )
 
 
@@ -54,15 +61,12 @@ def from_validation(exc: ValidationError) -> RequestError:
     kind = first["type"]
     field = field_path(loc) or None
     if kind == "json_invalid":
-        return RequestError(
-            status=400,
+        return Invalid(
             code="invalid_json",
             message=f"request body is not valid JSON: {first['msg']}",
         )
     if kind in ("model_type", "model_attributes_type") and not loc:
-        return RequestError(
-            status=400, code="invalid_body", message="request body must be a JSON object"
-        )
+        return Invalid(code="invalid_body", message="request body must be a JSON object")
     if kind == "missing":
         code = "missing_field"
     elif kind == "extra_forbidden":
@@ -70,6 +74,4 @@ def from_validation(exc: ValidationError) -> RequestError:
     else:
         names = [p for p in loc if isinstance(p, str) and p in _FIELD_NAMES]
         code = f"invalid_{names[-1]}" if names else "invalid_request"
-    return RequestError(
-        status=400, code=code, message=f"{field or 'body'}: {first['msg']}", field=field
-    )
+    return Invalid(code=code, message=f"{field or 'body'}: {first['msg']}", field=field)

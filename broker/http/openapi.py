@@ -1,4 +1,8 @@
-"""The OpenAPI 3 document of API v1, built from the request models' JSON schemas."""
+"""The OpenAPI 3 document of API v1, generated from the request and answer models.
+
+Paths and operations are listed here; every schema comes from a pydantic model
+(``broker.http.schemas`` for requests, ``broker.http.answers`` for answers).
+"""
 
 from __future__ import annotations
 
@@ -6,98 +10,46 @@ import functools
 from typing import Any
 
 from pydantic import BaseModel
-from pydantic.json_schema import models_json_schema
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
+from broker.http import answers
 from broker.http.schemas import AckRequest, NackRequest, ProduceRequest, PullRequest, RedriveRequest
 
 _REF = "#/components/schemas/{model}"
-
-_ERROR = {
-    "type": "object",
-    "properties": {
-        "error": {
-            "type": "object",
-            "properties": {
-                "code": {"type": "string"},
-                "message": {"type": "string"},
-                "field": {"type": ["string", "null"]},
-            },
-            "required": ["code", "message", "field"],
-        }
-    },
-}
-
-_MESSAGE = {
-    "type": "object",
-    "properties": {
-        name: {"type": kind}
-        for name, kind in [
-            ("id", "string"),
-            ("subject", "string"),
-            ("seq", "integer"),
-            ("attempt", "integer"),
-            ("key", ["string", "null"]),
-            ("headers", "object"),
-            ("body", "string"),
-            ("body_encoding", "string"),
-            ("producer", ["string", "null"]),
-            ("created_at", "string"),
-            ("stored_at", "string"),
-        ]
-    },
-}
+_REQUESTS: tuple[type[BaseModel], ...] = (
+    ProduceRequest,
+    PullRequest,
+    AckRequest,
+    NackRequest,
+    RedriveRequest,
+)
 
 
-_SCHEDULE = {
-    "type": "object",
-    "properties": {
-        "messages": {"type": "integer"},
-        "bytes": {"type": "integer"},
-        "next_due_at": {"type": ["string", "null"]},
-        "dispatch_lag_ms": {"type": "number"},
-        "wheel_messages": {"type": "integer"},
-        "dispatched": {"type": "integer"},
-        "last_dispatch": {
-            "type": ["object", "null"],
-            "properties": {"at": {"type": "string"}, "lateness_ms": {"type": "number"}},
-        },
-        "hours": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "hour": {"type": "string"},
-                    "messages": {"type": "integer"},
-                    "bytes": {"type": "integer"},
-                    "loaded": {"type": "boolean"},
-                },
-            },
-        },
-        "more_hours": {"type": "boolean"},
-    },
-}
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": _REF.format(model=model.__name__)}
 
 
 def _op(
     summary: str,
-    request: str | None,
-    response: dict[str, Any],
+    request: type[BaseModel] | None,
+    answer: type[BaseModel] | dict[str, Any],
     params: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    schema = answer if isinstance(answer, dict) else _ref(answer)
     op: dict[str, Any] = {
         "summary": summary,
         "responses": {
-            "200": {"description": "OK", "content": {"application/json": {"schema": response}}},
+            "200": {"description": "OK", "content": {"application/json": {"schema": schema}}},
             "default": {
                 "description": "Error",
-                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+                "content": {"application/json": {"schema": {"$ref": _REF.format(model="Error")}}},
             },
         },
     }
-    if request:
+    if request is not None:
         op["requestBody"] = {
             "required": True,
-            "content": {"application/json": {"schema": {"$ref": _REF.format(model=request)}}},
+            "content": {"application/json": {"schema": _ref(request)}},
         }
     if params:
         op["parameters"] = params
@@ -117,113 +69,62 @@ def _query_param(name: str) -> dict[str, Any]:
     }
 
 
+def _components() -> dict[str, Any]:
+    modes: list[tuple[type[BaseModel], JsonSchemaMode]] = [
+        *((model, "validation") for model in _REQUESTS),
+        *((model, "serialization") for model in answers.ANSWERS),
+    ]
+    _, schema = models_json_schema(modes, ref_template=_REF)
+    components = dict(schema.get("$defs", {}))
+    # The names the hand-written document used, kept for clients that refer to them.
+    components["Error"] = _ref(answers.ErrorResponse)
+    components["Message"] = _ref(answers.DeliveredMessage)
+    return components
+
+
 @functools.cache
 def openapi_document() -> dict[str, Any]:
-    models: list[type[BaseModel]] = [
-        ProduceRequest,
-        PullRequest,
-        AckRequest,
-        NackRequest,
-        RedriveRequest,
-    ]
-    _, schema = models_json_schema([(m, "validation") for m in models], ref_template=_REF)
-    components = dict(schema.get("$defs", {}))
-    components["Error"] = _ERROR
-    components["Message"] = _MESSAGE
-    obj = {"type": "object"}
     subject_group = [_path_param("subject"), _path_param("group")]
     return {
         "openapi": "3.1.0",
         "info": {"title": "qmq broker", "version": "1"},
         "paths": {
             "/v1/messages": {
-                "post": _op(
-                    "Produce a batch of messages",
-                    "ProduceRequest",
-                    {
-                        "type": "object",
-                        "properties": {
-                            "results": {
-                                "type": "array",
-                                "items": {
-                                    "type": "object",
-                                    "properties": {
-                                        "id": {"type": "string"},
-                                        "subject": {"type": "string"},
-                                        "status": {"enum": ["stored", "duplicate", "scheduled"]},
-                                        "seq": {
-                                            "type": ["integer", "null"],
-                                            "description": (
-                                                "null when scheduled (deliver_at in the future: "
-                                                "the seq is assigned when it is due) and for a "
-                                                "duplicate of a message still scheduled"
-                                            ),
-                                        },
-                                    },
-                                },
-                            }
-                        },
-                    },
-                )
+                "post": _op("Produce a batch of messages", ProduceRequest, answers.ProduceResponse)
             },
             "/v1/pull": {
                 "post": _op(
-                    "Lease messages for a consumer (long poll)",
-                    "PullRequest",
-                    {
-                        "type": "object",
-                        "properties": {
-                            "messages": {
-                                "type": "array",
-                                "items": {"$ref": "#/components/schemas/Message"},
-                            }
-                        },
-                    },
+                    "Lease messages for a consumer (long poll)", PullRequest, answers.PullResponse
                 )
             },
             "/v1/ack": {
-                "post": _op(
-                    "Acknowledge leased messages",
-                    "AckRequest",
-                    {
-                        "type": "object",
-                        "properties": {
-                            "acked": {"type": "integer"},
-                            "unknown": {"type": "array", "items": {"type": "integer"}},
-                        },
-                    },
-                )
+                "post": _op("Acknowledge leased messages", AckRequest, answers.AckResponse)
             },
             "/v1/nack": {
-                "post": _op(
-                    "Reject leased messages for retry",
-                    "NackRequest",
-                    {
-                        "type": "object",
-                        "properties": {
-                            "retrying": {"type": "integer"},
-                            "dead": {"type": "integer"},
-                        },
-                    },
-                )
+                "post": _op("Reject leased messages for retry", NackRequest, answers.NackResponse)
             },
-            "/v1/subjects": {"get": _op("List subjects", None, obj)},
+            "/v1/subjects": {"get": _op("List subjects", None, answers.SubjectsResponse)},
             "/v1/subjects/{subject}": {
-                "get": _op("Subject stats with its groups", None, obj, [_path_param("subject")])
+                "get": _op(
+                    "Subject stats with its groups",
+                    None,
+                    answers.SubjectResponse,
+                    [_path_param("subject")],
+                )
             },
             "/v1/subjects/{subject}/groups/{group}/dead": {
                 "get": _op(
                     "Dead letters of a group",
                     None,
-                    obj,
+                    answers.DeadLettersResponse,
                     [*subject_group, _query_param("limit"), _query_param("after_seq")],
                 )
             },
             "/v1/subjects/{subject}/groups/{group}/dead/redrive": {
                 "post": _op(
                     "Put dead letters back for delivery",
-                    "RedriveRequest",
-                    {"type": "object", "properties": {"redriven": {"type": "integer"}}},
+                    RedriveRequest,
+                    answers.RedriveResponse,
                     subject_group,
                 )
             },
@@ -232,7 +133,7 @@ def openapi_document() -> dict[str, Any]:
                     "Delayed messages not yet due: totals, per-hour counts (earliest first, "
                     "up to limit), next due time and dispatch lag",
                     None,
-                    _SCHEDULE,
+                    answers.ScheduleResponse,
                     [_query_param("limit")],
                 )
             },
@@ -242,11 +143,15 @@ def openapi_document() -> dict[str, Any]:
                     "responses": {"200": {"description": "text format"}},
                 }
             },
-            "/healthz": {"get": _op("Ready once recovery finished (503 before)", None, obj)},
-            "/openapi.json": {"get": _op("This document", None, obj)},
+            "/healthz": {
+                "get": _op(
+                    "Ready once recovery finished (503 before)", None, answers.HealthResponse
+                )
+            },
+            "/openapi.json": {"get": _op("This document", None, {"type": "object"})},
         },
         "components": {
-            "schemas": components,
+            "schemas": _components(),
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
     }

@@ -1,4 +1,4 @@
-"""Request models of API v1 (pydantic, strict). Field rules from ARCHITECTURE.md §2 and §3.1."""
+"""Request models of API v1 (pydantic, strict); the rules themselves come from ``qmq_wire``."""
 
 from __future__ import annotations
 
@@ -6,14 +6,17 @@ from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
 
-SUBJECT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
-Subject = Annotated[str, StringConstraints(pattern=SUBJECT_PATTERN)]
-GroupName = Annotated[str, StringConstraints(pattern=SUBJECT_PATTERN)]
-MessageId = Annotated[str, StringConstraints(pattern=r"^[\x20-\x7e]{1,128}$")]
-ConsumerId = Annotated[str, StringConstraints(pattern=r"^[\x21-\x7e]{1,200}$")]
-HeaderName = Annotated[str, StringConstraints(min_length=1, max_length=256)]
-HeaderValue = Annotated[str, StringConstraints(max_length=8192)]
-Seq = Annotated[int, Field(ge=0, le=2**63 - 1)]
+import qmq_wire as wire
+
+SUBJECT_PATTERN = wire.NAME_PATTERN  # kept for importers; ``qmq_wire.NAME_PATTERN`` is the rule
+Subject = Annotated[str, StringConstraints(pattern=wire.NAME_PATTERN)]
+GroupName = Annotated[str, StringConstraints(pattern=wire.NAME_PATTERN)]
+MessageId = Annotated[str, StringConstraints(pattern=wire.MESSAGE_ID_PATTERN)]
+ConsumerId = Annotated[str, StringConstraints(pattern=wire.CONSUMER_ID_PATTERN)]
+HeaderName = Annotated[str, StringConstraints(min_length=1, max_length=wire.MAX_HEADER_NAME)]
+HeaderValue = Annotated[str, StringConstraints(max_length=wire.MAX_HEADER_VALUE)]
+Seq = Annotated[int, Field(ge=0, le=wire.MAX_SEQ)]
+Seqs = Annotated[list[Seq], Field(min_length=1, max_length=wire.MAX_SEQS)]
 
 
 class _Strict(BaseModel):
@@ -23,27 +26,29 @@ class _Strict(BaseModel):
 class Envelope(_Strict):
     id: MessageId
     subject: Subject
-    key: Annotated[str, StringConstraints(max_length=200)] | None = None
-    headers: Annotated[dict[HeaderName, HeaderValue], Field(max_length=64)] = Field(
+    key: Annotated[str, StringConstraints(max_length=wire.MAX_KEY)] | None = None
+    headers: Annotated[dict[HeaderName, HeaderValue], Field(max_length=wire.MAX_HEADERS)] = Field(
         default_factory=dict
     )
     body: str
     body_encoding: Literal["utf-8", "base64"] = "utf-8"
-    producer: Annotated[str, StringConstraints(min_length=1, max_length=200)] | None = None
+    producer: (
+        Annotated[str, StringConstraints(min_length=1, max_length=wire.MAX_PRODUCER)] | None
+    ) = None
     created_at: AwareDatetime | None = None
     deliver_at: AwareDatetime | None = None
 
 
 class ProduceRequest(_Strict):
-    messages: Annotated[list[Envelope], Field(min_length=1, max_length=1000)]
+    messages: Annotated[list[Envelope], Field(min_length=1, max_length=wire.MAX_PRODUCE_BATCH)]
 
 
 class PullRequest(_Strict):
     subject: Subject
     group: GroupName
     consumer: ConsumerId
-    max: Annotated[int, Field(ge=1, le=1000)] = 32
-    wait_ms: Annotated[int, Field(ge=0, le=60000)] = 0
+    max: Annotated[int, Field(ge=1, le=wire.MAX_PULL)] = wire.DEFAULT_PULL
+    wait_ms: Annotated[int, Field(ge=0, le=wire.MAX_WAIT_MS)] = 0
     mode: Literal["shared", "broadcast"] = "shared"
     start: Literal["earliest", "latest"] = "earliest"
 
@@ -52,14 +57,14 @@ class AckRequest(_Strict):
     subject: Subject
     group: GroupName
     consumer: ConsumerId
-    seqs: Annotated[list[Seq], Field(min_length=1, max_length=10000)]
+    seqs: Seqs
 
 
 class NackRequest(AckRequest):
-    delay_ms: Annotated[int, Field(ge=0, le=63_072_000_000)] | None = None
-    error: Annotated[str, StringConstraints(max_length=4096)] | None = None
+    delay_ms: Annotated[int, Field(ge=0, le=wire.MAX_NACK_DELAY_MS)] | None = None
+    error: Annotated[str, StringConstraints(max_length=wire.MAX_ERROR_TEXT)] | None = None
 
 
 class RedriveRequest(_Strict):
-    seqs: Annotated[list[Seq], Field(min_length=1, max_length=10000)] | None = None
+    seqs: Seqs | None = None
     all: bool | None = None

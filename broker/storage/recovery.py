@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import struct
 import time
 from pathlib import Path
 
@@ -30,7 +29,6 @@ from broker.format import (
     INDEX_MAGIC,
     INDEX_SUFFIX,
     ActionRecord,
-    ActionType,
     MessageRecord,
     SegmentKind,
     id_hash,
@@ -41,19 +39,18 @@ from broker.format import (
     scan_frames,
     segment_number,
 )
-from broker.groups import DeliveryState, Group
+from broker.groups import GroupTable
 from broker.storage.checkpoint import Checkpoint
-from broker.subjects import SubjectLog
+from broker.subjects import SubjectTable
 
 logger = logging.getLogger(__name__)
 FORMAT_FILE = "FORMAT"
-_MSG_SEQ = struct.Struct("<BBQ")
 
 
 @dataclasses.dataclass(slots=True)
 class Recovered:
-    subjects: dict[str, SubjectLog]
-    groups: dict[tuple[str, str], Group]
+    subjects: SubjectTable
+    groups: GroupTable
     messages_at: tuple[int, int]
     actions_at: tuple[int, int]
     oldest_segment: int
@@ -85,19 +82,22 @@ def recover(data_dir: Path, *, dedup_window_s: float, now_us: int | None = None)
     valid_ends = _repair_tails(segments, checkpoint.messages_at, SegmentKind.MESSAGES, problems)
     segments = list_segments(data_dir, SegmentKind.MESSAGES)
     oldest = segment_number(segments[0]) if segments else 0
-    subjects = _load_indexes(data_dir, segments, valid_ends, problems)
+    entries = _load_indexes(data_dir, segments, valid_ends, problems)
     scan_from = max(checkpoint.messages_at, (oldest, HEADER_SIZE))
-    _index_tail(segments, scan_from, valid_ends, subjects)
-    _save_indexes(data_dir, subjects)
-    for subject in subjects.values():
-        _finish_subject(subject, oldest_segment=oldest, now_us=now_us, window_s=dedup_window_s)
+    _index_tail(segments, scan_from, valid_ends, entries)
+    _save_indexes(data_dir, entries)
+    subjects = SubjectTable.recovered(
+        entries,
+        oldest_segment=oldest,
+        dedup_horizon_us=now_us - int(dedup_window_s * 1_000_000),
+    )
 
     action_segments = list_segments(data_dir, SegmentKind.ACTIONS)
     action_ends = _repair_tails(
         action_segments, checkpoint.actions_at, SegmentKind.ACTIONS, problems
     )
     action_segments = list_segments(data_dir, SegmentKind.ACTIONS)
-    groups = _restore_groups(checkpoint)
+    groups = GroupTable.restore(checkpoint.groups)
     _replay_actions(action_segments, checkpoint.actions_at, groups)
 
     recovered = Recovered(
@@ -152,9 +152,10 @@ def _repair_tails(
 
 def _load_indexes(
     data_dir: Path, segments: list[Path], valid_ends: dict[int, int], problems: list[str]
-) -> dict[str, SubjectLog]:
+) -> dict[str, bytearray]:
+    """Each subject's packed index entries, trimmed of entries past valid data."""
     last_segment = segment_number(segments[-1]) if segments else -1
-    subjects: dict[str, SubjectLog] = {}
+    subjects: dict[str, bytearray] = {}
     folder = data_dir / "index"
     if not folder.is_dir():
         return subjects
@@ -177,7 +178,7 @@ def _load_indexes(
             if segment <= last_segment and (end is None or offset + length <= end):
                 break
             del entries[-INDEX_ENTRY_SIZE:]
-        subjects[name] = SubjectLog(name, entries)
+        subjects[name] = entries
     return subjects
 
 
@@ -185,7 +186,7 @@ def _index_tail(
     segments: list[Path],
     scan_from: tuple[int, int],
     valid_ends: dict[int, int],
-    subjects: dict[str, SubjectLog],
+    subjects: dict[str, bytearray],
 ) -> None:
     """Add index entries for records past the checkpoint that the index files lack."""
     for path in segments:
@@ -196,93 +197,37 @@ def _index_tail(
         start = scan_from[1] if number == scan_from[0] else HEADER_SIZE
         for offset, payload in iter_frames(data, path=str(path), start=start):
             record = MessageRecord.decode(payload, path=str(path), offset=offset)
-            subject = subjects.get(record.subject)
-            if subject is None:
-                subject = subjects[record.subject] = SubjectLog(record.subject)
-            if record.seq < subject.next_seq:
+            entries = subjects.setdefault(record.subject, bytearray())
+            next_seq = len(entries) // INDEX_ENTRY_SIZE
+            if record.seq < next_seq:
                 continue
-            if record.seq > subject.next_seq:
+            if record.seq > next_seq:
                 raise StorageError(
                     f"{path} at {offset}: {record.subject} seq {record.seq} follows "
-                    f"{subject.next_seq - 1}; the index lost entries before the checkpoint"
+                    f"{next_seq - 1}; the index lost entries before the checkpoint"
                 )
-            subject.allocate(
-                INDEX_ENTRY.pack(
-                    number, len(payload) + 8, offset, record.stored_at_us, id_hash(record.id)
-                )
+            entries += INDEX_ENTRY.pack(
+                number, len(payload) + 8, offset, record.stored_at_us, id_hash(record.id)
             )
 
 
-def _save_indexes(data_dir: Path, subjects: dict[str, SubjectLog]) -> None:
+def _save_indexes(data_dir: Path, subjects: dict[str, bytearray]) -> None:
     folder = data_dir / "index"
     folder.mkdir(parents=True, exist_ok=True)
-    for subject in subjects.values():
-        path = folder / f"{subject.name}{INDEX_SUFFIX}"
-        wanted = INDEX_HEADER.size + len(subject.entries)
+    for name, entries in subjects.items():
+        path = folder / f"{name}{INDEX_SUFFIX}"
+        wanted = INDEX_HEADER.size + len(entries)
         current = path.stat().st_size if path.exists() else -1
         if current == wanted:
             continue
         with open(path, "wb") as handle:
             handle.write(index_header())
-            handle.write(subject.entries)
+            handle.write(entries)
             handle.flush()
             os.fsync(handle.fileno())
 
 
-def _finish_subject(
-    subject: SubjectLog, *, oldest_segment: int, now_us: int, window_s: float
-) -> None:
-    count = subject.next_seq
-    low, high = 0, count
-    while low < high:  # first seq whose segment still exists
-        mid = (low + high) // 2
-        if subject.raw(mid)[0] < oldest_segment:
-            low = mid + 1
-        else:
-            high = mid
-    subject.first_seq = low
-    subject.end_seq = count
-    horizon = now_us - int(window_s * 1_000_000)
-    view = memoryview(subject.entries)[low * INDEX_ENTRY_SIZE :]
-    dedup = subject.dedup
-    total = 0
-    for seq, (_, length, _, stored, hashed) in enumerate(INDEX_ENTRY.iter_unpack(view), start=low):
-        total += length
-        if stored >= horizon:
-            dedup[hashed] = seq
-    subject.bytes_total = total
-
-
-def _restore_groups(checkpoint: Checkpoint) -> dict[tuple[str, str], Group]:
-    groups: dict[tuple[str, str], Group] = {}
-    for subject, by_name in checkpoint.groups.items():
-        for name, doc in by_name.items():
-            groups[(subject, name)] = Group.restore(subject, name, doc)
-    return groups
-
-
-def apply_action(groups: dict[tuple[str, str], Group], record: ActionRecord) -> None:
-    """Apply one action record to the group states (shared by replay and live operation)."""
-    key = (record.subject, record.group)
-    group = groups.get(key)
-    if record.type is ActionType.GROUP:
-        if group is None:
-            group = groups[key] = Group(
-                subject=record.subject, name=record.group, mode=str(record.fields["mode"])
-            )
-        if record.state not in group.states:
-            group.states[record.state] = DeliveryState(int(record.fields["cursor"]))
-        return
-    if group is None:
-        return
-    state = group.states.get(record.state)
-    if state is not None:
-        state.apply(record)
-
-
-def _replay_actions(
-    segments: list[Path], start: tuple[int, int], groups: dict[tuple[str, str], Group]
-) -> None:
+def _replay_actions(segments: list[Path], start: tuple[int, int], groups: GroupTable) -> None:
     for path in segments:
         number = segment_number(path)
         if number < start[0]:
@@ -290,7 +235,7 @@ def _replay_actions(
         data = path.read_bytes()
         offset = start[1] if number == start[0] else HEADER_SIZE
         for at, payload in iter_frames(data, path=str(path), start=offset):
-            apply_action(groups, ActionRecord.decode(payload, path=str(path), offset=at))
+            groups.apply(ActionRecord.decode(payload, path=str(path), offset=at))
 
 
 def _end_position(segments: list[Path], ends: dict[int, int]) -> tuple[int, int]:

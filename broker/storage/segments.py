@@ -86,6 +86,10 @@ class SegmentReader:
             raise CorruptRecord(path=path, offset=offset, reason="frame beyond end of segment")
         return read_frame_at(data, offset=offset, path=path)
 
+    def read_run(self, segment: int, offset: int, length: int) -> bytes:
+        """Raw bytes of adjacent frames (still framed: the caller checks each CRC)."""
+        return os.pread(self._fd(segment), length, offset)
+
     def forget(self, segment: int) -> None:
         with self._lock:
             fd = self._fds.pop(segment, None)

@@ -1,11 +1,14 @@
-"""The ``qmq`` command. Subcommands load lazily so each needs only its own extra installed.
+"""The ``qmq`` command: maps subcommand names to the modules beside their owners.
 
-Environment variables are read here and nowhere else: every option of ``qmq <cmd>`` can be
-given as ``QMQ_<CMD>_<OPTION>`` (e.g. ``QMQ_BROKER_PORT``), shown in ``--help``.
+Each subcommand is imported only when it runs, so each needs only its own extra installed.
+Environment variables are read in the CLI layer and nowhere else: every option of
+``qmq <cmd>`` can be given as ``QMQ_<CMD>_<OPTION>`` (e.g. ``QMQ_BROKER_PORT``), shown in
+``--help``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import sys
 from collections.abc import Sequence
@@ -13,14 +16,28 @@ from typing import Any
 
 import click
 
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Subcommand:
+    """Where a subcommand lives, the extra it needs installed, and its one-line help."""
+
+    module: str
+    extra: str | None
+    help: str
+
+
 SUBCOMMANDS = {
-    "broker": ("qmq_outbox.cli.broker", "broker", "Run the broker."),
-    "compensator": ("qmq_outbox.cli.compensator", "compensator", "Resend unconfirmed outbox rows."),
-    "db": ("qmq_outbox.cli.db", "db", "Migrate the SDK's tables (Alembic)."),
-    "reconcile": (
-        "qmq_outbox.cli.reconcile",
-        "reconcile",
-        "Reconcile outboxes with broker logs (Spark).",
+    "broker": Subcommand(module="broker.cli", extra="broker", help="Run the broker."),
+    "compensator": Subcommand(
+        module="qmq_outbox.compensator_cli", extra=None, help="Resend unconfirmed outbox rows."
+    ),
+    "db": Subcommand(
+        module="qmq_outbox.cli.db", extra=None, help="Migrate the SDK's tables (Alembic)."
+    ),
+    "reconcile": Subcommand(
+        module="spark_reconcile.cli",
+        extra="spark",
+        help="Reconcile outboxes with broker logs (Spark).",
     ),
 }
 
@@ -59,12 +76,20 @@ class LazyGroup(click.Group):
         spec = SUBCOMMANDS.get(cmd_name)
         if spec is None:
             return None
-        module = importlib.import_module(spec[0])
-        command: click.Command = getattr(module, spec[1])
+        try:
+            module = importlib.import_module(spec.module)
+        except ImportError as exc:
+            if spec.extra is None:
+                raise
+            raise click.UsageError(
+                f"{cmd_name} needs the '{spec.extra}' extra: "
+                f"pip install 'qmq-outbox[{spec.extra}]' ({exc})"
+            ) from exc
+        command: click.Command = getattr(module, cmd_name)
         return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        rows = [(name, SUBCOMMANDS[name][2]) for name in self.list_commands(ctx)]
+        rows = [(name, SUBCOMMANDS[name].help) for name in self.list_commands(ctx)]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import click
 
 from qmq_outbox import migrate
-
-_database_url = click.option(
-    "--database-url",
-    required=True,
-    envvar="QMQ_DB_DATABASE_URL",
-    show_envvar=True,
-    help="SQLAlchemy URL of the application's database.",
-)
 
 
 @click.group()
@@ -20,32 +14,36 @@ def db() -> None:
     """Create or migrate qmq_outbox and qmq_consumed (version table qmq_alembic_version)."""
 
 
-@db.command()
-@_database_url
-@click.option(
-    "--revision",
-    default="head",
-    show_default=True,
-    envvar="QMQ_DB_REVISION",
-    show_envvar=True,
-    help="Target revision.",
-)
-def upgrade(database_url: str, revision: str) -> None:
-    """Migrate the SDK's tables up to REVISION."""
-    migrate.upgrade(database_url, revision)
-    click.echo(f"qmq tables at {revision}")
+def _migration(
+    name: str, run: Callable[[str, str], None], *, summary: str, revision: dict[str, object]
+) -> click.Command:
+    """``qmq db <name> --database-url URL --revision REV``, running ``run(url, rev)``."""
+
+    @db.command(name=name, help=summary)
+    @click.option(
+        "--database-url",
+        required=True,
+        envvar="QMQ_DB_DATABASE_URL",
+        show_envvar=True,
+        help="SQLAlchemy URL of the application's database.",
+    )
+    @click.option("--revision", envvar="QMQ_DB_REVISION", show_envvar=True, **revision)
+    def command(database_url: str, revision: str) -> None:
+        run(database_url, revision)
+        click.echo(f"qmq tables at {revision}")
+
+    return command
 
 
-@db.command()
-@_database_url
-@click.option(
-    "--revision",
-    required=True,
-    envvar="QMQ_DB_REVISION",
-    show_envvar=True,
-    help='Target revision ("-1" one step, "base" drops the tables).',
+upgrade = _migration(
+    "upgrade",
+    migrate.upgrade,
+    summary="Migrate the SDK's tables up to REVISION.",
+    revision={"default": "head", "help": "Target revision."},
 )
-def downgrade(database_url: str, revision: str) -> None:
-    """Migrate the SDK's tables down to REVISION."""
-    migrate.downgrade(database_url, revision)
-    click.echo(f"qmq tables at {revision}")
+downgrade = _migration(
+    "downgrade",
+    migrate.downgrade,
+    summary="Migrate the SDK's tables down to REVISION.",
+    revision={"required": True, "help": 'Target revision ("-1" one step, "base" drops the tables).'},
+)

@@ -2,8 +2,8 @@
 
 from qmq_outbox.consumer.config import ConsumerStats
 from qmq_outbox.consumer.core import Consumer
-from qmq_outbox.consumer.errors import ConsumerCrashed, ConsumerError, RetryLater
 from qmq_outbox.consumer.handlers import AsyncSessionHandler, MessageHandler, SessionHandler
+from qmq_outbox.errors import ConsumerCrashed, ConsumerError, RetryLater
 
 __all__ = [
     "AsyncSessionHandler",

@@ -11,7 +11,6 @@ with the broker for other consumers. A puller that finds no slot first hurries t
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable
 
 
@@ -27,7 +26,10 @@ def next_want(*, last_pulled: int, max_batch: int) -> int:
 
 
 class LeaseBudget:
-    """Thread-safe slot counter; ``close()`` wakes and refuses waiting reservers."""
+    """The slot counter of one event loop (use it from the loop's thread only).
+
+    ``release`` and ``close`` are plain calls: they only count and wake the waiters.
+    """
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
@@ -35,84 +37,34 @@ class LeaseBudget:
         self.capacity = capacity
         self._used = 0
         self._closed = False
-        self._cond = threading.Condition()
-
-    @property
-    def used(self) -> int:
-        return self._used
-
-    def acquire(self, want: int, on_starved: Callable[[], None] | None = None) -> int:
-        """Block until at least one slot is free; returns how many were taken, 0 if closed.
-
-        ``on_starved`` is called (without this budget's lock) before waiting for a slot.
-        """
-        with self._cond:
-            got = self._take(want)
-        if got is not None:
-            return got
-        if on_starved is not None:
-            on_starved()
-        with self._cond:
-            while not self._closed and self._used >= self.capacity:
-                self._cond.wait()
-            return self._take(want) or 0
-
-    def _take(self, want: int) -> int | None:
-        if self._closed:
-            return 0
-        got = grant(want, capacity=self.capacity, used=self._used)
-        if got == 0:
-            return None
-        self._used += got
-        return got
-
-    def release(self, count: int) -> None:
-        if count == 0:
-            return
-        with self._cond:
-            self._used -= count
-            self._cond.notify_all()
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-
-
-class AsyncLeaseBudget:
-    """The same counter for one event loop."""
-
-    def __init__(self, capacity: int) -> None:
-        if capacity < 1:
-            raise ValueError("capacity must be at least 1")
-        self.capacity = capacity
-        self._used = 0
-        self._closed = False
-        self._cond = asyncio.Condition()
+        self._freed = asyncio.Event()
 
     @property
     def used(self) -> int:
         return self._used
 
     async def acquire(self, want: int, on_starved: Callable[[], None] | None = None) -> int:
-        async with self._cond:
-            if not self._closed and self._used >= self.capacity and on_starved is not None:
-                on_starved()
-            await self._cond.wait_for(lambda: self._closed or self._used < self.capacity)
-            if self._closed:
-                return 0
-            got = grant(want, capacity=self.capacity, used=self._used)
-            self._used += got
-            return got
+        """Wait until at least one slot is free; returns how many were taken, 0 if closed.
 
-    async def release(self, count: int) -> None:
-        if count == 0:
-            return
-        async with self._cond:
+        ``on_starved`` is called once before waiting for a slot.
+        """
+        if not self._closed and self._used >= self.capacity and on_starved is not None:
+            on_starved()
+        while not self._closed and self._used >= self.capacity:
+            self._freed.clear()
+            await self._freed.wait()
+        if self._closed:
+            return 0
+        got = grant(want, capacity=self.capacity, used=self._used)
+        self._used += got
+        return got
+
+    def release(self, count: int) -> None:
+        if count:
             self._used -= count
-            self._cond.notify_all()
+            self._freed.set()
 
-    async def close(self) -> None:
-        async with self._cond:
-            self._closed = True
-            self._cond.notify_all()
+    def close(self) -> None:
+        """Refuse further reservations and wake the waiting ones (they get 0)."""
+        self._closed = True
+        self._freed.set()

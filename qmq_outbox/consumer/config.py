@@ -1,15 +1,12 @@
-"""The consumer's settings, its client ports and its counters."""
+"""The consumer's settings and its counters."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import threading
-from collections.abc import Sequence
-from typing import Any, Protocol
 
 from qmq_outbox.client import PullMode, StartAt
-from qmq_outbox.envelope import Message
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,68 +43,6 @@ class ConsumerConfig:
             return key
         digest = hashlib.sha256(self.consumer_id.encode()).hexdigest()[:32]
         return f"{self.group[:160]}@{digest}"
-
-
-class PullClient(Protocol):
-    """What the threaded runner needs of ``BrokerClient``."""
-
-    def pull(
-        self,
-        subject: str,
-        group: str,
-        consumer: str,
-        *,
-        max_messages: int = ...,
-        wait_ms: int = ...,
-        mode: PullMode = ...,
-        start: StartAt = ...,
-    ) -> list[Message]: ...
-
-    def ack(
-        self, subject: str, group: str, consumer: str, seqs: Sequence[int]
-    ) -> dict[str, Any]: ...
-
-    def nack(
-        self,
-        subject: str,
-        group: str,
-        consumer: str,
-        seqs: Sequence[int],
-        *,
-        delay_ms: int | None = ...,
-        error: str | None = ...,
-    ) -> dict[str, Any]: ...
-
-
-class AsyncPullClient(Protocol):
-    """What the asyncio runner needs of ``AsyncBrokerClient``."""
-
-    async def pull(
-        self,
-        subject: str,
-        group: str,
-        consumer: str,
-        *,
-        max_messages: int = ...,
-        wait_ms: int = ...,
-        mode: PullMode = ...,
-        start: StartAt = ...,
-    ) -> list[Message]: ...
-
-    async def ack(
-        self, subject: str, group: str, consumer: str, seqs: Sequence[int]
-    ) -> dict[str, Any]: ...
-
-    async def nack(
-        self,
-        subject: str,
-        group: str,
-        consumer: str,
-        seqs: Sequence[int],
-        *,
-        delay_ms: int | None = ...,
-        error: str | None = ...,
-    ) -> dict[str, Any]: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
+import contextlib
 import logging
 import os
-import signal
 import socket
 import threading
 import uuid
@@ -14,14 +13,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 from qmq_outbox.client import AsyncBrokerClient, BrokerClient, PullMode, StartAt
-from qmq_outbox.consumer.config import (
-    AsyncPullClient,
-    ConsumerConfig,
-    ConsumerStats,
-    Counters,
-    PullClient,
-)
-from qmq_outbox.consumer.errors import ConsumerCrashed
+from qmq_outbox.consumer.clients import OnThreads, PullClient, is_async_client
+from qmq_outbox.consumer.config import ConsumerConfig, ConsumerStats, Counters
 from qmq_outbox.consumer.handlers import (
     AsyncSessionHandler,
     Guard,
@@ -29,8 +22,10 @@ from qmq_outbox.consumer.handlers import (
     MessageHandler,
     SessionHandler,
 )
-from qmq_outbox.consumer.signals import STOP_SIGNALS, stop_on_signals
-from qmq_outbox.errors import ConfigurationError
+from qmq_outbox.consumer.runner import Runner
+from qmq_outbox.consumer.signals import stop_on_signals
+from qmq_outbox.consumer.threads import ThreadPool
+from qmq_outbox.errors import ConfigurationError, ConsumerCrashed
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -44,11 +39,13 @@ H = TypeVar("H", bound=MessageHandler)
 HS = TypeVar("HS", bound=SessionHandler)
 HA = TypeVar("HA", bound=AsyncSessionHandler)
 
-SIGNAL_POLL = 0.1
 
-
-def _is_async_client(client: object) -> bool:
-    return inspect.iscoroutinefunction(getattr(client, "pull", None))
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def generate_consumer_id() -> str:
@@ -86,7 +83,7 @@ class Consumer:
         start: StartAt = "earliest",
         shutdown_timeout: float = 30.0,
         token: str | None = None,
-        client: PullClient | AsyncPullClient | None = None,
+        client: BrokerClient | PullClient | None = None,
     ) -> None:
         if concurrency < 1 or max_batch < 1 or ack_batch_size < 1:
             raise ConfigurationError("concurrency, max_batch and ack_batch_size must be >= 1")
@@ -180,117 +177,80 @@ class Consumer:
 
     # -- running ----------------------------------------------------------------------
 
-    def _begin(self) -> None:
+    def run(self, *, install_signal_handlers: bool = True) -> None:
+        """Consume until ``stop()`` (or SIGTERM/SIGINT), then stop gracefully: stop
+        pulling, finish what was pulled within ``shutdown_timeout``, flush acks.
+
+        Blocks the calling thread, which runs the consumer's event loop (``asyncio.run``);
+        plain handlers run on ``concurrency`` handler threads. Signal handlers are installed
+        only from the main thread. Raises ``ConsumerCrashed`` when a consumer loop died.
+        """
+        for spec in self._specs.values():
+            spec.check_threaded()
+        if self._client is not None and is_async_client(self._client):
+            raise ConfigurationError("run() needs a BrokerClient; use run_async() for this one")
+        if _loop_running():
+            raise ConfigurationError("run() blocks: on an event loop, await run_async()")
+        asyncio.run(self._serve(install_signal_handlers))
+
+    async def run_async(self, *, install_signal_handlers: bool = True) -> None:
+        """``run()`` on the running event loop, as tasks."""
+        if self._client is not None and not is_async_client(self._client):
+            raise ConfigurationError("run_async() needs an AsyncBrokerClient")
+        await self._serve(install_signal_handlers)
+
+    async def _serve(self, install_signal_handlers: bool) -> None:
         if not self._specs:
             raise ConfigurationError("no handlers registered")
         if self._running:
             raise ConfigurationError("this consumer is already running")
         self._running = True
-
-    def _end(self) -> None:
-        self._running = False
-        self._stop.clear()  # a later run() starts afresh; a stop() before run() is kept
-
-    def run(self, *, install_signal_handlers: bool = True) -> None:
-        """Consume on threads until ``stop()`` (or SIGTERM/SIGINT), then stop gracefully:
-        stop pulling, finish what was pulled within ``shutdown_timeout``, flush acks.
-
-        Signal handlers are installed only from the main thread. Raises
-        ``ConsumerCrashed`` when a consumer loop died.
-        """
-        from qmq_outbox.consumer.threaded import ThreadedRunner
-
-        for spec in self._specs.values():
-            spec.check_threaded()
-        injected = self._client
-        if injected is not None and _is_async_client(injected):
-            raise ConfigurationError("run() needs a BrokerClient; use run_async() for this one")
-        self._begin()
-        client = cast(PullClient, injected) if injected is not None else self._make_client()
-        runner = ThreadedRunner(
-            config=self.config,
-            specs=dict(self._specs),
-            client=client,
-            counters=self._counters,
-            stop=self._stop,
-        )
-        try:
-            with stop_on_signals(install_signal_handlers) as flag:
-                runner.start()
-                self._wait(flag)
-                runner.shutdown()
-        finally:
-            self._end()
-            if isinstance(client, BrokerClient) and client is not injected:
-                client.close()
-        if runner.fatal is not None:
-            raise ConsumerCrashed(f"consumer {self.consumer_id} crashed") from runner.fatal
-
-    def _wait(self, flag: Any) -> None:
-        timeout = SIGNAL_POLL if flag.active else None
-        while not self._stop.wait(timeout):
-            if flag.received is not None:
-                logger.info(
-                    "signal received; stopping",
-                    extra={"action": "consumer.signal", "signal": flag.received},
-                )
-                self._stop.set()
-
-    def _make_client(self) -> BrokerClient:
-        connections = len(self._specs) + self.config.concurrency + 2
-        return BrokerClient(self.broker_url, token=self._token, max_connections=connections)
-
-    async def run_async(self, *, install_signal_handlers: bool = True) -> None:
-        """``run()`` on the running event loop, as tasks."""
-        from qmq_outbox.consumer.aio import AsyncRunner
-
-        injected = self._client
-        if injected is not None and not _is_async_client(injected):
-            raise ConfigurationError("run_async() needs an AsyncBrokerClient")
-        self._begin()
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         self._loop, self._async_stop = loop, stop
         if self._stop.is_set():  # stop() was called before the loop knew the event
             stop.set()
-        client = cast(AsyncPullClient, injected) if injected is not None else None
-        own = None
-        if client is None:
-            client = own = AsyncBrokerClient(
-                self.broker_url,
-                token=self._token,
-                max_connections=len(self._specs) + self.config.concurrency + 2,
-            )
-        runner = AsyncRunner(
-            config=self.config,
-            specs=dict(self._specs),
-            client=client,
-            counters=self._counters,
-            stop=stop,
-        )
-        installed = self._install_async_signals(loop, install_signal_handlers)
         try:
-            runner.start()
-            await stop.wait()
-            await runner.shutdown()
+            async with contextlib.AsyncExitStack() as resources:
+                runner = Runner(
+                    config=self.config,
+                    specs=dict(self._specs),
+                    client=await self._open_client(resources),
+                    counters=self._counters,
+                    stop=stop,
+                )
+                with stop_on_signals(loop, install_signal_handlers, self._on_signal):
+                    runner.start()
+                    await stop.wait()
+                    await runner.shutdown()
         finally:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
-            self._end()
+            self._running = False
             self._loop = self._async_stop = None
-            if own is not None:
-                await own.aclose()
+            self._stop.clear()  # a later run() starts afresh; a stop() before run() is kept
         if runner.fatal is not None:
             raise ConsumerCrashed(f"consumer {self.consumer_id} crashed") from runner.fatal
 
-    def _install_async_signals(
-        self, loop: asyncio.AbstractEventLoop, enabled: bool
-    ) -> list[signal.Signals]:
-        if not enabled or threading.current_thread() is not threading.main_thread():
-            return []
-        for sig in STOP_SIGNALS:
-            loop.add_signal_handler(sig, self.stop)
-        return list(STOP_SIGNALS)
+    async def _open_client(self, resources: contextlib.AsyncExitStack) -> PullClient:
+        """The injected client (a blocking one runs on threads of its own), or our own."""
+        injected = self._client
+        if injected is not None and is_async_client(injected):
+            return cast(PullClient, injected)
+        # One connection (or client thread) per puller, per handler's nack, and the acker.
+        connections = len(self._specs) + self.config.concurrency + 1
+        if injected is not None:
+            threads = ThreadPool(connections, name=f"qmq-consumer[{self.group}]-client")
+            threads.start()
+            resources.callback(threads.close)
+            return OnThreads(injected, threads)
+        own = AsyncBrokerClient(self.broker_url, token=self._token, max_connections=connections)
+        resources.push_async_callback(own.aclose)
+        return own
+
+    def _on_signal(self, signum: int) -> None:
+        logger.info(
+            "signal received; stopping", extra={"action": "consumer.signal", "signal": signum}
+        )
+        self.stop()
 
     def stop(self) -> None:
         """Ask a running consumer to stop gracefully; ``run()`` returns once it has.

@@ -1,6 +1,8 @@
 """Handler registration and what one delivery comes to: ack or nack (with a delay).
 
-Shared by the threaded and the asyncio runners; only ``handle`` / ``handle_async`` differ.
+Plain handlers (and sync stores) run whole on a thread (``handle`` / ``handle_batch``);
+coroutine handlers and async stores run on the loop (``handle_async`` / ``handle_batch_async``,
+which hand the former to a thread themselves).
 """
 
 from __future__ import annotations
@@ -9,14 +11,13 @@ import asyncio
 import dataclasses
 import inspect
 import logging
-import re
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from qmq_outbox.consumer.errors import RetryLater
+import qmq_wire
 from qmq_outbox.envelope import Message
-from qmq_outbox.errors import ConfigurationError
-from qmq_outbox.idempotent import ClaimHeld, IdempotentStore, NonTransactional, Outcome
+from qmq_outbox.errors import ClaimHeld, ConfigurationError, RetryLater
+from qmq_outbox.idempotent import IdempotentStore, NonTransactional, Outcome
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -24,8 +25,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-SUBJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 MAX_ERROR_CHARS = 2000
+T = TypeVar("T")
 
 
 class MessageHandler(Protocol):
@@ -47,6 +48,17 @@ class AsyncSessionHandler(Protocol):
 
 
 Guard = IdempotentStore[Any] | NonTransactional[Any]
+
+
+class Offload(Protocol):
+    """Runs a blocking call off the event loop: ``await offload(fn, *args)``."""
+
+    def __call__(self, fn: Callable[..., T], /, *args: Any) -> Awaitable[T]: ...
+
+
+async def to_thread(fn: Callable[..., T], /, *args: Any) -> T:
+    """The default ``Offload``: the loop's default executor."""
+    return await asyncio.to_thread(fn, *args)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,6 +92,11 @@ class HandlerSpec:
         )
 
     @property
+    def runs_on_thread(self) -> bool:
+        """A plain handler with no store or a sync one: the whole delivery is blocking."""
+        return not self.is_coroutine and (self.guard is None or not self.guard.is_async)
+
+    @property
     def batch_limit(self) -> int:
         """How many queued messages of this subject one transaction may take."""
         if isinstance(self.guard, IdempotentStore):
@@ -88,7 +105,8 @@ class HandlerSpec:
 
     def validate(self) -> None:
         """Reject combinations that cannot work, at registration time."""
-        if not SUBJECT.match(self.subject) or self.subject.startswith("_qmq"):
+        name = self.subject
+        if not qmq_wire.valid_name(name) or name.startswith(qmq_wire.RESERVED_PREFIX):
             raise ConfigurationError(f"invalid subject {self.subject!r}")
         guard = self.guard
         if guard is None:
@@ -165,20 +183,6 @@ def handle_batch(spec: HandlerSpec, group: str, messages: list[Message]) -> list
     return [_result(spec, group, m, o) for m, o in zip(messages, outcomes, strict=True)]
 
 
-async def handle_batch_async(
-    spec: HandlerSpec, group: str, messages: list[Message]
-) -> list[Result]:
-    if len(messages) == 1:
-        return [await handle_async(spec, group, messages[0])]
-    guard = spec.guard
-    assert isinstance(guard, IdempotentStore)
-    if guard.is_async:
-        outcomes = await guard.process_batch_async(group, messages, spec.fn)
-    else:
-        outcomes = await asyncio.to_thread(guard.process_batch, group, messages, spec.fn)
-    return [_result(spec, group, m, o) for m, o in zip(messages, outcomes, strict=True)]
-
-
 def _result(spec: HandlerSpec, group: str, message: Message, outcome: object) -> Result:
     if isinstance(outcome, Outcome):
         return _acked(outcome)
@@ -186,24 +190,37 @@ def _result(spec: HandlerSpec, group: str, message: Message, outcome: object) ->
     return _fail(spec, group, message, outcome)
 
 
-async def handle_async(spec: HandlerSpec, group: str, message: Message) -> Result:
-    """Run a handler under asyncio: coroutines awaited, plain functions on a worker thread."""
+async def handle_async(
+    spec: HandlerSpec, group: str, message: Message, offload: Offload = to_thread
+) -> Result:
+    """Run a handler under asyncio: coroutines awaited, blocking work through ``offload``."""
+    if spec.runs_on_thread:
+        return await offload(handle, spec, group, message)
     try:
         guard = spec.guard
         if guard is None:
-            if spec.is_coroutine:
-                await spec.fn(message)
-            else:
-                await asyncio.to_thread(spec.fn, message)
+            await spec.fn(message)
             return ACK
-        if not guard.is_async:
-            return _acked(await asyncio.to_thread(guard.process, group, message, spec.fn))
         fn = spec.fn
-        if not guard.transactional and not spec.is_coroutine:
+        if not spec.is_coroutine:  # a plain handler between an async store's claim and done
 
             def fn(m: Message) -> Awaitable[object]:
-                return asyncio.to_thread(spec.fn, m)
+                return offload(spec.fn, m)
 
         return _acked(await guard.process_async(group, message, fn))
     except Exception as exc:
         return _fail(spec, group, message, exc)
+
+
+async def handle_batch_async(
+    spec: HandlerSpec, group: str, messages: list[Message], offload: Offload = to_thread
+) -> list[Result]:
+    """``handle_batch`` under asyncio."""
+    if spec.runs_on_thread:
+        return await offload(handle_batch, spec, group, messages)
+    if len(messages) == 1:
+        return [await handle_async(spec, group, messages[0], offload)]
+    guard = spec.guard
+    assert isinstance(guard, IdempotentStore)
+    outcomes = await guard.process_batch_async(group, messages, spec.fn)
+    return [_result(spec, group, m, o) for m, o in zip(messages, outcomes, strict=True)]

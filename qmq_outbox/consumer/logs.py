@@ -1,4 +1,4 @@
-"""Log events and small policies shared by the threaded and asyncio runners."""
+"""The consumer's log events (one text each) and small policies."""
 
 from __future__ import annotations
 
@@ -61,5 +61,17 @@ def log_dropped(cfg: ConsumerConfig, unsent: dict[str, list[int]]) -> None:
             "action": "consumer.acks_dropped",
             "group": cfg.group,
             "count": sum(len(seqs) for seqs in unsent.values()),
+        },
+    )
+
+
+def log_ack_unknown(cfg: ConsumerConfig, subject: str, seqs: list[int]) -> None:
+    logger.info(
+        "acks for leases the broker no longer holds for us (expired or redelivered)",
+        extra={
+            "action": "consumer.ack_unknown",
+            "group": cfg.group,
+            "subject": subject,
+            "seqs": seqs[:20],
         },
     )

@@ -1,42 +1,36 @@
-"""SIGTERM/SIGINT → graceful stop, installed by ``run()`` only in the main thread.
+"""SIGTERM/SIGINT → graceful stop, installed on the consumer's loop only in the main thread.
 
-The handler only records the signal: setting events or taking locks inside a signal
-handler can deadlock with the very thread it interrupted. ``run()`` polls the flag.
+``loop.add_signal_handler`` runs the callback on the loop, not inside the signal handler
+(where setting events or taking locks could deadlock with the interrupted code). The
+previous handlers come back afterwards.
 """
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from types import FrameType
-from typing import Any
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
-class SignalFlag:
-    def __init__(self) -> None:
-        self.received: int | None = None
-        self.active = False
-
-    def __call__(self, signum: int, frame: FrameType | None) -> None:
-        self.received = signum
-
-
 @contextmanager
-def stop_on_signals(enabled: bool) -> Iterator[SignalFlag]:
-    """Install the flag as SIGTERM/SIGINT handler when enabled and in the main thread;
-    the previous handlers come back afterwards."""
-    flag = SignalFlag()
+def stop_on_signals(
+    loop: asyncio.AbstractEventLoop, enabled: bool, on_signal: Callable[[int], None]
+) -> Iterator[None]:
+    """Call ``on_signal(signum)`` on ``loop`` for SIGTERM/SIGINT while inside, when enabled
+    and in the main thread."""
     if not enabled or threading.current_thread() is not threading.main_thread():
-        yield flag
+        yield
         return
-    previous: dict[int, Any] = {sig: signal.signal(sig, flag) for sig in STOP_SIGNALS}
-    flag.active = True
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, on_signal, int(sig))
     try:
-        yield flag
+        yield
     finally:
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)

@@ -1,15 +1,16 @@
-"""The idempotent store's vocabulary: outcomes, errors, and small shared helpers."""
+"""The idempotent store's vocabulary: outcomes and small shared helpers (its errors are in
+``qmq_outbox.errors``)."""
 
 from __future__ import annotations
 
 import enum
 import logging
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast
 
 from qmq_outbox.envelope import Message
-from qmq_outbox.errors import QmqError
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import CursorResult
@@ -23,22 +24,8 @@ DEFAULT_LEASE = timedelta(minutes=1)
 BUSY_MARGIN = timedelta(milliseconds=100)
 
 S = TypeVar("S", "Session", "AsyncSession")
-
-
-class IdempotentStoreError(QmqError):
-    """The idempotent store's own database statement failed (the cause is chained)."""
-
-
-class DuplicateMessage(QmqError):
-    """This consumer group already consumed the message (the ``pk_qmq_consumed`` violation)."""
-
-
-class ClaimHeld(QmqError):
-    """Another consumer holds an unexpired claim on this message: retry after ``retry_after``."""
-
-    def __init__(self, message: str, *, retry_after: timedelta) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
+T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class Outcome(enum.Enum):
@@ -88,3 +75,28 @@ def log_batch_fallback(group: str, size: int, exc: Exception) -> None:
             "error": f"{type(exc).__name__}: {exc}"[:500],
         },
     )
+
+
+def in_session(
+    sessionmaker: Any,
+    step: Callable[Concatenate[Session, P], T],
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> T:
+    """``step(session, *args)`` on a new session of a sync ``sessionmaker``; ``step`` owns the
+    transactions (``with session.begin(): ...``)."""
+    with sessionmaker() as session:
+        return step(session, *args, **kwargs)
+
+
+async def in_session_async(
+    sessionmaker: Any,
+    step: Callable[Concatenate[Session, P], T],
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> T:
+    """The same ``step`` on an ``async_sessionmaker``'s session, through ``run_sync``: the
+    store's SQL logic is written once, for a sync ``Session``."""
+    async with sessionmaker() as session:
+        result: T = await session.run_sync(step, *args, **kwargs)
+        return result

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Generic
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from qmq_outbox.envelope import Message
-from qmq_outbox.errors import ConfigurationError
+from qmq_outbox.errors import ClaimHeld, ConfigurationError, IdempotentStoreError
 from qmq_outbox.idempotent import rows
 from qmq_outbox.idempotent.base import (
     BUSY_MARGIN,
-    ClaimHeld,
-    IdempotentStoreError,
     Outcome,
     S,
+    in_session,
+    in_session_async,
     log_bookkeeping_failed,
     log_takeover,
     rowcount,
@@ -63,7 +63,8 @@ class NonTransactional(Generic[S]):
         wait = max(until - now, timedelta(0)) + BUSY_MARGIN
         return ClaimHeld(f"{group}/{message.id} is being processed until {until}", retry_after=wait)
 
-    # -- sync -------------------------------------------------------------------------
+    # The SQL steps are written once, for a sync ``Session`` (each step owns its short
+    # transactions); the async variant runs them through ``AsyncSession.run_sync``.
 
     def process(
         self: NonTransactional[Session],
@@ -76,33 +77,54 @@ class NonTransactional(Generic[S]):
         Raises ``ClaimHeld`` while a live twin holds the claim; a handler exception
         releases the claim and propagates.
         """
-        until = self._claim(group, message)
+        sm = self.store.sessionmaker
+        until = in_session(sm, self._claim, group, message)
         if until is None:
             return Outcome.DUPLICATE
         try:
             handler(message)
         except BaseException:
-            self._release(group, message, until)
+            in_session(sm, self._release, group, message, until)
             raise
-        self._done(group, message)
+        in_session(sm, self._done, group, message)
         return Outcome.PROCESSED
 
-    def _claim(self, group: str, message: Message) -> datetime | None:
-        """Our lease's end when we may run the handler; None when already done."""
+    async def process_async(
+        self: NonTransactional[AsyncSession],
+        group: str,
+        message: Message,
+        handler: Callable[[Message], object],
+    ) -> Outcome:
+        """``process`` with ``AsyncSession``; an awaitable the handler returns is awaited."""
         sm = self.store.sessionmaker
+        until = await in_session_async(sm, self._claim, group, message)
+        if until is None:
+            return Outcome.DUPLICATE
+        try:
+            result = handler(message)
+            if inspect.isawaitable(result):
+                await result
+        except BaseException:
+            await in_session_async(sm, self._release, group, message, until)
+            raise
+        await in_session_async(sm, self._done, group, message)
+        return Outcome.PROCESSED
+
+    def _claim(self, session: Session, group: str, message: Message) -> datetime | None:
+        """Our lease's end when we may run the handler; None when already done."""
         try:
             for _ in range(3):
                 now = self.store.now()
                 until = now + self.lease
                 try:
-                    with sm() as session, session.begin():
+                    with session.begin():
                         claim = rows.insert_processing(group, message.id, now=now, until=until)
                         session.execute(*claim)
                     return until
                 except IntegrityError as exc:
                     if not rows.is_duplicate(exc):
                         raise
-                with sm() as session, session.begin():
+                with session.begin():
                     update = rows.take_over_expired(group, message.id, now=now, until=until)
                     if rowcount(session.execute(*update)) == 1:
                         log_takeover(group, message)
@@ -118,84 +140,17 @@ class NonTransactional(Generic[S]):
             raise IdempotentStoreError(f"claim failed: {exc}") from exc
         raise ClaimHeld(f"{group}/{message.id} claim kept changing", retry_after=BUSY_MARGIN)
 
-    def _done(self, group: str, message: Message) -> None:
+    def _done(self, session: Session, group: str, message: Message) -> None:
         try:
-            with self.store.sessionmaker() as session, session.begin():
+            with session.begin():
                 session.execute(*rows.mark_done(group, message.id, now=self.store.now()))
         except SQLAlchemyError:
             # The effect happened: ack anyway. The claim's lease just ages out unused.
             log_bookkeeping_failed("done", group, message)
 
-    def _release(self, group: str, message: Message, until: datetime) -> None:
+    def _release(self, session: Session, group: str, message: Message, until: datetime) -> None:
         try:
-            with self.store.sessionmaker() as session, session.begin():
+            with session.begin():
                 session.execute(*rows.release(group, message.id, until=until))
-        except SQLAlchemyError:
-            log_bookkeeping_failed("release", group, message)
-
-    # -- async ------------------------------------------------------------------------
-
-    async def process_async(
-        self: NonTransactional[AsyncSession],
-        group: str,
-        message: Message,
-        handler: Callable[[Message], object],
-    ) -> Outcome:
-        """``process`` with ``AsyncSession``; an awaitable the handler returns is awaited."""
-        until = await self._claim_async(group, message)
-        if until is None:
-            return Outcome.DUPLICATE
-        try:
-            result = handler(message)
-            if inspect.isawaitable(result):
-                await result
-        except BaseException:
-            await self._release_async(group, message, until)
-            raise
-        await self._done_async(group, message)
-        return Outcome.PROCESSED
-
-    async def _claim_async(self, group: str, message: Message) -> datetime | None:
-        sm = self.store.sessionmaker
-        try:
-            for _ in range(3):
-                now = self.store.now()
-                until = now + self.lease
-                try:
-                    async with sm() as session, session.begin():
-                        insert = rows.insert_processing(group, message.id, now=now, until=until)
-                        await session.execute(*insert)
-                    return until
-                except IntegrityError as exc:
-                    if not rows.is_duplicate(exc):
-                        raise
-                async with sm() as session, session.begin():
-                    update = rows.take_over_expired(group, message.id, now=now, until=until)
-                    if rowcount(await session.execute(*update)) == 1:
-                        log_takeover(group, message)
-                        return until
-                    result = await session.execute(*rows.select_state(group, message.id))
-                    found = result.one_or_none()
-                if found is None:
-                    continue
-                state = rows.RowState.from_row(found)
-                if state.status == rows.DONE:
-                    return None
-                raise self._busy(group, message, state)
-        except SQLAlchemyError as exc:
-            raise IdempotentStoreError(f"claim failed: {exc}") from exc
-        raise ClaimHeld(f"{group}/{message.id} claim kept changing", retry_after=BUSY_MARGIN)
-
-    async def _done_async(self, group: str, message: Message) -> None:
-        try:
-            async with self.store.sessionmaker() as session, session.begin():
-                await session.execute(*rows.mark_done(group, message.id, now=self.store.now()))
-        except SQLAlchemyError:
-            log_bookkeeping_failed("done", group, message)
-
-    async def _release_async(self, group: str, message: Message, until: datetime) -> None:
-        try:
-            async with self.store.sessionmaker() as session, session.begin():
-                await session.execute(*rows.release(group, message.id, until=until))
         except SQLAlchemyError:
             log_bookkeeping_failed("release", group, message)

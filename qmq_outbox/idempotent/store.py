@@ -24,15 +24,15 @@ from typing import TYPE_CHECKING, Any, Generic, overload
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from qmq_outbox.envelope import Message
-from qmq_outbox.errors import ConfigurationError
+from qmq_outbox.errors import ConfigurationError, DuplicateMessage, IdempotentStoreError
 from qmq_outbox.idempotent import rows
 from qmq_outbox.idempotent.base import (
     DEFAULT_LEASE,
     DEFAULT_RETENTION,
-    DuplicateMessage,
-    IdempotentStoreError,
     Outcome,
     S,
+    in_session,
+    in_session_async,
     is_async_sessionmaker,
     log_batch_fallback,
     logger,
@@ -110,6 +110,8 @@ class IdempotentStore(Generic[S]):
         return NonTransactional(self, lease=lease or self.lease)
 
     # -- one message per transaction ----------------------------------------------------
+    # The SQL is written once, on a sync ``Session``; the async variants run it through
+    # ``AsyncSession.run_sync`` and differ only in awaiting the handler.
 
     def process(
         self: IdempotentStore[Session],
@@ -130,14 +132,6 @@ class IdempotentStore(Generic[S]):
             return Outcome.DUPLICATE
         return Outcome.PROCESSED
 
-    def _insert_done(self, session: Session, group: str, message_id: str) -> None:
-        try:
-            session.execute(*rows.insert_done(group, message_id, now=self.now()))
-        except IntegrityError as exc:
-            raise _translate(exc, group, message_id) from exc
-        except SQLAlchemyError as exc:
-            raise IdempotentStoreError(f"dedup insert failed: {exc}") from exc
-
     async def process_async(
         self: IdempotentStore[AsyncSession],
         group: str,
@@ -147,15 +141,15 @@ class IdempotentStore(Generic[S]):
         """``process`` for ``AsyncSession``: ``await handler(message, session)``."""
         try:
             async with self.sessionmaker() as session, session.begin():
-                await self._insert_done_async(session, group, message.id)
+                await session.run_sync(self._insert_done, group, message.id)
                 await handler(message, session)
         except DuplicateMessage:
             return Outcome.DUPLICATE
         return Outcome.PROCESSED
 
-    async def _insert_done_async(self, session: AsyncSession, group: str, message_id: str) -> None:
+    def _insert_done(self, session: Session, group: str, message_id: str) -> None:
         try:
-            await session.execute(*rows.insert_done(group, message_id, now=self.now()))
+            session.execute(*rows.insert_done(group, message_id, now=self.now()))
         except IntegrityError as exc:
             raise _translate(exc, group, message_id) from exc
         except SQLAlchemyError as exc:
@@ -174,31 +168,14 @@ class IdempotentStore(Generic[S]):
         if len(messages) > 1:
             try:
                 with self.sessionmaker() as session, session.begin():
-                    insert = rows.insert_done_many(
-                        session.get_bind().dialect.name, group, messages, now=self.now()
-                    )
-                    if insert is not None:
-                        fresh = set(session.execute(*insert).scalars())
-                        outcomes = []
-                        for message in messages:
-                            outcomes.append(_claim(fresh, message))
-                            if outcomes[-1] is Outcome.PROCESSED:
-                                handler(message, session)
+                    outcomes = self._insert_batch(session, group, messages)
+                    if outcomes is not None:
+                        for message in _to_run(messages, outcomes):
+                            handler(message, session)
                         return list(outcomes)
             except Exception as exc:
                 log_batch_fallback(group, len(messages), exc)
-        return [self._capture(group, message, handler) for message in messages]
-
-    def _capture(
-        self: IdempotentStore[Session],
-        group: str,
-        message: Message,
-        handler: Callable[[Message, Session], object],
-    ) -> Outcome | Exception:
-        try:
-            return self.process(group, message, handler)
-        except Exception as exc:
-            return exc
+        return [_captured(self.process, group, message, handler) for message in messages]
 
     async def process_batch_async(
         self: IdempotentStore[AsyncSession],
@@ -210,16 +187,10 @@ class IdempotentStore(Generic[S]):
         if len(messages) > 1:
             try:
                 async with self.sessionmaker() as session, session.begin():
-                    insert = rows.insert_done_many(
-                        session.get_bind().dialect.name, group, messages, now=self.now()
-                    )
-                    if insert is not None:
-                        fresh = set((await session.execute(*insert)).scalars())
-                        outcomes = []
-                        for message in messages:
-                            outcomes.append(_claim(fresh, message))
-                            if outcomes[-1] is Outcome.PROCESSED:
-                                await handler(message, session)
+                    outcomes = await session.run_sync(self._insert_batch, group, messages)
+                    if outcomes is not None:
+                        for message in _to_run(messages, outcomes):
+                            await handler(message, session)
                         return list(outcomes)
             except Exception as exc:
                 log_batch_fallback(group, len(messages), exc)
@@ -231,34 +202,36 @@ class IdempotentStore(Generic[S]):
                 results.append(exc)
         return results
 
+    def _insert_batch(
+        self, session: Session, group: str, messages: Sequence[Message]
+    ) -> list[Outcome] | None:
+        """Insert a batch's dedup rows; each message's outcome, None where the dialect
+        cannot do it in one statement."""
+        dialect = session.get_bind().dialect.name
+        insert = rows.insert_done_many(dialect, group, messages, now=self.now())
+        if insert is None:
+            return None
+        fresh = set(session.execute(*insert).scalars())
+        return [_claim(fresh, message) for message in messages]
+
     # -- retention ----------------------------------------------------------------------
 
     def gc(self: IdempotentStore[Session], *, batch_size: int = 10_000) -> int:
         """Delete rows older than the retention, in batches; returns how many."""
-        cutoff = self.now() - self.retention
-        total = 0
-        try:
-            while True:
-                with self.sessionmaker() as session, session.begin():
-                    batch = rows.gc_batch(cutoff=cutoff, limit=batch_size)
-                    deleted = rowcount(session.execute(batch))
-                total += deleted
-                if deleted < batch_size:
-                    break
-        except SQLAlchemyError as exc:
-            raise IdempotentStoreError(f"gc failed after {total} rows: {exc}") from exc
-        logger.info("consumed rows purged", extra={"action": "consumer.gc", "deleted": total})
-        return total
+        return in_session(self.sessionmaker, self._gc, batch_size)
 
     async def gc_async(self: IdempotentStore[AsyncSession], *, batch_size: int = 10_000) -> int:
         """``gc`` for ``AsyncSession``."""
+        return await in_session_async(self.sessionmaker, self._gc, batch_size)
+
+    def _gc(self, session: Session, batch_size: int) -> int:
         cutoff = self.now() - self.retention
         total = 0
         try:
             while True:
-                async with self.sessionmaker() as session, session.begin():
-                    result = await session.execute(rows.gc_batch(cutoff=cutoff, limit=batch_size))
-                    deleted = rowcount(result)
+                with session.begin():
+                    batch = rows.gc_batch(cutoff=cutoff, limit=batch_size)
+                    deleted = rowcount(session.execute(batch))
                 total += deleted
                 if deleted < batch_size:
                     break
@@ -272,6 +245,19 @@ def _translate(exc: IntegrityError, group: str, message_id: str) -> Exception:
     if rows.is_duplicate(exc):
         return DuplicateMessage(f"{group}/{message_id} already consumed")
     return IdempotentStoreError(f"dedup insert failed: {exc.orig}")
+
+
+def _to_run(messages: Sequence[Message], outcomes: list[Outcome]) -> list[Message]:
+    return [m for m, o in zip(messages, outcomes, strict=True) if o is Outcome.PROCESSED]
+
+
+def _captured(
+    process: Callable[[str, Message, Any], Outcome], group: str, message: Message, handler: Any
+) -> Outcome | Exception:
+    try:
+        return process(group, message, handler)
+    except Exception as exc:
+        return exc
 
 
 def _claim(fresh: set[str], message: Message) -> Outcome:

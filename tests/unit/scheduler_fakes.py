@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from broker.scheduling import ManualClock, Outcome, PullRequest, Scheduler
+from broker.pulls import ManualClock, Outcome, PullScheduler, QueuedPull
 
 
 class ScriptedProcessor:
@@ -26,10 +26,10 @@ class ScriptedProcessor:
     def add(self, group: str, count: int, *, subject: str = "s", key: str = "") -> None:
         self.available[(subject, group, key)] += count
 
-    async def __call__(self, requests: Sequence[PullRequest]) -> list[Outcome]:
+    async def __call__(self, requests: Sequence[QueuedPull]) -> list[Outcome]:
         return [self._serve(request) for request in requests]
 
-    def _serve(self, request: PullRequest) -> Outcome:
+    def _serve(self, request: QueuedPull) -> Outcome:
         self.calls.append(request.group)
         self.clock.advance(self.cost[request.group])
         slot = (request.subject, request.group, request.key)
@@ -42,7 +42,7 @@ class ScriptedProcessor:
 
 
 def pull(
-    scheduler: Scheduler,
+    scheduler: PullScheduler,
     group: str,
     *,
     subject: str = "s",
@@ -60,7 +60,7 @@ def pull(
     )
 
 
-async def run_next(scheduler: Scheduler) -> str | None:
+async def run_next(scheduler: PullScheduler) -> str | None:
     """Run whatever the scheduler picks next; the group it ran, or None when idle."""
     picked = scheduler.next_run()
     if picked is None:
@@ -69,7 +69,7 @@ async def run_next(scheduler: Scheduler) -> str | None:
     return picked[0].group
 
 
-async def run_until_idle(scheduler: Scheduler, limit: int = 10_000) -> list[str]:
+async def run_until_idle(scheduler: PullScheduler, limit: int = 10_000) -> list[str]:
     ran: list[str] = []
     for _ in range(limit):
         group = await run_next(scheduler)

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import pytest
 
 from qmq_outbox.consumer.acks import AckBuffer, chunks
-from qmq_outbox.consumer.budget import AsyncLeaseBudget, LeaseBudget, grant, next_want
+from qmq_outbox.consumer.budget import LeaseBudget, grant, next_want
 from qmq_outbox.consumer.logs import backoff
 
 
@@ -69,45 +68,48 @@ def test_backoff_grows_and_caps() -> None:
     assert backoff(50) == 5.0
 
 
-def test_lease_budget_blocks_until_a_slot_is_released() -> None:
+async def test_lease_budget_waits_until_a_slot_is_released() -> None:
     budget = LeaseBudget(2)
-    assert budget.acquire(5) == 2
-    got: list[int] = []
-    waiter = threading.Thread(target=lambda: got.append(budget.acquire(5)))
-    waiter.start()
-    waiter.join(0.05)
-    assert waiter.is_alive(), "acquire must wait while the budget is spent"
+    assert await budget.acquire(5) == 2
+    waiter = asyncio.create_task(budget.acquire(5))
+    await asyncio.sleep(0.05)
+    assert not waiter.done(), "acquire must wait while the budget is spent"
     budget.release(1)
-    waiter.join(2)
-    assert got == [1]
+    assert await asyncio.wait_for(waiter, 2) == 1
     assert budget.used == 2
 
 
-def test_closing_the_budget_wakes_waiters_with_nothing() -> None:
-    budget = LeaseBudget(1)
-    budget.acquire(1)
-    got: list[int] = []
-    waiter = threading.Thread(target=lambda: got.append(budget.acquire(1)))
-    waiter.start()
-    budget.close()
-    waiter.join(2)
-    assert got == [0]
-    assert budget.acquire(1) == 0
-
-
-async def test_async_lease_budget() -> None:
-    budget = AsyncLeaseBudget(3)
+async def test_lease_budget_grants_what_is_free() -> None:
+    budget = LeaseBudget(3)
     assert await budget.acquire(2) == 2
     assert await budget.acquire(5) == 1
     pending = asyncio.create_task(budget.acquire(5))
     await asyncio.sleep(0)
     assert not pending.done()
-    await budget.release(2)
+    budget.release(2)
     assert await pending == 2
-    closer = asyncio.create_task(budget.acquire(1))
+
+
+async def test_a_starved_acquire_calls_on_starved_once_before_waiting() -> None:
+    budget = LeaseBudget(1)
+    starved: list[int] = []
+    assert await budget.acquire(1, lambda: starved.append(1)) == 1
+    assert starved == []
+    waiter = asyncio.create_task(budget.acquire(1, lambda: starved.append(1)))
     await asyncio.sleep(0)
-    await budget.close()
-    assert await closer == 0
+    assert starved == [1]
+    budget.release(1)
+    assert await waiter == 1
+
+
+async def test_closing_the_budget_wakes_waiters_with_nothing() -> None:
+    budget = LeaseBudget(1)
+    await budget.acquire(1)
+    waiter = asyncio.create_task(budget.acquire(1))
+    await asyncio.sleep(0)
+    budget.close()
+    assert await asyncio.wait_for(waiter, 2) == 0
+    assert await budget.acquire(1) == 0
 
 
 def test_budget_capacity_must_be_positive() -> None:

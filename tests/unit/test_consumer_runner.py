@@ -220,13 +220,30 @@ def test_a_dead_loop_takes_the_consumer_down_loudly(caplog: pytest.LogCaptureFix
     assert died[0].loop == f"pull-{SUBJECT}"  # type: ignore[attr-defined]
 
 
-def test_threads_are_named() -> None:
+def test_handler_threads_are_named() -> None:
     broker = FakeBroker()
+    broker.produce(SUBJECT)
     consumer = _consumer(broker, concurrency=2)
-    consumer.add_handler(SUBJECT, lambda m: None)
+    threads: list[str] = []
+    consumer.add_handler(SUBJECT, lambda m: threads.append(threading.current_thread().name))
     with running(consumer):
-        wait_until(lambda: any("qmq-consumer[g]-pull" in t.name for t in threading.enumerate()))
+        wait_until(lambda: consumer.stats().processed == 1)
         names = {t.name for t in threading.enumerate()}
+    assert threads[0] in {"qmq-consumer[g]-worker-0", "qmq-consumer[g]-worker-1"}
+    assert {"qmq-consumer[g]-worker-0", "qmq-consumer[g]-worker-1"} <= names
+
+
+async def test_loops_are_named_tasks() -> None:
+    broker = FakeBroker()
+    consumer = _consumer(AsyncFakeBroker(broker), concurrency=2)
+    consumer.add_handler(SUBJECT, lambda m: None)
+    names: set[str] = set()
+
+    def seen() -> bool:
+        names.update(task.get_name() for task in asyncio.all_tasks())
+        return f"qmq-consumer[g]-pull-{SUBJECT}" in names
+
+    await _run_until(consumer, seen)
     assert {"qmq-consumer[g]-acks", "qmq-consumer[g]-worker-0", "qmq-consumer[g]-worker-1"} <= names
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from broker.format import HEADER_SIZE, MessageRecord, SegmentKind, frame, segment_header
-from broker.pull_reads import Batch, RunReader, read_batches
-from broker.storage.segments import segment_path
+from broker.pulls.reads import Batch, read_batches
+from broker.storage.segments import SegmentReader, segment_path
 
 
 def record(seq: int) -> MessageRecord:
@@ -28,7 +28,7 @@ def record(seq: int) -> MessageRecord:
 
 
 @pytest.fixture
-def stored(tmp_path: Path) -> tuple[RunReader, list[tuple[int, int, int]]]:
+def stored(tmp_path: Path) -> tuple[SegmentReader, list[tuple[int, int, int]]]:
     """Segment 0 holding seqs 0..5 back to back; returns (reader, positions by seq)."""
     path = segment_path(tmp_path, SegmentKind.MESSAGES, 0)
     path.parent.mkdir(parents=True)
@@ -40,7 +40,7 @@ def stored(tmp_path: Path) -> tuple[RunReader, list[tuple[int, int, int]]]:
         data += framed
     assert positions[0][1] == HEADER_SIZE
     path.write_bytes(bytes(data))
-    return RunReader(tmp_path, SegmentKind.MESSAGES), positions
+    return SegmentReader(tmp_path, SegmentKind.MESSAGES), positions
 
 
 def batch(positions: list[tuple[int, int, int]], seqs: list[int]) -> Batch:
@@ -50,16 +50,16 @@ def batch(positions: list[tuple[int, int, int]], seqs: list[int]) -> Batch:
 
 
 def test_adjacent_and_scattered_records_are_read_in_order(
-    stored: tuple[RunReader, list[tuple[int, int, int]]],
+    stored: tuple[SegmentReader, list[tuple[int, int, int]]],
 ) -> None:
     reader, positions = stored
     [(messages, unreadable)] = read_batches(reader, [(batch(positions, [0, 1, 2, 4, 5]), 0.0)])
-    assert [m["id"] for m in messages] == ["id-0", "id-1", "id-2", "id-4", "id-5"]
+    assert [m.id for m in messages] == ["id-0", "id-1", "id-2", "id-4", "id-5"]
     assert unreadable == []
 
 
 def test_a_corrupt_frame_inside_a_run_fails_alone(
-    stored: tuple[RunReader, list[tuple[int, int, int]]], tmp_path: Path
+    stored: tuple[SegmentReader, list[tuple[int, int, int]]], tmp_path: Path
 ) -> None:
     reader, positions = stored
     path = segment_path(tmp_path, SegmentKind.MESSAGES, 0)
@@ -68,12 +68,12 @@ def test_a_corrupt_frame_inside_a_run_fails_alone(
     data[offset + length - 1] ^= 0xFF  # last body byte of seq 2: CRC mismatch
     path.write_bytes(bytes(data))
     [(messages, unreadable)] = read_batches(reader, [(batch(positions, [1, 2, 3]), 0.0)])
-    assert [m["seq"] for m in messages] == [1, 3]
+    assert [m.seq for m in messages] == [1, 3]
     assert [(seq, "CRC mismatch" in error) for seq, error in unreadable] == [(2, True)]
 
 
 def test_a_missing_segment_makes_its_records_unreadable(
-    stored: tuple[RunReader, list[tuple[int, int, int]]],
+    stored: tuple[SegmentReader, list[tuple[int, int, int]]],
 ) -> None:
     reader, positions = stored
     gone = [(7, offset, length) for _, offset, length in positions]  # segment 7 never existed
@@ -83,11 +83,11 @@ def test_a_missing_segment_makes_its_records_unreadable(
 
 
 def test_a_frame_past_the_end_of_the_segment_is_unreadable(
-    stored: tuple[RunReader, list[tuple[int, int, int]]],
+    stored: tuple[SegmentReader, list[tuple[int, int, int]]],
 ) -> None:
     reader, positions = stored
     _, offset, length = positions[5]
     beyond = [*positions, (0, offset + length, length), (0, offset + 2 * length, length)]
     [(messages, unreadable)] = read_batches(reader, [(batch(beyond, [5, 6, 7]), 0.0)])
-    assert [m["seq"] for m in messages] == [5]
+    assert [m.seq for m in messages] == [5]
     assert [seq for seq, _ in unreadable] == [6, 7]

@@ -44,9 +44,9 @@ def run_broker(data_dir: Path, script: Any) -> Any:
 
 
 async def produce_pull_ack(broker: Broker) -> dict[str, Any]:
-    await broker.produce([message(i) for i in range(40)])
-    await broker.produce([message(i, "payments") for i in range(5)])
-    pulled = await broker.pull(
+    await broker.producer.produce([message(i) for i in range(40)])
+    await broker.producer.produce([message(i, "payments") for i in range(5)])
+    pulled = await broker.delivery.pull(
         subject="orders",
         group="g",
         consumer="c",
@@ -55,11 +55,13 @@ async def produce_pull_ack(broker: Broker) -> dict[str, Any]:
         mode="shared",
         start="earliest",
     )
-    await broker.ack(subject="orders", group="g", consumer="c", seqs=[m["seq"] for m in pulled[:6]])
-    await broker.nack(
+    await broker.delivery.ack(
+        subject="orders", group="g", consumer="c", seqs=[m.seq for m in pulled[:6]]
+    )
+    await broker.delivery.nack(
         subject="orders", group="g", consumer="c", seqs=[6, 7], delay_ms=60_000, error="later"
     )
-    return broker.subject_stats("orders")
+    return broker.stats.subject("orders")
 
 
 def test_torn_tail_is_truncated_and_whole_records_kept(tmp_path: Path) -> None:
@@ -83,7 +85,7 @@ def test_index_is_rebuilt_from_the_log_when_lost(tmp_path: Path) -> None:
     recovered = recover(tmp_path, dedup_window_s=3600)
     assert recovered.subjects["orders"].next_seq == 40
     assert (tmp_path / "index" / "orders.idx").read_bytes() == original
-    assert len(recovered.subjects["orders"].dedup) == 40
+    assert recovered.subjects["orders"].dedup_size == 40
     assert len(list_segments(tmp_path, SegmentKind.MESSAGES)) > 1  # rolled at 4 KiB
 
 
@@ -103,8 +105,8 @@ def test_group_state_replays_from_the_action_log(tmp_path: Path) -> None:
     (tmp_path / "checkpoint.json").unlink()
     replayed = recover(tmp_path, dedup_window_s=3600).groups[("orders", "g")].snapshot()
     assert replayed == with_checkpoint
-    group = stats["groups"][0]
-    assert (group["acked"], group["in_flight"], group["retrying"], group["backlog"]) == (
+    group = stats.groups[0]
+    assert (group.acked, group.in_flight, group.retrying, group.backlog) == (
         6,
         2,
         2,
@@ -116,10 +118,10 @@ def test_restarted_broker_dedups_and_continues_seqs(tmp_path: Path) -> None:
     run_broker(tmp_path, produce_pull_ack)
 
     async def again(broker: Broker) -> list[dict[str, Any]]:
-        return await broker.produce([message(3), message(99)])
+        return await broker.producer.produce([message(3), message(99)])
 
     results = run_broker(tmp_path, again)
-    assert [(r["status"], r["seq"]) for r in results] == [("duplicate", 3), ("stored", 40)]
+    assert [(r.status, r.seq) for r in results] == [("duplicate", 3), ("stored", 40)]
 
 
 def test_empty_data_dir_recovers_to_nothing(tmp_path: Path) -> None:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
+from broker.clock import SystemClock
 from broker.config import BrokerConfig
 from broker.engine import Broker
 from broker.format import SegmentKind, list_segments
@@ -27,11 +27,17 @@ def message(i: int) -> IncomingMessage:
     )
 
 
-def test_old_segments_are_deleted_whole_and_groups_skip_ahead(tmp_path: Path) -> None:
-    skew = {"us": 0}
+class SkewedClock(SystemClock):
+    """The system clock, moved ahead by ``skew_us`` (retention judges by wall time)."""
 
-    def clock() -> int:
-        return time.time_ns() // 1000 + skew["us"]
+    skew_us = 0
+
+    def wall_us(self) -> int:
+        return super().wall_us() + self.skew_us
+
+
+def test_old_segments_are_deleted_whole_and_groups_skip_ahead(tmp_path: Path) -> None:
+    clock = SkewedClock()
 
     async def scenario() -> None:
         config = BrokerConfig(
@@ -40,8 +46,8 @@ def test_old_segments_are_deleted_whole_and_groups_skip_ahead(tmp_path: Path) ->
         broker = Broker(config, metrics=BrokerMetrics(), clock=clock)
         await broker.start()
         try:
-            await broker.produce([message(i) for i in range(60)])
-            first = await broker.pull(
+            await broker.producer.produce([message(i) for i in range(60)])
+            first = await broker.delivery.pull(
                 subject="orders",
                 group="g",
                 consumer="c",
@@ -50,27 +56,29 @@ def test_old_segments_are_deleted_whole_and_groups_skip_ahead(tmp_path: Path) ->
                 mode="shared",
                 start="earliest",
             )
-            assert first[0]["seq"] == 0
-            before = broker.subject_stats("orders")
+            assert first[0].seq == 0
+            before = broker.stats.subject("orders")
             segments = list_segments(tmp_path, SegmentKind.MESSAGES)
             assert len(segments) > 2
 
-            await broker.apply_retention()  # nothing is old yet
+            await broker.upkeep.apply_retention()  # nothing is old yet
             assert list_segments(tmp_path, SegmentKind.MESSAGES) == segments
 
-            skew["us"] = 2 * 3600 * 1_000_000
-            await broker.apply_retention()
+            clock.skew_us = 2 * 3600 * 1_000_000
+            await broker.upkeep.apply_retention()
             left = list_segments(tmp_path, SegmentKind.MESSAGES)
             assert left == segments[-1:]  # the active segment stays
-            after = broker.subject_stats("orders")
-            assert after["first_seq"] > 0
-            assert after["messages"] == 60 - after["first_seq"]
-            assert after["bytes"] < before["bytes"]
+            after = broker.stats.subject("orders")
+            assert after.first_seq > 0
+            assert after.messages == 60 - after.first_seq
+            assert after.bytes < before.bytes
             assert (
-                broker.dead_letters(subject="orders", group="g", limit=10, after_seq=None)["dead"]
+                broker.delivery.dead_letters(
+                    subject="orders", group="g", limit=10, after_seq=None
+                ).dead
                 == []
             )
-            nxt = await broker.pull(
+            nxt = await broker.delivery.pull(
                 subject="orders",
                 group="g",
                 consumer="c",
@@ -79,16 +87,16 @@ def test_old_segments_are_deleted_whole_and_groups_skip_ahead(tmp_path: Path) ->
                 mode="shared",
                 start="earliest",
             )
-            assert nxt[0]["seq"] == after["first_seq"]
+            assert nxt[0].seq == after.first_seq
             # seq 0 was leased before retention removed it: it is dead, and says why
-            (dead,) = broker.dead_letters(subject="orders", group="g", limit=10, after_seq=None)[
-                "dead"
-            ]
-            assert (dead["seq"], dead["message"]) == (0, None)
-            assert dead["error"] == "removed by retention before it was acknowledged"
+            (dead,) = broker.delivery.dead_letters(
+                subject="orders", group="g", limit=10, after_seq=None
+            ).dead
+            assert (dead.seq, dead.message) == (0, None)
+            assert dead.error == "removed by retention before it was acknowledged"
             # dedup still answers within its window even though the record is gone
-            again = await broker.produce([message(0)])
-            assert again[0]["status"] == "duplicate"
+            again = await broker.producer.produce([message(0)])
+            assert again[0].status == "duplicate"
         finally:
             await broker.close()
 

@@ -12,7 +12,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from broker.clock import SystemClock
 from broker.config import BrokerConfig, FsyncPolicy
+from broker.delayed.recovery import recover_schedule
+from broker.delayed.service import ScheduledCount
 from broker.engine import Broker
 from broker.format import (
     HEADER_SIZE,
@@ -26,7 +29,7 @@ from broker.format import (
 )
 from broker.messages import IncomingMessage
 from broker.metrics import BrokerMetrics
-from broker.schedule.recovery import recover_schedule
+from broker.produce import ProduceResult
 from broker.storage.segments import segment_path
 
 T = TypeVar("T")
@@ -35,11 +38,13 @@ SECOND = 1_000_000
 MINUTE = 60 * SECOND
 
 
-class FakeClock:
+class FakeClock(SystemClock):
+    """Wall time stands at ``now_us`` until a test moves it; pull timers stay real."""
+
     def __init__(self, now_us: int) -> None:
         self.now_us = now_us
 
-    def __call__(self) -> int:
+    def wall_us(self) -> int:
         return self.now_us
 
 
@@ -77,13 +82,13 @@ def run(
 
 async def advance(broker: Broker, clock: FakeClock, to_us: int) -> None:
     clock.now_us = to_us
-    await broker.schedule.step()
+    await broker.delayed.step()
 
 
 async def pull_all(broker: Broker, subject: str = "orders") -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     while True:
-        got = await broker.pull(
+        got = await broker.delivery.pull(
             subject=subject,
             group="g",
             consumer="c",
@@ -94,7 +99,9 @@ async def pull_all(broker: Broker, subject: str = "orders") -> list[dict[str, An
         )
         if not got:
             return out
-        await broker.ack(subject=subject, group="g", consumer="c", seqs=[m["seq"] for m in got])
+        await broker.delivery.ack(
+            subject=subject, group="g", consumer="c", seqs=[m.seq for m in got]
+        )
         out.extend(got)
 
 
@@ -111,22 +118,22 @@ def test_a_delayed_message_is_scheduled_then_stored_when_due_and_not_before(
     clock = FakeClock(T0)
 
     async def script(broker: Broker) -> None:
-        results = await broker.produce([delayed(1, T0 + 3 * SECOND)])
-        assert results == [{"id": "m-1", "subject": "orders", "status": "scheduled", "seq": None}]
-        stats = broker.subject_stats("orders")
-        assert stats["messages"] == 0
-        assert stats["scheduled"]["messages"] == 1
+        results = await broker.producer.produce([delayed(1, T0 + 3 * SECOND)])
+        assert results == [ProduceResult(id="m-1", subject="orders", status="scheduled", seq=None)]
+        stats = broker.stats.subject("orders")
+        assert stats.messages == 0
+        assert stats.scheduled.messages == 1
         await advance(broker, clock, T0 + 3 * SECOND - 1)
         assert await pull_all(broker) == []
         await advance(broker, clock, T0 + 3 * SECOND)
         [got] = await pull_all(broker)
-        assert (got["id"], got["seq"], got["headers"]) == ("m-1", 0, {"n": "1"})
-        assert got["stored_at"] == "2030-01-01T10:30:03.000000Z"
-        assert broker.subject_stats("orders")["scheduled"] == {"messages": 0, "bytes": 0}
-        schedule = broker.schedule_stats(limit=10)
-        assert schedule["messages"] == 0
-        assert schedule["dispatched"] == 1
-        assert schedule["last_dispatch"]["lateness_ms"] == 0
+        assert (got.id, got.seq, got.headers) == ("m-1", 0, {"n": "1"})
+        assert got.stored_at == "2030-01-01T10:30:03.000000Z"
+        assert broker.stats.subject("orders").scheduled == ScheduledCount(messages=0, bytes=0)
+        schedule = broker.stats.schedule(limit=10)
+        assert schedule.messages == 0
+        assert schedule.dispatched == 1
+        assert schedule.last_dispatch.lateness_ms == 0
 
     run(tmp_path, clock, script)
     [path] = list_segments(tmp_path, SegmentKind.MESSAGES)
@@ -140,11 +147,11 @@ def test_due_order_across_an_hour_boundary_and_within_one_tick(tmp_path: Path) -
     dues = [hour_end + 400_000, hour_end - 1, hour_end, hour_end + 100_000, hour_end - 300_000]
 
     async def script(broker: Broker) -> list[str]:
-        await broker.produce([delayed(i, due) for i, due in enumerate(dues)])
-        hours = broker.schedule_stats(limit=10)["hours"]
-        assert [h["messages"] for h in hours] == [2, 3]
+        await broker.producer.produce([delayed(i, due) for i, due in enumerate(dues)])
+        hours = broker.stats.schedule(limit=10).hours
+        assert [h.messages for h in hours] == [2, 3]
         await advance(broker, clock, hour_end + SECOND)
-        return [m["id"] for m in await pull_all(broker)]
+        return [m.id for m in await pull_all(broker)]
 
     got = run(tmp_path, clock, script)
     assert got == ["m-4", "m-1", "m-2", "m-3", "m-0"]
@@ -158,15 +165,15 @@ def test_many_messages_due_in_one_tick_all_go_out_in_due_order(tmp_path: Path) -
         # accepted in reverse due order: the last accepted is due first
         for start in range(0, 5000, 1000):
             batch = [delayed(i, due0 + (5000 - i) * 10) for i in range(start, start + 1000)]
-            await broker.produce(batch)
-        assert broker.schedule_stats(limit=1)["messages"] == 5000
+            await broker.producer.produce(batch)
+        assert broker.stats.schedule(limit=1).messages == 5000
         await advance(broker, clock, due0 + 400_000)
         return await pull_all(broker)
 
     got = run(tmp_path, clock, script)
     assert len(got) == 5000
-    assert [m["id"] for m in got] == [f"m-{i}" for i in range(4999, -1, -1)]
-    assert [m["seq"] for m in got] == list(range(5000))
+    assert [m.id for m in got] == [f"m-{i}" for i in range(4999, -1, -1)]
+    assert [m.seq for m in got] == list(range(5000))
 
 
 def test_a_far_future_hour_stays_on_disk_until_its_hour_comes_near(tmp_path: Path) -> None:
@@ -174,20 +181,20 @@ def test_a_far_future_hour_stays_on_disk_until_its_hour_comes_near(tmp_path: Pat
     far = T0 + 364 * 24 * HOUR_US + 123
 
     async def script(broker: Broker) -> None:
-        await broker.produce([delayed("far", far), delayed("soon", T0 + SECOND)])
+        await broker.producer.produce([delayed("far", far), delayed("soon", T0 + SECOND)])
         await advance(broker, clock, T0 + 2 * SECOND)
-        stats = broker.schedule_stats(limit=10)
-        assert stats["wheel_messages"] == 0  # the far one is not in memory
-        assert stats["next_due_at"] == "2030-12-31T10:30:00.000123Z"
-        assert [h["loaded"] for h in stats["hours"]] == [False]
-        assert [m["id"] for m in await pull_all(broker)] == ["m-soon"]
+        stats = broker.stats.schedule(limit=10)
+        assert stats.wheel_messages == 0  # the far one is not in memory
+        assert stats.next_due_at == "2030-12-31T10:30:00.000123Z"
+        assert [h.loaded for h in stats.hours] == [False]
+        assert [m.id for m in await pull_all(broker)] == ["m-soon"]
         hour_start = hour_bucket(far) * HOUR_US
         await advance(broker, clock, hour_start - 6 * MINUTE)
-        assert broker.schedule_stats(limit=10)["wheel_messages"] == 0
+        assert broker.stats.schedule(limit=10).wheel_messages == 0
         await advance(broker, clock, hour_start - 5 * MINUTE)  # the default load-ahead
-        assert broker.schedule_stats(limit=10)["wheel_messages"] == 1
+        assert broker.stats.schedule(limit=10).wheel_messages == 1
         await advance(broker, clock, far)
-        assert [m["id"] for m in await pull_all(broker)] == ["m-far"]
+        assert [m.id for m in await pull_all(broker)] == ["m-far"]
 
     run(tmp_path, clock, script)
 
@@ -196,15 +203,15 @@ def test_resent_scheduled_ids_are_duplicates_before_and_after_dispatch(tmp_path:
     clock = FakeClock(T0)
 
     async def script(broker: Broker) -> None:
-        first = await broker.produce([delayed(1, T0 + MINUTE), delayed(1, T0 + MINUTE)])
-        assert [r["status"] for r in first] == ["scheduled", "duplicate"]
-        again = await broker.produce([delayed(1, 0), delayed(1, T0 + 2 * MINUTE)])
-        assert [(r["status"], r["seq"]) for r in again] == [("duplicate", None)] * 2
-        other_subject = await broker.produce([delayed(1, T0 + MINUTE, subject="audit")])
-        assert other_subject[0]["status"] == "scheduled"
+        first = await broker.producer.produce([delayed(1, T0 + MINUTE), delayed(1, T0 + MINUTE)])
+        assert [r.status for r in first] == ["scheduled", "duplicate"]
+        again = await broker.producer.produce([delayed(1, 0), delayed(1, T0 + 2 * MINUTE)])
+        assert [(r.status, r.seq) for r in again] == [("duplicate", None)] * 2
+        other_subject = await broker.producer.produce([delayed(1, T0 + MINUTE, subject="audit")])
+        assert other_subject[0].status == "scheduled"
         await advance(broker, clock, T0 + MINUTE)
-        after = await broker.produce([delayed(1, T0 + 5 * MINUTE)])
-        assert [(r["status"], r["seq"]) for r in after] == [("duplicate", 0)]
+        after = await broker.producer.produce([delayed(1, T0 + 5 * MINUTE)])
+        assert [(r.status, r.seq) for r in after] == [("duplicate", 0)]
         assert len(await pull_all(broker)) == 1
 
     run(tmp_path, clock, script)
@@ -214,26 +221,26 @@ def test_restart_delivers_what_came_due_while_down_exactly_once(tmp_path: Path) 
     clock = FakeClock(T0)
 
     async def schedule(broker: Broker) -> None:
-        await broker.produce([delayed(i, T0 + (i + 1) * 10 * MINUTE) for i in range(6)])
+        await broker.producer.produce([delayed(i, T0 + (i + 1) * 10 * MINUTE) for i in range(6)])
         await advance(broker, clock, T0 + 10 * MINUTE)  # m-0 goes out before the "crash"
 
     run(tmp_path, clock, schedule)
     clock.now_us = T0 + 45 * MINUTE  # m-1 .. m-3 came due while down
 
     async def after_restart(broker: Broker) -> list[str]:
-        assert broker.schedule_stats(limit=10)["messages"] == 5
-        await broker.schedule.step()
-        assert broker.schedule_stats(limit=10)["messages"] == 2
-        dup = await broker.produce([delayed(5, T0 + 60 * MINUTE)])
-        assert dup[0]["status"] == "duplicate"
-        return [m["id"] for m in await pull_all(broker)]
+        assert broker.stats.schedule(limit=10).messages == 5
+        await broker.delayed.step()
+        assert broker.stats.schedule(limit=10).messages == 2
+        dup = await broker.producer.produce([delayed(5, T0 + 60 * MINUTE)])
+        assert dup[0].status == "duplicate"
+        return [m.id for m in await pull_all(broker)]
 
     assert run(tmp_path, clock, after_restart) == ["m-0", "m-1", "m-2", "m-3"]
     clock.now_us = T0 + 2 * HOUR_US
 
     async def later(broker: Broker) -> list[str]:
-        await broker.schedule.step()
-        return [m["id"] for m in await pull_all(broker)]
+        await broker.delayed.step()
+        return [m.id for m in await pull_all(broker)]
 
     assert run(tmp_path, clock, later) == ["m-4", "m-5"]
     assert sorted(stored_ids(tmp_path)) == [f"m-{i}" for i in range(6)]
@@ -243,7 +250,7 @@ def test_a_dispatch_whose_record_was_lost_is_not_stored_twice(tmp_path: Path) ->
     clock = FakeClock(T0)
 
     async def dispatch(broker: Broker) -> None:
-        await broker.produce([delayed(i, T0 + SECOND) for i in range(3)])
+        await broker.producer.produce([delayed(i, T0 + SECOND) for i in range(3)])
         await advance(broker, clock, T0 + SECOND)
 
     run(tmp_path, clock, dispatch)
@@ -256,9 +263,9 @@ def test_a_dispatch_whose_record_was_lost_is_not_stored_twice(tmp_path: Path) ->
     clock.now_us = T0 + 2 * SECOND
 
     async def redo(broker: Broker) -> None:
-        assert broker.schedule_stats(limit=1)["messages"] == 3
-        await broker.schedule.step()
-        assert broker.schedule_stats(limit=1)["messages"] == 0
+        assert broker.stats.schedule(limit=1).messages == 3
+        await broker.delayed.step()
+        assert broker.stats.schedule(limit=1).messages == 0
         sample = broker.metrics.registry.get_sample_value
         assert sample("qmq_broker_schedule_redispatched_messages_total") == 3
         assert sample("qmq_broker_schedule_dispatched_messages_total") == 0
@@ -272,7 +279,7 @@ def test_finished_hours_are_deleted_and_a_torn_schedule_tail_is_cut(tmp_path: Pa
     clock = FakeClock(T0)
 
     async def script(broker: Broker) -> None:
-        await broker.produce([delayed(1, T0 + MINUTE), delayed(2, T0 + 2 * HOUR_US)])
+        await broker.producer.produce([delayed(1, T0 + MINUTE), delayed(2, T0 + 2 * HOUR_US)])
 
     run(tmp_path, clock, script)
     later = segment_path(tmp_path, SegmentKind.SCHEDULE, hour_bucket(T0 + 2 * HOUR_US))
@@ -285,12 +292,12 @@ def test_finished_hours_are_deleted_and_a_torn_schedule_tail_is_cut(tmp_path: Pa
     clock.now_us = T0 + HOUR_US
 
     async def restart(broker: Broker) -> None:
-        await broker.schedule.step()
-        assert [m["id"] for m in await pull_all(broker)] == ["m-1"]
+        await broker.delayed.step()
+        assert [m.id for m in await pull_all(broker)] == ["m-1"]
         numbers = [segment_number(p) for p in list_segments(tmp_path, SegmentKind.SCHEDULE)]
         assert numbers == [hour_bucket(T0 + 2 * HOUR_US)]  # 10:00 is done and gone
         assert list_segments(tmp_path, SegmentKind.DISPATCH) == []
         await advance(broker, clock, T0 + 2 * HOUR_US)
-        assert [m["id"] for m in await pull_all(broker)] == ["m-2"]
+        assert [m.id for m in await pull_all(broker)] == ["m-2"]
 
     run(tmp_path, clock, restart)

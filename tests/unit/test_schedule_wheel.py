@@ -7,6 +7,8 @@ from datetime import UTC, datetime
 
 import pytest
 
+from broker.delayed.idset import HashSet64
+from broker.delayed.wheel import TimingWheel, WheelEntry
 from broker.errors import CorruptRecord
 from broker.format import (
     HOUR_US,
@@ -17,8 +19,6 @@ from broker.format import (
     schedule_key,
     segment_name,
 )
-from broker.schedule.idset import HashSet64
-from broker.schedule.wheel import TimingWheel, WheelEntry
 
 T0 = int(datetime(2030, 1, 1, 10, 0, tzinfo=UTC).timestamp()) * 1_000_000  # an hour start
 TICK = 500_000

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-import broker.pull_reads
+import broker.pulls.reads
 from broker.config import BrokerConfig, FsyncPolicy
 from broker.engine import Broker
 from broker.messages import IncomingMessage
 from broker.metrics import BrokerMetrics
-from broker.scheduling import MailboxFull
+from broker.pulls import MailboxFull
 
 
 def message(i: int, subject: str) -> IncomingMessage:
@@ -44,14 +44,14 @@ async def running(tmp_path: Path) -> AsyncIterator[Broker]:
     instance = Broker(config, metrics=BrokerMetrics())
     await instance.start()
     try:
-        await instance.produce([message(i, "orders") for i in range(50)])
+        await instance.producer.produce([message(i, "orders") for i in range(50)])
         yield instance
     finally:
         await instance.close()
 
 
 async def pull(instance: Broker, group: str, *, wait_ms: int = 0, consumer: str = "c") -> Any:
-    return await instance.pull(
+    return await instance.delivery.pull(
         subject="orders",
         group=group,
         consumer=consumer,
@@ -66,15 +66,15 @@ async def test_records_are_read_on_the_read_pool_not_the_loop(
     running: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     threads: list[str] = []
-    read = broker.pull_reads._read_batch
+    read = broker.pulls.reads._read_batch
 
     def spy(*args: Any) -> Any:
         threads.append(threading.current_thread().name)
         return read(*args)
 
-    monkeypatch.setattr(broker.pull_reads, "_read_batch", spy)
+    monkeypatch.setattr(broker.pulls.reads, "_read_batch", spy)
     got = await pull(running, "g")
-    assert [m["seq"] for m in got] == [0, 1, 2, 3, 4]
+    assert [m.seq for m in got] == [0, 1, 2, 3, 4]
     assert threads
     assert all(name.startswith("qmq-pull-read") for name in threads)
 
@@ -98,10 +98,10 @@ async def test_a_long_poll_is_resumed_by_a_produce(running: Broker) -> None:
     await asyncio.sleep(0.05)
     assert not waiting.done()
     began = time.monotonic()
-    await running.produce([message(100, "orders")])
+    await running.producer.produce([message(100, "orders")])
     got = await asyncio.wait_for(waiting, timeout=5)
     assert time.monotonic() - began < 0.5  # woken by the produce, not by its 10 s timeout
-    assert [m["id"] for m in got] == ["orders-100"]
+    assert [m.id for m in got] == ["orders-100"]
 
 
 async def test_the_mailbox_bound_covers_parked_long_polls(running: Broker) -> None:

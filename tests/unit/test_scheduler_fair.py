@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from broker.scheduling import (
+from broker.pulls import (
     FairScheduler,
     FifoScheduler,
     ManualClock,
     Outcome,
-    PullRequest,
-    Scheduler,
+    PullScheduler,
+    QueuedPull,
 )
 from tests.unit.scheduler_fakes import ScriptedProcessor, pull, run_next, run_until_idle
 
@@ -96,7 +96,7 @@ async def test_requests_are_served_in_batches_sized_by_recent_cost(
     sizes: list[int] = []
     serve = processor.__call__
 
-    async def recording(requests: Sequence[PullRequest]) -> list[Outcome]:
+    async def recording(requests: Sequence[QueuedPull]) -> list[Outcome]:
         sizes.append(len(requests))
         return await serve(requests)
 
@@ -170,7 +170,9 @@ async def test_min_vruntime_never_decreases(
     assert new.vruntime == scheduler.min_vruntime()  # a new actor starts at the floor
 
 
-async def closed_loop(scheduler: Scheduler, consumers: dict[str, int], runs: int) -> Counter[str]:
+async def closed_loop(
+    scheduler: PullScheduler, consumers: dict[str, int], runs: int
+) -> Counter[str]:
     """Every consumer pulls again as soon as it is answered (saturation); count deliveries."""
     delivered: Counter[str] = Counter()
 

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 import pytest
 from prometheus_client import CollectorRegistry
 
-from broker.scheduling import (
+from broker.errors import Overloaded, Unavailable
+from broker.pulls import (
     ActorMetrics,
     DeadlineExceeded,
     FairScheduler,
@@ -16,7 +17,7 @@ from broker.scheduling import (
     MailboxFull,
     ManualClock,
     Outcome,
-    PullRequest,
+    QueuedPull,
 )
 from tests.unit.scheduler_fakes import ScriptedProcessor, pull, run_next, run_until_idle
 
@@ -39,9 +40,9 @@ async def test_a_full_mailbox_answers_429_with_retry_after(
     pull(scheduler, "g", wait_s=10)
     with pytest.raises(MailboxFull) as info:
         pull(scheduler, "g", wait_s=10)
-    assert info.value.status == 429
+    assert isinstance(info.value, Overloaded)  # answered 429
     assert info.value.code == "mailbox_full"
-    assert info.value.headers == {"Retry-After": "1"}
+    assert info.value.retry_after_s == 1
     assert scheduler.actor("s", "g").rejected == 1
     pull(scheduler, "other")  # other groups have their own mailbox
     await run_until_idle(scheduler)  # parked long polls still count against the mailbox
@@ -69,7 +70,7 @@ async def test_a_request_past_its_deadline_is_answered_503_not_dropped(
     await run_until_idle(scheduler)
     with pytest.raises(DeadlineExceeded) as info:
         late.result()
-    assert info.value.status == 503
+    assert isinstance(info.value, Unavailable)  # answered 503
     assert info.value.code == "deadline_exceeded"
     assert timely.result() == ["slow-0"]
     assert len(processor.calls) == calls + 1  # the expired one was never served
@@ -151,7 +152,7 @@ async def test_a_fair_group_never_holds_more_than_one_worker(
     running: dict[str, int] = {}
     peak: dict[str, int] = {}
 
-    async def slow(requests: Sequence[PullRequest]) -> list[Outcome]:
+    async def slow(requests: Sequence[QueuedPull]) -> list[Outcome]:
         group = requests[0].group
         running[group] = running.get(group, 0) + 1
         peak[group] = max(peak.get(group, 0), running[group])

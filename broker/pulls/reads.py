@@ -13,26 +13,24 @@ in for a cold disk in benchmarks and tests.
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
-from typing import Any
 
 from broker.errors import CorruptRecord, StorageError
 from broker.format import MessageRecord, read_frame_at
-from broker.messages import to_wire
+from broker.messages import PulledMessage, pulled
 from broker.storage.segments import SegmentReader
+from broker.subjects import SubjectLog
 
 MAX_RUN_BYTES = 4 * 1024 * 1024  # read by one pread at most
 
-Read = tuple[list[dict[str, Any]], list[tuple[int, str]]]  # wire messages, (seq, error)
+Read = tuple[list[PulledMessage], list[tuple[int, str]]]  # messages, (seq, error)
 
 
-class RunReader(SegmentReader):
-    """A ``SegmentReader`` that also reads a run of adjacent frames with one ``pread``."""
-
-    def read_run(self, segment: int, offset: int, length: int) -> bytes:
-        """Raw bytes (frames still framed; the caller checks each CRC); thread-safe."""
-        return os.pread(self._fd(segment), length, offset)
+def read_message(reader: SegmentReader, log: SubjectLog, seq: int) -> MessageRecord:
+    """One stored message by seq (on the loop: dedup checks and dead-letter listings)."""
+    segment, length, offset, _, _ = log.raw(seq)
+    payload = reader.read(segment, offset, length)
+    return MessageRecord.decode(payload, path=f"messages/{segment}", offset=offset)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -45,15 +43,15 @@ class Batch:
     now_us: int
 
 
-def read_batches(reader: RunReader, batches: list[tuple[Batch, float]]) -> list[Read]:
+def read_batches(reader: SegmentReader, batches: list[tuple[Batch, float]]) -> list[Read]:
     """Runs on a read-pool thread: each batch's records in wire form, and the failures."""
     return [_read_batch(reader, batch, delay_s) for batch, delay_s in batches]
 
 
-def _read_batch(reader: RunReader, batch: Batch, delay_s: float) -> Read:
+def _read_batch(reader: SegmentReader, batch: Batch, delay_s: float) -> Read:
     if delay_s > 0:
         time.sleep(delay_s)
-    out: list[dict[str, Any]] = []
+    out: list[PulledMessage] = []
     unreadable: list[tuple[int, str]] = []
     payloads = _payloads(reader, batch.positions)
     for seq, attempt, (segment, offset, _), payload in zip(
@@ -67,12 +65,12 @@ def _read_batch(reader: RunReader, batch: Batch, delay_s: float) -> Read:
         except CorruptRecord as exc:
             unreadable.append((seq, str(exc)))
             continue
-        out.append(to_wire(record, attempt=attempt))
+        out.append(pulled(record, attempt=attempt))
     return out, unreadable
 
 
 def _payloads(
-    reader: RunReader, positions: list[tuple[int, int, int]]
+    reader: SegmentReader, positions: list[tuple[int, int, int]]
 ) -> list[bytes | BaseException]:
     """Frame payloads, reading each run of adjacent frames with one ``pread``.
 
@@ -102,7 +100,7 @@ def _payloads(
 
 
 def _run(
-    reader: RunReader, positions: list[tuple[int, int, int]], start: int, end: int
+    reader: SegmentReader, positions: list[tuple[int, int, int]], start: int, end: int
 ) -> list[bytes | BaseException]:
     path = f"messages/{positions[0][0]}"
     try:

@@ -1,4 +1,4 @@
-"""The scheduler: accepts delayed messages, loads hours into the wheel, dispatches due ones.
+"""Delayed messages: accepts them, loads hours into the wheel, dispatches due ones.
 
 Event-loop side, except file reads (worker threads). One supervised loop (``run``, named
 ``qmq-schedule-wheel`` by the broker) sleeps until the wheel's next due time or one tick,
@@ -27,6 +27,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from broker.clock import Clock
+from broker.delayed.metrics import ScheduleMetrics
+from broker.delayed.recovery import BucketCounts, ScheduleRecovered
+from broker.delayed.scan import dispatched_offsets, pending_entries
+from broker.delayed.wheel import DEFAULT_TICK_US, TimingWheel, WheelEntry
 from broker.errors import CorruptRecord, StorageError, Unavailable
 from broker.format import (
     HOUR_US,
@@ -38,16 +43,11 @@ from broker.format import (
     schedule_key,
 )
 from broker.messages import IncomingMessage, rfc3339
-from broker.schedule.metrics import ScheduleMetrics
-from broker.schedule.recovery import BucketCounts, ScheduleRecovered
-from broker.schedule.scan import dispatched_offsets, pending_entries
-from broker.schedule.wheel import DEFAULT_TICK_US, TimingWheel, WheelEntry
 from broker.storage.journal import Journal
 from broker.storage.segments import SegmentReader
 
 logger = logging.getLogger(__name__)
 
-Clock = Callable[[], int]
 # Stores due messages through the broker's produce path; returns each one's seq (-1: the
 # subject already held that id) and the stored_at time, once they are durable.
 StoreDue = Callable[[list[MessageRecord]], Awaitable[tuple[list[int], int]]]
@@ -58,6 +58,41 @@ DEFAULT_WHEEL_CAP = 200_000
 MAX_INFLIGHT = 4  # dispatch chunks waiting for their group commit at once
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduledCount:
+    messages: int
+    bytes: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduledHour:
+    hour: str
+    messages: int
+    bytes: int
+    loaded: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class LastDispatch:
+    at: str
+    lateness_ms: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleStats:
+    """``GET /v1/schedule``: what waits, by hour, and how the dispatch keeps up."""
+
+    messages: int
+    bytes: int
+    next_due_at: str | None
+    dispatch_lag_ms: float
+    wheel_messages: int
+    dispatched: int
+    last_dispatch: LastDispatch | None
+    hours: list[ScheduledHour]
+    more_hours: bool
+
+
 @dataclasses.dataclass(slots=True)
 class _Hour:
     counts: BucketCounts
@@ -65,7 +100,7 @@ class _Hour:
     loaded: bool = False
 
 
-class Scheduler:
+class DelayedMessages:
     """Delayed messages of one broker."""
 
     def __init__(
@@ -179,7 +214,7 @@ class Scheduler:
                 if exc.code == "shutting_down":
                     return
                 raise
-            delay = self._sleep_seconds(self._clock())
+            delay = self._sleep_seconds(self._clock.wall_us())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), delay)
 
@@ -192,10 +227,10 @@ class Scheduler:
     async def step(self) -> None:
         """Load what came near, dispatch everything due, delete finished hours."""
         async with self._lock:
-            now = self._clock()
+            now = self._clock.wall_us()
             await self._load_near(now)
             await self._dispatch_due(now)
-            await self._clean(self._clock())
+            await self._clean(self._clock.wall_us())
 
     async def _dispatch_due(self, now_us: int) -> None:
         """Dispatch everything due, in chunks, a few in flight at once.
@@ -211,7 +246,7 @@ class Scheduler:
                 inflight.append(asyncio.create_task(self._dispatch(due, read)))
                 while inflight and (len(inflight) > MAX_INFLIGHT or inflight[0].done()):
                     await inflight.popleft()
-                now_us = self._clock()
+                now_us = self._clock.wall_us()
         finally:
             results = await asyncio.gather(*inflight, return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]
@@ -265,7 +300,7 @@ class Scheduler:
         """Store one chunk through the produce path; once durable, record its dispatch."""
         readable = [r.message for r in read if r is not None]
         seqs: list[int] = []
-        stored_at = self._clock()
+        stored_at = self._clock.wall_us()
         if readable:
             seqs, stored_at = await self._store_due(readable)
         seqs_iter = iter(seqs)
@@ -367,7 +402,7 @@ class Scheduler:
     def snapshot(self) -> dict[str, Any]:
         """Totals for metrics: pending messages and bytes, hours, wheel size, next due, lag."""
         next_due = self.next_due_us()
-        now = self._clock()
+        now = self._clock.wall_us()
         return {
             "messages": self._pending,
             "bytes": self._bytes,
@@ -378,42 +413,40 @@ class Scheduler:
             "lag_us": max(now - next_due, 0) if next_due is not None else 0,
         }
 
-    def stats(self, *, limit: int) -> dict[str, Any]:
-        """``GET /v1/schedule``: totals, next due time, dispatch lag and the first hours."""
+    def stats(self, *, limit: int) -> ScheduleStats:
+        """Totals, next due time, dispatch lag and the first ``limit`` hours."""
         snap = self.snapshot()
         hours = sorted(b for b, h in self._hours.items() if h.counts.pending > 0)
-        listed = []
-        for bucket in hours[:limit]:
-            hour = self._hours[bucket]
-            listed.append(
-                {
-                    "hour": rfc3339(bucket * HOUR_US),
-                    "messages": hour.counts.pending,
-                    "bytes": hour.counts.bytes,
-                    "loaded": hour.loaded,
-                }
+        listed = [
+            ScheduledHour(
+                hour=rfc3339(bucket * HOUR_US),
+                messages=self._hours[bucket].counts.pending,
+                bytes=self._hours[bucket].counts.bytes,
+                loaded=self._hours[bucket].loaded,
             )
+            for bucket in hours[:limit]
+        ]
         last = None
         if self.last_dispatch_us is not None and self.last_lateness_us is not None:
-            last = {
-                "at": rfc3339(self.last_dispatch_us),
-                "lateness_ms": round(self.last_lateness_us / 1000, 3),
-            }
-        return {
-            "messages": snap["messages"],
-            "bytes": snap["bytes"],
-            "next_due_at": rfc3339(snap["next_due_us"]) if snap["next_due_us"] else None,
-            "dispatch_lag_ms": round(snap["lag_us"] / 1000, 3),
-            "wheel_messages": snap["wheel"],
-            "dispatched": self.dispatched,
-            "last_dispatch": last,
-            "hours": listed,
-            "more_hours": len(hours) > limit,
-        }
+            last = LastDispatch(
+                at=rfc3339(self.last_dispatch_us),
+                lateness_ms=round(self.last_lateness_us / 1000, 3),
+            )
+        return ScheduleStats(
+            messages=snap["messages"],
+            bytes=snap["bytes"],
+            next_due_at=rfc3339(snap["next_due_us"]) if snap["next_due_us"] else None,
+            dispatch_lag_ms=round(snap["lag_us"] / 1000, 3),
+            wheel_messages=snap["wheel"],
+            dispatched=self.dispatched,
+            last_dispatch=last,
+            hours=listed,
+            more_hours=len(hours) > limit,
+        )
 
-    def subject_stats(self, subject: str) -> dict[str, int]:
+    def subject_stats(self, subject: str) -> ScheduledCount:
         messages, size = self._subjects.get(subject, (0, 0))
-        return {"messages": messages, "bytes": size}
+        return ScheduledCount(messages=messages, bytes=size)
 
     def knows(self, subject: str) -> bool:
         return subject in self._subjects

@@ -20,11 +20,11 @@ from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from broker.scheduling.request import PullRequest, Status
+from broker.pulls.request import QueuedPull, Status
 
 if TYPE_CHECKING:
-    from broker.scheduling.clock import Timer
-    from broker.scheduling.metrics import ActorSeries
+    from broker.clock import Timer
+    from broker.pulls.metrics import ActorSeries
 
 _ORDER = itertools.count()
 
@@ -39,11 +39,11 @@ class PullActor:
         self.group = group
         self.capacity = capacity
         self.series = series
-        self.mailbox: deque[PullRequest] = deque()
+        self.mailbox: deque[QueuedPull] = deque()
         self.pending = 0  # requests not answered yet: queued, running or parked
         self.parked_count = 0
-        self._parked: dict[str, deque[PullRequest]] = {}
-        self._timeouts: list[tuple[float, int, PullRequest]] = []
+        self._parked: dict[str, deque[QueuedPull]] = {}
+        self._timeouts: list[tuple[float, int, QueuedPull]] = []
         self.empty_keys: set[str] = set()  # keys that found nothing since the last wake
         self.wake_at: float | None = None  # the group has something due then (retry, lease)
         self.timer: Timer | None = None
@@ -70,7 +70,7 @@ class PullActor:
 
     # --- mailbox --------------------------------------------------------------------------
 
-    def offer(self, request: PullRequest, now: float) -> bool:
+    def offer(self, request: QueuedPull, now: float) -> bool:
         """Queue a new request; False (and counted as rejected) when the mailbox is full."""
         if self.pending >= self.capacity:
             self.rejected += 1
@@ -83,7 +83,7 @@ class PullActor:
         self.pending += 1
         return True
 
-    def take(self) -> PullRequest | None:
+    def take(self) -> QueuedPull | None:
         """The next live request of the mailbox, marked running."""
         while self.mailbox:
             request = self.mailbox.popleft()
@@ -94,7 +94,7 @@ class PullActor:
             return request
         return None
 
-    def retire(self, request: PullRequest) -> None:
+    def retire(self, request: QueuedPull) -> None:
         """Forget an answered, failed or cancelled request (idempotent)."""
         if request.status is Status.DONE:
             return
@@ -105,7 +105,7 @@ class PullActor:
 
     # --- parking and waking ---------------------------------------------------------------
 
-    def park(self, request: PullRequest) -> None:
+    def park(self, request: QueuedPull) -> None:
         """Suspend a request that found nothing until data, its timeout or shutdown."""
         parked = self._parked.get(request.key)
         if parked is None:
@@ -195,7 +195,7 @@ class PullActor:
         first = heap[0][0]
         return first if self.wake_at is None else min(first, self.wake_at)
 
-    def live(self) -> Iterator[PullRequest]:
+    def live(self) -> Iterator[QueuedPull]:
         """Every request not answered yet that is queued or parked (not running)."""
         for request in self.mailbox:
             if not request.done:

@@ -1,5 +1,8 @@
-"""Time for the scheduler: a monotonic clock plus one-shot timers, injectable for tests.
+"""The broker's one clock: wall time, a monotonic scale and one-shot timers, injectable.
 
+``wall_us()`` is wall-clock time in microseconds since the epoch: stored_at stamps, lease
+deadlines, retry and delivery due times (they are written to disk and must survive a
+restart). ``now()`` and ``call_at()`` are the pull scheduler's monotonic seconds and timers.
 Slices are 5 ms long, so service time is measured with ``time.monotonic`` (nanosecond
 resolution) and not with the event loop's ``time()`` (uvloop's has millisecond steps).
 Timers only resume long polls, where a millisecond of slack does not matter, so they run
@@ -22,15 +25,20 @@ class Timer(Protocol):
 
 
 class Clock(Protocol):
-    """Monotonic seconds and one-shot timers at an absolute time on the same scale."""
+    """Wall time, monotonic seconds and one-shot timers at an absolute monotonic time."""
+
+    def wall_us(self) -> int: ...
 
     def now(self) -> float: ...
 
     def call_at(self, when: float, callback: Callable[[], None]) -> Timer: ...
 
 
-class LoopClock:
-    """``time.monotonic`` with timers on the running asyncio loop (call from the loop)."""
+class SystemClock:
+    """The system's clocks, with timers on the running asyncio loop (call from the loop)."""
+
+    def wall_us(self) -> int:
+        return time.time_ns() // 1000
 
     def now(self) -> float:
         return time.monotonic()
@@ -53,15 +61,23 @@ class _ManualTimer:
 
 
 class ManualClock:
-    """A clock that stands still until ``advance``; timers fire inside ``advance``."""
+    """A clock that stands still until ``advance``; timers fire inside ``advance``.
 
-    def __init__(self, start: float = 1000.0) -> None:
+    Wall time moves with it: ``wall_us()`` is ``wall_start_us`` plus the seconds advanced.
+    """
+
+    def __init__(self, start: float = 1000.0, *, wall_start_us: int = 0) -> None:
+        self._start = start
+        self._wall_start_us = wall_start_us
         self._now = start
         self._timers: list[tuple[float, int, _ManualTimer]] = []
         self._order = itertools.count()
 
     def now(self) -> float:
         return self._now
+
+    def wall_us(self) -> int:
+        return self._wall_start_us + round((self._now - self._start) * 1_000_000)
 
     def call_at(self, when: float, callback: Callable[[], None]) -> Timer:
         timer = _ManualTimer(when, callback)

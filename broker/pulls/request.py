@@ -17,7 +17,7 @@ class Status(enum.Enum):
 
 
 @dataclasses.dataclass(slots=True, eq=False, kw_only=True)
-class PullRequest:
+class QueuedPull:
     """One ``POST /v1/pull``; times are on the scheduler's clock (monotonic seconds).
 
     ``wait_until`` ends the long poll (then an empty answer is right); ``deadline`` is the
@@ -61,4 +61,4 @@ class Processor(Protocol):
     several requests.
     """
 
-    async def __call__(self, requests: Sequence[PullRequest]) -> list[Outcome]: ...
+    async def __call__(self, requests: Sequence[QueuedPull]) -> list[Outcome]: ...

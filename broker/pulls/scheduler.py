@@ -37,12 +37,12 @@ from collections.abc import Iterable, Iterator
 from functools import partial
 from typing import Any
 
+from broker.clock import Clock
 from broker.errors import RequestError
-from broker.scheduling.actor import PullActor
-from broker.scheduling.clock import Clock
-from broker.scheduling.errors import DeadlineExceeded, MailboxFull, ShuttingDown
-from broker.scheduling.metrics import ActorMetrics
-from broker.scheduling.request import Outcome, Processor, PullRequest, Status
+from broker.pulls.actor import PullActor
+from broker.pulls.errors import DeadlineExceeded, MailboxFull, ShuttingDown
+from broker.pulls.metrics import ActorMetrics
+from broker.pulls.request import Outcome, Processor, QueuedPull, Status
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ TIMER_SLACK_S = 0.001  # timers fire on a millisecond grid; treat "due within 1 
 MAX_BATCH = 64  # requests served per hand-off to the read pool, at most
 
 
-class Scheduler:
+class PullScheduler:
     """Mailboxes, long-poll suspension and the worker loop; subclasses pick what runs."""
 
     name = "base"
@@ -78,7 +78,7 @@ class Scheduler:
         self._actors: dict[tuple[str, str], PullActor] = {}
         self._by_subject: dict[str, list[PullActor]] = {}
         self._idle: deque[asyncio.Future[None]] = deque()
-        self._serving: set[PullRequest] = set()
+        self._serving: set[QueuedPull] = set()
         self.stopping = False
         if metrics is not None:
             metrics.watch(self._gauges)
@@ -103,7 +103,7 @@ class Scheduler:
             raise ShuttingDown()
         now = self._clock.now()
         actor = self.actor(subject, group)
-        request = PullRequest(
+        request = QueuedPull(
             subject=subject,
             group=group,
             key=key,
@@ -141,7 +141,7 @@ class Scheduler:
             if actor.parked_count:
                 self._woken(actor, actor.wake_data(now), now)
 
-    def _on_future_done(self, actor: PullActor, request: PullRequest, _: object) -> None:
+    def _on_future_done(self, actor: PullActor, request: QueuedPull, _: object) -> None:
         if request.status is not Status.DONE and request.status is not Status.RUNNING:
             actor.retire(request)  # cancelled by the caller while queued or parked
             actor.settle(self._clock.now())
@@ -232,14 +232,14 @@ class Scheduler:
             actor.settle(end)
             self._arm(actor)
 
-    def _admit(self, actor: PullActor, want: int) -> tuple[int, list[PullRequest]]:
+    def _admit(self, actor: PullActor, want: int) -> tuple[int, list[QueuedPull]]:
         """Take up to ``want`` requests to serve; expired ones are answered 503 on the way.
 
         Returns how many requests left the mailbox and those that need serving.
         """
         now = self._clock.now()
         taken = 0
-        batch: list[PullRequest] = []
+        batch: list[QueuedPull] = []
         while len(batch) < want:
             request = actor.take()
             if request is None:
@@ -265,7 +265,7 @@ class Scheduler:
                 batch.append(request)
         return taken, batch
 
-    async def _serve(self, actor: PullActor, batch: list[PullRequest]) -> None:
+    async def _serve(self, actor: PullActor, batch: list[QueuedPull]) -> None:
         self._serving.update(batch)
         try:
             outcomes = await self._processor(batch)
@@ -291,7 +291,7 @@ class Scheduler:
         for request, outcome in zip(batch, outcomes, strict=True):
             self._conclude(actor, request, outcome)
 
-    def _conclude(self, actor: PullActor, request: PullRequest, outcome: Outcome) -> None:
+    def _conclude(self, actor: PullActor, request: QueuedPull, outcome: Outcome) -> None:
         if outcome.messages is not None:
             self._answer(actor, request, outcome.messages)
             if actor.has_parked(request.key) and actor.promote(request.key):
@@ -313,13 +313,13 @@ class Scheduler:
             actor.park(request)
 
     @staticmethod
-    def _answer(actor: PullActor, request: PullRequest, messages: list[Any]) -> None:
+    def _answer(actor: PullActor, request: QueuedPull, messages: list[Any]) -> None:
         if not request.future.done():
             request.future.set_result(messages)
         actor.retire(request)
 
     @staticmethod
-    def _fail(actor: PullActor, request: PullRequest, exc: BaseException) -> None:
+    def _fail(actor: PullActor, request: QueuedPull, exc: BaseException) -> None:
         if not request.future.done():
             request.future.set_exception(exc)
         actor.retire(request)
@@ -372,7 +372,7 @@ class Scheduler:
             yield actor.subject, actor.group, len(actor.mailbox), actor.parked_count, actor.vruntime
 
 
-class FairScheduler(Scheduler):
+class FairScheduler(PullScheduler):
     """Lowest virtual runtime first, one time slice per run, one worker per actor."""
 
     name = "fair"
@@ -428,7 +428,7 @@ class FairScheduler(Scheduler):
         return [entry[3] for entry in sorted(self._queue)]
 
 
-class FifoScheduler(Scheduler):
+class FifoScheduler(PullScheduler):
     """One shared FIFO of requests; any free worker takes the next one."""
 
     name = "fifo"
@@ -447,4 +447,4 @@ class FifoScheduler(Scheduler):
         return self._tickets.popleft(), math.inf, 1
 
 
-SCHEDULERS: dict[str, type[Scheduler]] = {"fair": FairScheduler, "fifo": FifoScheduler}
+SCHEDULERS: dict[str, type[PullScheduler]] = {"fair": FairScheduler, "fifo": FifoScheduler}

@@ -3,24 +3,27 @@
 The decision (expire leases, choose seqs, append the LEASE record) runs on the loop with
 no await inside, so group state changes only on the loop thread and in log order, exactly
 as replay will rebuild it; the seqs are leased before they are read, so nothing else can
-choose them meanwhile. The reads run on the read pool (``broker.pull_reads``) and touch only
-immutable inputs. Unreadable records go to the dead letters, as before, on the loop.
+choose them meanwhile. The reads run on the read pool (``broker.pulls.reads``) and touch only
+immutable inputs. Unreadable records go to the dead letters, on the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
+from broker.actions import ActionLog, action
+from broker.clock import Clock
 from broker.format import ActionRecord, ActionType
-from broker.groups import DeliveryState, Group, Policy
+from broker.groups import DeliveryState, GroupTable, Policy
 from broker.metrics import BrokerMetrics
-from broker.pull_reads import Batch, RunReader, read_batches
-from broker.scheduling import Clock, Outcome, PullRequest
-from broker.subjects import SubjectLog
+from broker.pulls.reads import Batch, read_batches
+from broker.pulls.request import Outcome, QueuedPull
+from broker.storage.segments import SegmentReader
+from broker.subjects import SubjectTable
 
 logger = logging.getLogger(__name__)
 
@@ -31,12 +34,11 @@ class PullService:
     def __init__(
         self,
         *,
-        groups: dict[tuple[str, str], Group],
-        subjects: dict[str, SubjectLog],
-        record: Callable[[ActionRecord], None],
-        reader: RunReader,
+        groups: GroupTable,
+        subjects: SubjectTable,
+        actions: ActionLog,
+        reader: SegmentReader,
         policy: Policy,
-        now_us: Callable[[], int],
         clock: Clock,
         executor: Executor,
         metrics: BrokerMetrics,
@@ -44,16 +46,15 @@ class PullService:
     ) -> None:
         self._groups = groups
         self._subjects = subjects
-        self._record = record
+        self._record = actions.record
         self._reader = reader
         self._policy = policy
-        self._now_us = now_us
         self._clock = clock
         self._executor = executor
         self._metrics = metrics
         self._read_delays = dict(read_delays or {})
 
-    async def __call__(self, requests: Sequence[PullRequest]) -> list[Outcome]:
+    async def __call__(self, requests: Sequence[QueuedPull]) -> list[Outcome]:
         """Decide every request in order, read all their records in one hand-off."""
         loop = asyncio.get_running_loop()
         outcomes: list[Outcome | None] = [None] * len(requests)
@@ -85,13 +86,12 @@ class PullService:
                     todo.append(index)  # all it chose was unreadable (now dead): choose again
         return [o if o is not None else Outcome(None) for o in outcomes]
 
-    def _decide(self, request: PullRequest, state: DeliveryState) -> Batch | None:
-        now = self._now_us()
+    def _decide(self, request: QueuedPull, state: DeliveryState) -> Batch | None:
+        now = self._clock.wall_us()
         for kind, seqs, fields in state.expire(now_us=now, policy=self._policy):
             self._record(_action(kind, now, request, seqs, fields))
         log = self._subjects[request.subject]
-        if state.cursor < log.first_seq:
-            state.cursor = log.first_seq  # retention removed what this group never read
+        state.skip_below(log.first_seq)
         while True:
             seqs, attempts = state.choose(
                 limit=request.max_messages, now_us=now, end_seq=log.end_seq
@@ -113,7 +113,7 @@ class PullService:
         self._record(_action(ActionType.LEASE, now, request, seqs, fields))
         return Batch(seqs=seqs, attempts=attempts, positions=positions, now_us=now)
 
-    def _bury(self, request: PullRequest, now: int, unreadable: list[tuple[int, str]]) -> None:
+    def _bury(self, request: QueuedPull, now: int, unreadable: list[tuple[int, str]]) -> None:
         for seq, error in unreadable:
             logger.error(
                 "unreadable message not served",
@@ -132,23 +132,19 @@ class PullService:
         wakeup = state.next_wakeup_us()
         if wakeup is None:
             return None
-        delay = max((wakeup - self._now_us()) / 1_000_000, 0.001)
+        delay = max((wakeup - self._clock.wall_us()) / 1_000_000, 0.001)
         return self._clock.now() + delay
 
 
 def _action(
-    kind: ActionType,
-    now: int,
-    request: PullRequest,
-    seqs: list[int],
-    fields: dict[str, Any],
+    kind: ActionType, now: int, request: QueuedPull, seqs: list[int], fields: dict[str, Any]
 ) -> ActionRecord:
-    return ActionRecord(
-        type=kind,
+    return action(
+        kind,
         at_us=now,
         subject=request.subject,
         group=request.group,
         state=request.key,
-        seqs=tuple(seqs),
+        seqs=seqs,
         fields=fields,
     )

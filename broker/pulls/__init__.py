@@ -5,12 +5,12 @@ a worker runs next (``fair`` or ``fifo``), ``clock`` makes time injectable for t
 threading model is described in ``scheduler``.
 """
 
-from broker.scheduling.actor import PullActor
-from broker.scheduling.clock import Clock, LoopClock, ManualClock
-from broker.scheduling.errors import DeadlineExceeded, MailboxFull, ShuttingDown
-from broker.scheduling.metrics import ActorMetrics
-from broker.scheduling.request import Outcome, Processor, PullRequest
-from broker.scheduling.scheduler import SCHEDULERS, FairScheduler, FifoScheduler, Scheduler
+from broker.clock import Clock, ManualClock, SystemClock
+from broker.pulls.actor import PullActor
+from broker.pulls.errors import DeadlineExceeded, MailboxFull, ShuttingDown
+from broker.pulls.metrics import ActorMetrics
+from broker.pulls.request import Outcome, Processor, QueuedPull
+from broker.pulls.scheduler import SCHEDULERS, FairScheduler, FifoScheduler, PullScheduler
 
 __all__ = [
     "SCHEDULERS",
@@ -19,13 +19,13 @@ __all__ = [
     "DeadlineExceeded",
     "FairScheduler",
     "FifoScheduler",
-    "LoopClock",
     "MailboxFull",
     "ManualClock",
     "Outcome",
     "Processor",
     "PullActor",
-    "PullRequest",
-    "Scheduler",
+    "PullScheduler",
+    "QueuedPull",
     "ShuttingDown",
+    "SystemClock",
 ]

@@ -17,6 +17,8 @@ import time
 from array import array
 from pathlib import Path
 
+from broker.delayed.idset import HashSet64
+from broker.delayed.scan import FrameWalk, mapped
 from broker.format import (
     FRAME_SIZE,
     HEADER_SIZE,
@@ -28,8 +30,6 @@ from broker.format import (
     list_segments,
     segment_number,
 )
-from broker.schedule.idset import HashSet64
-from broker.schedule.scan import FrameWalk, mapped
 from broker.storage.buckets import BucketKey
 
 logger = logging.getLogger(__name__)

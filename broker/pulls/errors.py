@@ -1,29 +1,27 @@
-"""Answers the scheduler gives instead of messages; each is an HTTP error for the client."""
+"""Answers the pull scheduler gives instead of messages."""
 
 from __future__ import annotations
 
-from broker.errors import RequestError
+from broker.errors import Overloaded, Unavailable
 
 
-class MailboxFull(RequestError):
-    """The group already has as many pulls pending as its mailbox holds; retry later (429)."""
+class MailboxFull(Overloaded):
+    """The group already has as many pulls pending as its mailbox holds; retry later."""
 
     def __init__(self, *, subject: str, group: str, size: int, retry_after_s: int = 1) -> None:
         super().__init__(
-            status=429,
             code="mailbox_full",
             message=f"group {group!r} on {subject!r} has {size} pulls pending; retry later",
             field="group",
-            headers={"Retry-After": str(retry_after_s)},
+            retry_after_s=retry_after_s,
         )
 
 
-class DeadlineExceeded(RequestError):
-    """The pull waited for a worker past its deadline; answered 503 rather than dropped."""
+class DeadlineExceeded(Unavailable):
+    """The pull waited for a worker past its deadline; answered, never dropped."""
 
     def __init__(self, *, subject: str, group: str, waited_s: float) -> None:
         super().__init__(
-            status=503,
             code="deadline_exceeded",
             message=(
                 f"pull for group {group!r} on {subject!r} waited {waited_s:.3f}s for a worker "
@@ -32,8 +30,8 @@ class DeadlineExceeded(RequestError):
         )
 
 
-class ShuttingDown(RequestError):
+class ShuttingDown(Unavailable):
     """The broker stopped before this pull could be served."""
 
     def __init__(self) -> None:
-        super().__init__(status=503, code="shutting_down", message="the broker is shutting down")
+        super().__init__(code="shutting_down", message="the broker is shutting down")

@@ -1,0 +1,108 @@
+"""``qmq broker``: run the broker. Its options come from ``BrokerConfig`` and ``BrokerListener``.
+
+Each option is also read from ``QMQ_BROKER_<OPTION>`` (shown in ``--help``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import click
+
+from broker import logs
+from broker.config import BrokerConfig, FsyncPolicy
+from broker.errors import ConfigError, QmqBrokerError
+from broker.http.auth import Authorizer
+from broker.server import serve
+from qmq_outbox.cli.options import Parsed, Unit, format_duration, options_from, parse_duration, take
+
+ENVVAR_PREFIX = "QMQ_BROKER"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BrokerListener:
+    """Where and how the broker serves, besides what ``BrokerConfig`` tunes."""
+
+    host: str = dataclasses.field(
+        default="127.0.0.1", metadata={"help": "Address to listen on.", "unit": "text"}
+    )
+    port: int = dataclasses.field(
+        default=8931,
+        metadata={"help": "Port to listen on.", "unit": "count", "min": 1, "max": 65535},
+    )
+    auth_file: Path | None = dataclasses.field(
+        default=None,
+        metadata={
+            "help": "JSON file of bearer tokens with produce/consume rights; no auth when absent.",
+            "unit": "file",
+        },
+    )
+    log_level: str = dataclasses.field(
+        default="INFO",
+        metadata={
+            "help": "Least severe log lines written (JSON on stderr).",
+            "unit": "choice",
+            "choices": ("DEBUG", "INFO", "WARNING", "ERROR"),
+            "case_sensitive": False,
+        },
+    )
+
+
+def parse_fsync(text: str) -> FsyncPolicy:
+    """``always``, ``never`` or ``interval:<ms>``."""
+    try:
+        return FsyncPolicy.parse(text)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from exc
+
+
+def parse_backoff(text: str) -> tuple[float, ...]:
+    """``1s,5s,1m``: seconds before the 1st, 2nd, ... retry."""
+    return tuple(parse_duration(part).total_seconds() for part in text.split(","))
+
+
+def parse_read_delay(text: str) -> tuple[str, str, float]:
+    """``SUBJECT:GROUP=MS`` -> (subject, group, seconds)."""
+    target, _, ms = text.rpartition("=")
+    subject, _, group = target.partition(":")
+    try:
+        seconds = float(ms) / 1000
+    except ValueError:
+        seconds = -1.0
+    if not subject or not group or seconds < 0:
+        raise ValueError(f"{text!r}: use SUBJECT:GROUP=MS")
+    return subject, group, seconds
+
+
+UNITS = {
+    "fsync": Unit(type=Parsed("fsync", parse_fsync, result=FsyncPolicy)),
+    "durations": Unit(
+        type=Parsed("durations", parse_backoff, result=tuple),
+        show=lambda delays: ",".join(format_duration(delay) for delay in delays),
+        rename=("_s", ""),
+    ),
+    "read_delay": Unit(
+        type=Parsed("read delay", parse_read_delay, result=tuple), rename=("_s", "-ms")
+    ),
+}
+
+
+@click.command()
+@options_from(BrokerConfig, envvar_prefix=ENVVAR_PREFIX, units=UNITS)
+@options_from(BrokerListener, envvar_prefix=ENVVAR_PREFIX)
+def broker(**values: Any) -> None:
+    """Run the broker: durable logs served over HTTP API v1.
+
+    Produce, pull, ack, nack, dead letters and stats on --host:--port; /healthz, /metrics
+    and /openapi.json beside them. See docs/broker.md.
+    """
+    config = take(BrokerConfig, values)
+    listen = take(BrokerListener, values)
+    try:
+        authorizer = Authorizer.from_file(listen.auth_file) if listen.auth_file else None
+    except QmqBrokerError as exc:
+        raise click.BadParameter(str(exc), param_hint="--auth-file") from exc
+    logs.configure(listen.log_level)
+    serve(config, host=listen.host, port=listen.port, authorizer=authorizer)

@@ -1,0 +1,297 @@
+"""Delivery to consumer groups: pull, ack, nack, dead letters and redrive.
+
+Every change of group state is an action record, written through ``ActionLog.record`` (which
+appends it and applies it to the ``GroupTable``); acks, nacks and redrives are answered
+once their records are durable. Pulls are queued in their group's actor
+(``broker.pulls``), which decides and reads them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from broker.actions import ActionLog, action
+from broker.clock import Clock
+from broker.errors import Conflict, CorruptRecord, NotFound, StorageError
+from broker.format import ActionType
+from broker.gate import Gate, durable
+from broker.groups import DeliveryState, Group, GroupTable, Policy
+from broker.messages import PulledMessage, pulled, rfc3339
+from broker.metrics import BrokerMetrics
+from broker.pulls.reads import read_message
+from broker.pulls.scheduler import PullScheduler
+from broker.storage.journal import Journal
+from broker.storage.segments import SegmentReader
+from broker.subjects import SubjectTable
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class AckResult:
+    acked: int
+    unknown: list[int]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class NackResult:
+    retrying: int
+    dead: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class DeadLetterView:
+    seq: int
+    attempts: int
+    error: str | None
+    dead_at: str
+    consumer: str | None  # the broadcast consumer; None in shared mode
+    message: PulledMessage | None  # None when the record can no longer be read
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class DeadLetterPage:
+    dead: list[DeadLetterView]
+    next_after_seq: int | None
+
+
+class DeliveryService:
+    """What consumers do to a group: pull, ack, nack; what operators do: list and redrive."""
+
+    def __init__(
+        self,
+        *,
+        gate: Gate,
+        journal: Journal,
+        subjects: SubjectTable,
+        groups: GroupTable,
+        actions: ActionLog,
+        pulls: PullScheduler,
+        reader: SegmentReader,
+        policy: Policy,
+        clock: Clock,
+        metrics: BrokerMetrics,
+        wake: Callable[[str], None],
+    ) -> None:
+        self._gate = gate
+        self._journal = journal
+        self._subjects = subjects
+        self._groups = groups
+        self._actions = actions
+        self._pulls = pulls
+        self._reader = reader
+        self._policy = policy
+        self._clock = clock
+        self._metrics = metrics
+        self._wake = wake
+
+    # --- pull ------------------------------------------------------------------------------
+
+    async def pull(
+        self,
+        *,
+        subject: str,
+        group: str,
+        consumer: str,
+        max_messages: int,
+        wait_ms: int,
+        mode: str,
+        start: str,
+    ) -> list[PulledMessage]:
+        """Queue a pull in its group's actor and wait for the answer.
+
+        Messages as soon as there are some; an empty list when ``wait_ms`` ran out;
+        ``mailbox_full`` or ``deadline_exceeded`` when the group is overloaded.
+        """
+        self._gate.require()
+        key = self._join(subject, group, consumer, mode, start)
+        future = self._pulls.submit(
+            subject=subject,
+            group=group,
+            key=key,
+            consumer=consumer,
+            max_messages=max_messages,
+            wait_s=wait_ms / 1000,
+        )
+        messages: list[PulledMessage] = await future
+        return messages
+
+    def _join(self, subject: str, group: str, consumer: str, mode: str, start: str) -> str:
+        """The delivery-state key of a puller, creating its group or state on first pull."""
+        found = self._groups.get((subject, group))
+        if found is not None and found.mode != mode:
+            raise Conflict(
+                code="mode_conflict",
+                message=f"group {group!r} on {subject!r} is in {found.mode} mode",
+                field="mode",
+            )
+        key = consumer if mode == "broadcast" else ""
+        if found is None or key not in found.states:
+            log = self._subjects.ensure(subject)
+            cursor = log.end_seq if start == "latest" else log.first_seq
+            self._actions.record(
+                action(
+                    ActionType.GROUP,
+                    at_us=self._clock.wall_us(),
+                    subject=subject,
+                    group=group,
+                    state=key,
+                    fields={"mode": mode, "cursor": cursor},
+                )
+            )
+        return key
+
+    # --- ack / nack ------------------------------------------------------------------------
+
+    async def ack(self, *, subject: str, group: str, consumer: str, seqs: list[int]) -> AckResult:
+        self._gate.require()
+        state, key = self._state_of(subject, group, consumer)
+        unique = list(dict.fromkeys(seqs))
+        known = [s for s in unique if state.known(s)]
+        unknown = [s for s in unique if not state.known(s)]
+        if known:
+            now = self._clock.wall_us()
+            self._actions.record(
+                action(
+                    ActionType.ACK, at_us=now, subject=subject, group=group, state=key, seqs=known
+                )
+            )
+            await durable(self._journal.commit_point())
+        self._metrics.acked.inc(len(known))
+        return AckResult(acked=len(known), unknown=unknown)
+
+    async def nack(
+        self,
+        *,
+        subject: str,
+        group: str,
+        consumer: str,
+        seqs: list[int],
+        delay_ms: int | None,
+        error: str | None,
+    ) -> NackResult:
+        self._gate.require()
+        state, key = self._state_of(subject, group, consumer)
+        now = self._clock.wall_us()
+        delay_us = delay_ms * 1000 if delay_ms is not None else None
+        retry, dead = state.nack_outcomes(
+            dict.fromkeys(seqs), now_us=now, delay_us=delay_us, policy=self._policy
+        )
+
+        def record(kind: ActionType, batch: list[int], fields: dict[str, object]) -> None:
+            self._actions.record(
+                action(
+                    kind,
+                    at_us=now,
+                    subject=subject,
+                    group=group,
+                    state=key,
+                    seqs=batch,
+                    fields=fields,
+                )
+            )
+
+        retrying = 0
+        for due, batch in sorted(retry.items()):
+            record(ActionType.RETRY, batch, {"due": due, "error": error})
+            retrying += len(batch)
+        if dead:
+            record(ActionType.DEAD, dead, {"error": error})
+        if retrying or dead:
+            self._wake(subject)
+            await durable(self._journal.commit_point())
+        self._metrics.nacked.inc(retrying + len(dead))
+        return NackResult(retrying=retrying, dead=len(dead))
+
+    def _state_of(self, subject: str, group: str, consumer: str) -> tuple[DeliveryState, str]:
+        found = self._groups.get((subject, group))
+        if found is None:
+            raise NotFound(
+                code="group_not_found", message=f"no group {group!r} on {subject!r}", field="group"
+            )
+        key = found.state_key(consumer)
+        state = found.states.get(key)
+        if state is None:
+            raise NotFound(
+                code="consumer_not_found",
+                message=f"consumer {consumer!r} has not pulled from broadcast group {group!r}",
+                field="consumer",
+            )
+        return state, key
+
+    # --- dead letters ----------------------------------------------------------------------
+
+    def dead_letters(
+        self, *, subject: str, group: str, limit: int, after_seq: int | None
+    ) -> DeadLetterPage:
+        self._gate.require(write=False)
+        found = self._group(subject, group)
+        rows = [
+            (seq, key, dead)
+            for key, state in found.states.items()
+            for seq, dead in state.dead.items()
+            if after_seq is None or seq > after_seq
+        ]
+        rows.sort(key=lambda row: (row[0], row[1]))
+        page = rows[:limit]
+        log = self._subjects[subject]
+        views = []
+        for seq, key, dead in page:
+            try:
+                message: PulledMessage | None = pulled(
+                    read_message(self._reader, log, seq), attempt=dead.attempts
+                )
+            except (StorageError, CorruptRecord):
+                message = None
+            views.append(
+                DeadLetterView(
+                    seq=seq,
+                    attempts=dead.attempts,
+                    error=dead.error,
+                    dead_at=rfc3339(dead.at_us),
+                    consumer=key or None,
+                    message=message,
+                )
+            )
+        more = len(rows) > limit
+        return DeadLetterPage(dead=views, next_after_seq=page[-1][0] if page and more else None)
+
+    async def redrive(self, *, subject: str, group: str, seqs: list[int] | None) -> int:
+        """Send dead letters (the given seqs, or all with None) back for another round."""
+        self._gate.require()
+        found = self._group(subject, group)
+        now = self._clock.wall_us()
+        total = 0
+        for key, state in found.states.items():
+            chosen = (
+                list(state.dead)
+                if seqs is None
+                else [s for s in dict.fromkeys(seqs) if s in state.dead]
+            )
+            if chosen:
+                self._actions.record(
+                    action(
+                        ActionType.REDRIVE,
+                        at_us=now,
+                        subject=subject,
+                        group=group,
+                        state=key,
+                        seqs=sorted(chosen),
+                    )
+                )
+                total += len(chosen)
+        if total:
+            self._wake(subject)
+            await durable(self._journal.commit_point())
+        return total
+
+    def _group(self, subject: str, group: str) -> Group:
+        if subject not in self._subjects:
+            raise NotFound(
+                code="subject_not_found", message=f"no subject {subject!r}", field="subject"
+            )
+        found = self._groups.get((subject, group))
+        if found is None:
+            raise NotFound(
+                code="group_not_found", message=f"no group {group!r} on {subject!r}", field="group"
+            )
+        return found

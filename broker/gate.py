@@ -1,0 +1,52 @@
+"""The broker's status and the check every request passes before it touches state."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+
+from broker.errors import StorageError, Unavailable
+from broker.storage.journal import Journal
+
+
+class Status(enum.Enum):
+    RECOVERING = "recovering"
+    READY = "ready"
+    STOPPING = "stopping"
+    FAILED = "failed"
+
+
+class Gate:
+    """recovering -> ready -> stopping | failed; writes also stop when the journal failed."""
+
+    def __init__(self) -> None:
+        self.status = Status.RECOVERING
+        self._journal: Journal | None = None
+
+    def open(self, journal: Journal) -> None:
+        self._journal = journal
+        self.status = Status.READY
+
+    def fail(self) -> None:
+        self.status = Status.FAILED
+
+    def begin_stop(self) -> None:
+        if self.status is Status.READY:
+            self.status = Status.STOPPING
+
+    def require(self, *, write: bool = True) -> None:
+        """Raise ``Unavailable`` unless the broker may serve a request (a write, by default)."""
+        if self.status is Status.RECOVERING or self._journal is None:
+            raise Unavailable(code="recovering", message="the broker is still recovering")
+        if self.status is Status.STOPPING:
+            raise Unavailable(code="shutting_down", message="the broker is shutting down")
+        if write and (self.status is Status.FAILED or self._journal.failed is not None):
+            raise Unavailable(code="read_only", message="storage failed; the broker is read-only")
+
+
+async def durable(commit_point: asyncio.Future[None]) -> None:
+    """Wait for a journal commit point; a failed write answers ``storage_failed``."""
+    try:
+        await asyncio.shield(commit_point)
+    except StorageError as exc:
+        raise Unavailable(code="storage_failed", message=str(exc)) from exc

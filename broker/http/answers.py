@@ -1,0 +1,170 @@
+"""Response models of API v1: what the broker answers, for the OpenAPI document and tests.
+
+They mirror ``qmq_wire``'s JSON shapes field for field. The broker does not pass its answers
+through them at run time (its services build the JSON directly, for speed); the contract
+tests validate real answers against them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+Timestamp = AwareDatetime  # RFC 3339 in UTC on the wire
+Count = Annotated[int, Field(ge=0)]
+Seq = Annotated[int, Field(ge=0)]
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class ProducedItem(_Answer):
+    id: str
+    subject: str
+    status: Literal["stored", "duplicate", "scheduled"]
+    seq: Seq | None = Field(
+        description=(
+            "null when scheduled (deliver_at in the future: the seq is assigned when it is "
+            "due) and for a duplicate of a message still scheduled"
+        )
+    )
+
+
+class ProduceResponse(_Answer):
+    results: list[ProducedItem]
+
+
+class DeliveredMessage(_Answer):
+    id: str
+    subject: str
+    seq: Seq
+    attempt: Annotated[int, Field(ge=0)]
+    key: str | None
+    headers: dict[str, str]
+    body: str
+    body_encoding: Literal["utf-8", "base64"]
+    producer: str | None
+    created_at: Timestamp
+    stored_at: Timestamp
+
+
+class PullResponse(_Answer):
+    messages: list[DeliveredMessage]
+
+
+class AckResponse(_Answer):
+    acked: Count
+    unknown: list[int]
+
+
+class NackResponse(_Answer):
+    retrying: Count
+    dead: Count
+
+
+class SubjectSummary(_Answer):
+    subject: str
+    messages: Count
+    bytes: Count
+    first_seq: Seq
+    next_seq: Seq
+
+
+class SubjectsResponse(_Answer):
+    subjects: list[SubjectSummary]
+
+
+class GroupSummary(_Answer):
+    group: str
+    mode: Literal["shared", "broadcast"]
+    backlog: Count
+    in_flight: Count
+    retrying: Count
+    dead: Count
+    acked: Count
+
+
+class ScheduledSummary(_Answer):
+    """Delayed messages of the subject that are not due yet."""
+
+    messages: Count
+    bytes: Count
+
+
+class SubjectResponse(SubjectSummary):
+    scheduled: ScheduledSummary
+    groups: list[GroupSummary]
+
+
+class DeadLetterItem(_Answer):
+    seq: Seq
+    attempts: Count
+    error: str | None
+    dead_at: Timestamp
+    consumer: str | None = Field(description="the broadcast consumer; null in shared groups")
+    message: DeliveredMessage | None = Field(description="null when the record is unreadable")
+
+
+class DeadLettersResponse(_Answer):
+    dead: list[DeadLetterItem]
+    next_after_seq: Seq | None = Field(description="after_seq of the next page; null at the end")
+
+
+class RedriveResponse(_Answer):
+    redriven: Count
+
+
+class ScheduleHour(_Answer):
+    hour: Timestamp
+    messages: Count
+    bytes: Count
+    loaded: bool
+
+
+class LastDispatch(_Answer):
+    at: Timestamp
+    lateness_ms: float
+
+
+class ScheduleResponse(_Answer):
+    messages: Count
+    bytes: Count
+    next_due_at: Timestamp | None
+    dispatch_lag_ms: float
+    wheel_messages: Count
+    dispatched: Count
+    last_dispatch: LastDispatch | None
+    hours: list[ScheduleHour]
+    more_hours: bool
+
+
+class HealthResponse(_Answer):
+    status: str = Field(description='"ok" once recovery finished; the broker status with a 503')
+
+
+class ErrorDetail(_Answer):
+    code: str
+    message: str
+    field: str | None
+
+
+class ErrorResponse(_Answer):
+    error: ErrorDetail
+
+
+ANSWERS: tuple[type[BaseModel], ...] = (
+    ProduceResponse,
+    PullResponse,
+    AckResponse,
+    NackResponse,
+    SubjectsResponse,
+    SubjectResponse,
+    DeadLettersResponse,
+    RedriveResponse,
+    ScheduleResponse,
+    HealthResponse,
+    ErrorResponse,
+)
+"""Every answer model; the OpenAPI document lists them all."""

@@ -1,0 +1,189 @@
+"""Produce: store validated messages, dedup by id, answer once they are durable.
+
+Runs on the event loop. A batch is placed in the journal and allocated its seqs with no
+await in between; new seqs become visible to pulls only when the batch is durable, so a
+pull never serves a message the broker could still lose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from broker.clock import Clock
+from broker.errors import CorruptRecord, StorageError
+from broker.format import MessageRecord, encode_message, id_hash
+from broker.gate import Gate, durable
+from broker.messages import IncomingMessage
+from broker.metrics import BrokerMetrics
+from broker.pulls.reads import read_message
+from broker.storage.journal import Journal
+from broker.storage.segments import SegmentReader
+from broker.subjects import SubjectTable
+
+if TYPE_CHECKING:
+    from broker.delayed.service import DelayedMessages
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ProduceResult:
+    """One message's answer: ``stored`` (with its seq), ``duplicate`` or ``scheduled``."""
+
+    id: str
+    subject: str
+    status: str
+    seq: int | None
+
+
+class ProduceService:
+    """``produce`` for producers, ``store_due`` for delayed messages coming due."""
+
+    def __init__(
+        self,
+        *,
+        gate: Gate,
+        journal: Journal,
+        subjects: SubjectTable,
+        reader: SegmentReader,
+        clock: Clock,
+        metrics: BrokerMetrics,
+        wake: Callable[[str], None],
+    ) -> None:
+        self._gate = gate
+        self._journal = journal
+        self._subjects = subjects
+        self._reader = reader
+        self._clock = clock
+        self._metrics = metrics
+        self._wake = wake
+        self._delayed: DelayedMessages | None = None
+
+    def attach(self, delayed: DelayedMessages) -> None:
+        """The delayed-message service (built after this one: it stores through us)."""
+        self._delayed = delayed
+
+    async def produce(self, messages: list[IncomingMessage]) -> list[ProduceResult]:
+        """Store a validated batch; answers once it is durable under the fsync policy.
+
+        A message due later (``deliver_at_us`` after now) goes to the schedule log and is
+        answered ``scheduled`` with seq null; it is stored through ``store_due`` when due.
+        """
+        self._gate.require()
+        delayed = self._delayed
+        assert delayed is not None, "attach() the delayed-message service first"
+        now = self._clock.wall_us()
+        results: list[ProduceResult] = []
+        visible: dict[str, int] = {}
+        for message in messages:
+            hashed = id_hash(message.id)
+            seq = self._stored_seq(message.subject, hashed, message.id)
+            if seq is not None:
+                results.append(_result(message, "duplicate", seq))
+            elif delayed.is_scheduled(message.subject, message.id):
+                results.append(_result(message, "duplicate", None))
+            elif message.deliver_at_us > now:
+                delayed.accept(message, now_us=now)
+                results.append(_result(message, "scheduled", None))
+            else:
+                seq = self._append(message, hashed, now, visible)
+                results.append(_result(message, "stored", seq))
+        await self._settle(visible)
+        self._metrics.produced.inc(sum(1 for r in results if r.status == "stored"))
+        return results
+
+    async def store_due(self, records: list[MessageRecord]) -> tuple[list[int], int]:
+        """Store due delayed messages like produced ones, same ids and dedup.
+
+        Returns each one's seq, or -1 when its subject already holds the id (a dispatch
+        repeated after a crash), and the stored_at time, once durable.
+        """
+        self._gate.require()
+        now = self._clock.wall_us()
+        visible: dict[str, int] = {}
+        seqs: list[int] = []
+        for record in records:
+            hashed = id_hash(record.id)
+            if self._stored_seq(record.subject, hashed, record.id) is not None:
+                seqs.append(-1)
+                continue
+            message = IncomingMessage(
+                id=record.id,
+                subject=record.subject,
+                key=record.key,
+                headers=record.headers,
+                body=record.body,
+                body_base64=record.body_base64,
+                producer=record.producer,
+                created_at_us=record.created_at_us,
+                deliver_at_us=record.deliver_at_us,
+            )
+            seqs.append(self._append(message, hashed, now, visible))
+        await self._settle(visible)
+        self._metrics.produced.inc(sum(1 for seq in seqs if seq >= 0))
+        return seqs, now
+
+    def _stored_seq(self, subject_name: str, hashed: int, message_id: str) -> int | None:
+        """The seq this id is stored under in its subject within the dedup window, if any."""
+        subject = self._subjects.get(subject_name)
+        if subject is None:
+            return None
+        seq = subject.seq_of(hashed)
+        if seq is None:
+            return None
+        if seq >= subject.end_seq or seq < subject.first_seq:
+            return seq  # in flight or past retention: the 64-bit hash decides
+        try:
+            same = read_message(self._reader, subject, seq).id == message_id
+        except (StorageError, CorruptRecord):
+            same = True
+        return seq if same else None
+
+    def _append(
+        self, message: IncomingMessage, hashed: int, now: int, visible: dict[str, int]
+    ) -> int:
+        subject = self._subjects.get(message.subject)
+        seq = subject.next_seq if subject is not None else 0
+        payload = encode_message(
+            seq=seq,
+            message_id=message.id,
+            subject=message.subject,
+            key=message.key,
+            headers=message.headers,
+            body=message.body,
+            body_base64=message.body_base64,
+            producer=message.producer,
+            created_at_us=message.created_at_us if message.created_at_us is not None else now,
+            stored_at_us=now,
+            deliver_at_us=message.deliver_at_us,
+        )
+        entry = self._journal.append_message(
+            payload, subject=message.subject, stored_at_us=now, hashed_id=hashed
+        )
+        allocated = self._subjects.append(message.subject, entry, hashed)
+        assert allocated == seq
+        visible[message.subject] = seq + 1
+        return seq
+
+    async def _settle(self, visible: dict[str, int]) -> None:
+        """Wait until everything appended so far is durable; then make new seqs visible.
+
+        Always waits, even for a batch of duplicates only: the original may still be in
+        flight, and a ``duplicate`` answer must not come before it is durable.
+        """
+        commit = self._journal.commit_point()
+        if visible:
+            commit.add_done_callback(lambda f: self._make_visible(f, visible))
+        await durable(commit)
+
+    def _make_visible(self, future: asyncio.Future[None], visible: dict[str, int]) -> None:
+        if future.cancelled() or future.exception() is not None:
+            return
+        for name, end in visible.items():
+            self._subjects.make_visible(name, end)
+            self._wake(name)
+
+
+def _result(message: IncomingMessage, status: str, seq: int | None) -> ProduceResult:
+    return ProduceResult(id=message.id, subject=message.subject, status=status, seq=seq)

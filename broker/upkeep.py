@@ -1,0 +1,115 @@
+"""Upkeep: checkpoints, retention of old segments and eviction of old dedup entries.
+
+Two supervised loops run these (``qmq-checkpointer``, ``qmq-retention``); shutdown writes a
+last checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+from broker.clock import Clock
+from broker.format import SegmentKind, list_segments, segment_number
+from broker.groups import GroupTable
+from broker.metrics import BrokerMetrics
+from broker.storage.checkpoint import Checkpoint
+from broker.storage.journal import Journal
+from broker.storage.segments import SegmentReader
+from broker.subjects import SubjectTable
+
+logger = logging.getLogger(__name__)
+
+
+class Upkeep:
+    """Keeps recovery short (checkpoints) and the data directory bounded (retention)."""
+
+    def __init__(
+        self,
+        *,
+        data_dir: Path,
+        journal: Journal,
+        subjects: SubjectTable,
+        groups: GroupTable,
+        reader: SegmentReader,
+        clock: Clock,
+        metrics: BrokerMetrics,
+        retention_s: float,
+        dedup_window_s: float,
+        checkpoint_interval_s: float,
+        retention_check_interval_s: float,
+    ) -> None:
+        self._data_dir = data_dir
+        self._journal = journal
+        self._subjects = subjects
+        self._groups = groups
+        self._reader = reader
+        self._clock = clock
+        self._metrics = metrics
+        self._retention_s = retention_s
+        self._dedup_window_s = dedup_window_s
+        self._checkpoint_interval_s = checkpoint_interval_s
+        self._retention_check_interval_s = retention_check_interval_s
+
+    async def checkpoint(self) -> None:
+        """Save group state and index positions so recovery replays only what follows."""
+        journal = self._journal
+        checkpoint = Checkpoint(
+            messages_at=journal.messages.tell(),
+            actions_at=journal.actions.tell(),
+            groups=self._groups.snapshot(),
+            written_at_us=self._clock.wall_us(),
+        )
+        data_dir = self._data_dir
+
+        def job() -> None:
+            journal.fsync_logs()
+            journal.fsync_indexes()
+            checkpoint.write(data_dir)
+
+        await journal.run_after_flush(job)
+
+    async def checkpoint_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._checkpoint_interval_s)
+            began = time.perf_counter()
+            await self.checkpoint()
+            self._metrics.checkpoint_seconds.observe(time.perf_counter() - began)
+
+    async def retention_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._retention_check_interval_s)
+            await self.apply_retention()
+
+    async def apply_retention(self) -> None:
+        """Delete whole segments older than the retention; evict old dedup entries."""
+        journal = self._journal
+        now = self._clock.wall_us()
+        horizon_s = now / 1_000_000 - self._retention_s
+        active = journal.messages.segment
+        doomed = [
+            path
+            for path in list_segments(self._data_dir, SegmentKind.MESSAGES)
+            if segment_number(path) < active and path.stat().st_mtime < horizon_s
+        ]
+        checkpointed_actions = Checkpoint.load(self._data_dir).actions_at[0]
+        doomed_actions = [
+            path
+            for path in list_segments(self._data_dir, SegmentKind.ACTIONS)
+            if segment_number(path) < min(checkpointed_actions, journal.actions.segment)
+            and path.stat().st_mtime < horizon_s
+        ]
+        if doomed:
+            self._subjects.drop_segments_before(segment_number(doomed[-1]) + 1)
+            for path in doomed:
+                self._reader.forget(segment_number(path))
+                path.unlink()
+            logger.info(
+                "retention removed segments",
+                extra={"action": "broker.retention", "segments": [p.name for p in doomed]},
+            )
+        for path in doomed_actions:
+            path.unlink()
+        self._subjects.evict_dedup(now - int(self._dedup_window_s * 1_000_000))

@@ -1,0 +1,122 @@
+"""The acker: one task that sends the buffered acks (``AckBuffer``) by size, by interval,
+when hurried, and on close. A sent ack gives its lease slot back to the budget."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+from qmq_outbox.consumer.acks import AckBuffer, chunks
+from qmq_outbox.consumer.budget import LeaseBudget
+from qmq_outbox.consumer.clients import PullClient
+from qmq_outbox.consumer.config import ConsumerConfig, Counters
+from qmq_outbox.consumer.logs import (
+    FINAL_ACK_ATTEMPTS,
+    backoff,
+    log_ack_failed,
+    log_ack_unknown,
+    log_dropped,
+)
+from qmq_outbox.errors import BrokerError, BrokerUnavailable
+
+CLOSING_RETRY = 0.2  # seconds between the last attempts to send acks at a stop
+
+
+class Acker:
+    """Lives on the consumer's loop: ``add``/``hurry``/``close`` are called from its tasks."""
+
+    def __init__(
+        self,
+        *,
+        client: PullClient,
+        config: ConsumerConfig,
+        counters: Counters,
+        budget: LeaseBudget,
+    ) -> None:
+        self._client = client
+        self._config = config
+        self._counters = counters
+        self._budget = budget
+        self._buffer = AckBuffer(max_size=config.ack_batch_size, interval=config.ack_interval)
+        self._wake = asyncio.Event()
+        self._closed = False
+        self._retry_at = 0.0
+
+    def add(self, subject: str, seq: int) -> None:
+        first = len(self._buffer) == 0
+        if self._buffer.add(subject, seq, time.monotonic()) or first or self._buffer.urgent:
+            self._wake.set()  # due now, or the interval's clock starts
+
+    def hurry(self) -> None:
+        self._buffer.hurry()
+        self._wake.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+
+    async def run(self) -> None:
+        failures = 0
+        while True:
+            closing = await self._wait_due()
+            batch = self._buffer.take()
+            if not batch:
+                if closing:
+                    return
+                continue
+            unsent = await self.send(batch)
+            if not unsent:
+                failures = 0
+                continue
+            failures += 1
+            if closing and failures >= FINAL_ACK_ATTEMPTS:
+                log_dropped(self._config, unsent)
+                self._budget.release(sum(len(seqs) for seqs in unsent.values()))
+                return
+            now = time.monotonic()
+            self._buffer.put_back(unsent, now)
+            self._retry_at = now + (CLOSING_RETRY if closing else backoff(failures))
+
+    async def _wait_due(self) -> bool:
+        """Wait until a flush is due; True once closed (then flush what is left)."""
+        while True:
+            now = time.monotonic()
+            due = self._buffer.due_in(now)
+            if self._closed:
+                if due is not None and self._retry_at > now:
+                    await asyncio.sleep(min(self._retry_at - now, CLOSING_RETRY))
+                return True
+            wait = None if due is None else max(due, self._retry_at - now)
+            if wait is not None and wait <= 0:
+                return False
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), wait)
+
+    async def send(self, batch: dict[str, list[int]]) -> dict[str, list[int]]:
+        """Ack every subject's seqs; returns what could not be sent (to retry)."""
+        unsent: dict[str, list[int]] = {}
+        cfg = self._config
+        for subject, seqs in batch.items():
+            for part in chunks(seqs):
+                try:
+                    answer = await self._client.ack(subject, cfg.group, cfg.consumer_id, part)
+                except BrokerUnavailable as exc:
+                    unsent.setdefault(subject, []).extend(part)
+                    log_ack_failed(cfg, subject, part, exc)
+                    continue  # the slots stay taken until the retry
+                except BrokerError as exc:  # rejected: retrying won't help; leases expire
+                    log_ack_failed(cfg, subject, part, exc)
+                else:
+                    self._record(subject, answer)
+                self._budget.release(len(part))
+        return unsent
+
+    def _record(self, subject: str, answer: dict[str, Any]) -> None:
+        self._counters.add("acked", int(answer.get("acked", 0)))
+        unknown = answer.get("unknown") or []
+        if unknown:
+            self._counters.add("ack_unknown", len(unknown))
+            log_ack_unknown(self._config, subject, unknown)

@@ -1,0 +1,77 @@
+"""The consumer's client port, and an adapter that lets ``run()`` use a blocking client."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from qmq_outbox.client import PullMode, StartAt
+from qmq_outbox.consumer.threads import ThreadPool
+from qmq_outbox.envelope import Message
+
+
+class PullClient(Protocol):
+    """What the consumer needs of ``AsyncBrokerClient``."""
+
+    async def pull(
+        self,
+        subject: str,
+        group: str,
+        consumer: str,
+        *,
+        max_messages: int = ...,
+        wait_ms: int = ...,
+        mode: PullMode = ...,
+        start: StartAt = ...,
+    ) -> list[Message]: ...
+
+    async def ack(
+        self, subject: str, group: str, consumer: str, seqs: Sequence[int]
+    ) -> dict[str, Any]: ...
+
+    async def nack(
+        self,
+        subject: str,
+        group: str,
+        consumer: str,
+        seqs: Sequence[int],
+        *,
+        delay_ms: int | None = ...,
+        error: str | None = ...,
+    ) -> dict[str, Any]: ...
+
+
+def is_async_client(client: object) -> bool:
+    return inspect.iscoroutinefunction(getattr(client, "pull", None))
+
+
+class OnThreads:
+    """A blocking client (a ``BrokerClient``, or anything with its ``pull/ack/nack``) as a
+    ``PullClient``: each call runs on one of ``threads``, so a long poll blocks neither the
+    loop nor the handlers."""
+
+    def __init__(self, client: Any, threads: ThreadPool) -> None:
+        self._client = client
+        self._threads = threads
+
+    async def pull(self, subject: str, group: str, consumer: str, **options: Any) -> list[Message]:
+        call = functools.partial(self._client.pull, subject, group, consumer, **options)
+        messages: list[Message] = await self._threads.run(call)
+        return messages
+
+    async def ack(
+        self, subject: str, group: str, consumer: str, seqs: Sequence[int]
+    ) -> dict[str, Any]:
+        answer: dict[str, Any] = await self._threads.run(
+            self._client.ack, subject, group, consumer, seqs
+        )
+        return answer
+
+    async def nack(
+        self, subject: str, group: str, consumer: str, seqs: Sequence[int], **options: Any
+    ) -> dict[str, Any]:
+        call = functools.partial(self._client.nack, subject, group, consumer, seqs, **options)
+        answer: dict[str, Any] = await self._threads.run(call)
+        return answer

@@ -1,0 +1,236 @@
+"""The consumer's one runner: pullers, handler workers and an acker as tasks on one loop.
+
+One puller task per subject long-polls the broker for as many messages as the lease budget
+allows and queues them; ``concurrency`` worker tasks take them: coroutine handlers run on
+the loop, plain ones (and sync stores) on ``concurrency`` named handler threads. Acks are
+buffered and sent by the acker task; nacks go out at once from the worker. Any loop that
+dies takes the consumer down with it (``ConsumerCrashed``), after the same graceful
+shutdown as a stop. ``Consumer.run()`` drives this runner with ``asyncio.run`` on the
+caller's thread, ``Consumer.run_async()`` on the caller's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Coroutine
+from typing import Any
+
+from qmq_outbox.consumer.acker import Acker
+from qmq_outbox.consumer.budget import LeaseBudget, next_want
+from qmq_outbox.consumer.clients import PullClient
+from qmq_outbox.consumer.config import ConsumerConfig, Counters
+from qmq_outbox.consumer.handlers import Ack, HandlerSpec, Nack, Result, handle_batch_async
+from qmq_outbox.consumer.logs import STOPPED_ERROR, backoff, ids, log_pull_failed
+from qmq_outbox.consumer.threads import ThreadPool
+from qmq_outbox.envelope import Message
+from qmq_outbox.errors import BrokerError, BrokerUnavailable
+
+logger = logging.getLogger(__name__)
+
+ACK_FLUSH_GRACE = 5.0  # seconds the acker gets at a stop beyond the handlers' deadline
+
+
+class Runner:
+    """Owns the tasks and handler threads of one ``run()`` / ``run_async()``."""
+
+    def __init__(
+        self,
+        *,
+        config: ConsumerConfig,
+        specs: dict[str, HandlerSpec],
+        client: PullClient,
+        counters: Counters,
+        stop: asyncio.Event,
+    ) -> None:
+        self.config = config
+        self.specs = specs
+        self.client = client
+        self.counters = counters
+        self.stop = stop
+        self.fatal: BaseException | None = None
+        self.budget = LeaseBudget(config.capacity)
+        self.queue: asyncio.Queue[Message | None] = asyncio.Queue()
+        self.acker = Acker(client=client, config=config, counters=counters, budget=self.budget)
+        self.threads = ThreadPool(config.concurrency, name=self.name("worker"))
+        self._pullers: list[asyncio.Task[None]] = []
+        self._workers: list[asyncio.Task[None]] = []
+        self._acker_task: asyncio.Task[None] | None = None
+
+    def name(self, part: str) -> str:
+        return f"qmq-consumer[{self.config.group}]-{part}"
+
+    def _task(self, name: str, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        return asyncio.create_task(self._supervised(name, coro), name=self.name(name))
+
+    async def _supervised(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            logger.critical(
+                "consumer loop died; stopping the consumer",
+                exc_info=exc,
+                extra={"action": "consumer.loop_died", "loop": name, "group": self.config.group},
+            )
+            if self.fatal is None:
+                self.fatal = exc
+            self.stop.set()
+
+    def start(self) -> None:
+        self.threads.start()
+        self._acker_task = self._task("acks", self.acker.run())
+        for index in range(self.config.concurrency):
+            self._workers.append(self._task(f"worker-{index}", self._work()))
+        for subject in self.specs:
+            self._pullers.append(self._task(f"pull-{subject}", self._pull_loop(subject)))
+        logger.info(
+            "consumer started",
+            extra={
+                "action": "consumer.started",
+                "group": self.config.group,
+                "consumer": self.config.consumer_id,
+                "subjects": sorted(self.specs),
+            },
+        )
+
+    # -- pulling ----------------------------------------------------------------------
+
+    async def _pull_loop(self, subject: str) -> None:
+        cfg = self.config
+        want, failures = 1, 0
+        while not self.stop.is_set():
+            granted = await self.budget.acquire(want, self.acker.hurry)
+            if granted == 0:
+                return
+            try:
+                messages = await self.client.pull(
+                    subject,
+                    cfg.group,
+                    cfg.consumer_id,
+                    max_messages=granted,
+                    wait_ms=cfg.wait_ms,
+                    mode=cfg.mode,
+                    start=cfg.start,
+                )
+            except BrokerUnavailable as exc:
+                self.budget.release(granted)
+                failures += 1
+                log_pull_failed(cfg, subject, exc, failures)
+                await self._pause(backoff(failures))
+                continue
+            except BaseException:
+                self.budget.release(granted)
+                raise
+            failures = 0
+            self.budget.release(granted - len(messages))
+            self.counters.add("pulled", len(messages))
+            for message in messages:
+                self.queue.put_nowait(message)
+            want = next_want(last_pulled=len(messages), max_batch=cfg.max_batch)
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep, but wake up for a stop."""
+        try:
+            await asyncio.wait_for(self.stop.wait(), seconds)
+        except TimeoutError:
+            pass
+
+    # -- handling ---------------------------------------------------------------------
+
+    async def _work(self) -> None:
+        held: list[Message | None] = []  # an item taken while batching, for the next round
+        while True:
+            message = held.pop() if held else await self.queue.get()
+            if message is None:
+                return
+            spec = self.specs[message.subject]
+            batch = [message]
+            while len(batch) < spec.batch_limit and not self.queue.empty():
+                more = self.queue.get_nowait()
+                if more is None or more.subject != message.subject:
+                    held.append(more)
+                    break
+                batch.append(more)
+            group = self.config.store_group
+            results = await handle_batch_async(spec, group, batch, self.threads.run)
+            for one, result in zip(batch, results, strict=True):
+                await self._finish(one, result)
+
+    async def _finish(self, message: Message, result: Result) -> None:
+        """An ack keeps the lease slot until the acker has sent it; a nack frees it now."""
+        if isinstance(result, Ack):
+            self.counters.add("duplicates" if result.duplicate else "processed")
+            self.acker.add(message.subject, message.seq)
+            return
+        try:
+            await self.nack(message, result)
+        finally:
+            self.budget.release(1)
+
+    async def nack(self, message: Message, result: Nack) -> None:
+        cfg = self.config
+        self.counters.add("nacked")
+        try:
+            await self.client.nack(
+                message.subject,
+                cfg.group,
+                cfg.consumer_id,
+                [message.seq],
+                delay_ms=result.delay_ms,
+                error=result.error,
+            )
+        except BrokerError as exc:  # the lease expires and the broker redelivers anyway
+            logger.warning(
+                "nack failed; the lease will expire instead",
+                extra=ids(cfg, message) | {"action": "consumer.nack_failed", "error": str(exc)},
+            )
+
+    # -- stopping ---------------------------------------------------------------------
+
+    async def shutdown(self) -> None:
+        """Stop pulling, finish what was pulled within the timeout, flush acks."""
+        cfg = self.config
+        deadline = time.monotonic() + cfg.shutdown_timeout
+        self.stop.set()
+        self.budget.close()
+        await _wait_all(self._pullers, deadline)
+        for _ in self._workers:
+            self.queue.put_nowait(None)
+        stuck = await _wait_all(self._workers, deadline)
+        await self._release_unstarted()
+        if stuck:
+            logger.error(
+                "handlers still running at the stop timeout; their leases will expire",
+                extra={"action": "consumer.stop_timeout", "group": cfg.group, "running": stuck},
+            )
+        self.threads.close()
+        self.acker.close()
+        if self._acker_task is not None:
+            flush_deadline = max(time.monotonic() + 1.0, deadline) + ACK_FLUSH_GRACE
+            await _wait_all([self._acker_task], flush_deadline)
+        logger.info(
+            "consumer stopped",
+            extra={"action": "consumer.stopped", "group": cfg.group, "consumer": cfg.consumer_id},
+        )
+
+    async def _release_unstarted(self) -> None:
+        """Messages no worker got to: nack them now so others need not wait for the lease."""
+        while not self.queue.empty():
+            message = self.queue.get_nowait()
+            if message is not None:
+                await self._finish(message, Nack(delay_ms=0, error=STOPPED_ERROR))
+
+
+async def _wait_all(tasks: list[asyncio.Task[None]], deadline: float) -> int:
+    """Wait for the tasks until the deadline, then cancel the rest; returns how many."""
+    if not tasks:
+        return 0
+    _, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()))
+    for task in pending:
+        task.cancel()
+    if pending:
+        await asyncio.wait(pending)
+    return len(pending)

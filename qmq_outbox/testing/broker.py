@@ -1,0 +1,568 @@
+"""``InMemoryBroker``: API v1 in memory, served to the real clients through ``httpx.MockTransport``.
+
+Thread-safe: one lock around all state. A long poll waits on a condition (sync clients) or
+an asyncio event (async clients) and re-checks whenever a produce, nack, redrive or clock
+step could have made messages available.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import dataclasses
+import heapq
+import itertools
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import orjson
+
+import qmq_wire as wire
+from qmq_outbox.client import AsyncBrokerClient, BrokerClient
+from qmq_outbox.testing.checks import (
+    Rejected,
+    check_ack,
+    check_path_name,
+    check_produce,
+    check_pull,
+    check_redrive,
+    decode_body,
+    int_param,
+    micros,
+    parse_timestamp,
+)
+from qmq_outbox.testing.delivery import GroupStanding, RetryPolicy, Standing
+
+BASE_URL = "http://qmq.test"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+Answer = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _Kept:
+    """A stored message."""
+
+    seq: int
+    id: str
+    subject: str
+    key: str | None
+    headers: dict[str, str]
+    body: bytes
+    base64: bool
+    producer: str | None
+    created_at_us: int
+    stored_at_us: int
+
+    def wire(self, attempt: int) -> wire.PulledMessageJson:
+        if self.base64:
+            body, encoding = base64.b64encode(self.body).decode("ascii"), "base64"
+        else:
+            body, encoding = self.body.decode("utf-8"), "utf-8"
+        return {
+            "id": self.id,
+            "subject": self.subject,
+            "seq": self.seq,
+            "attempt": attempt,
+            "key": self.key,
+            "headers": self.headers,
+            "body": body,
+            "body_encoding": "base64" if encoding == "base64" else "utf-8",
+            "producer": self.producer,
+            "created_at": _rfc3339(self.created_at_us),
+            "stored_at": _rfc3339(self.stored_at_us),
+        }
+
+
+@dataclasses.dataclass(slots=True)
+class _Shelf:
+    """A subject's stored messages (index = seq) and its dedup table."""
+
+    name: str
+    messages: list[_Kept] = dataclasses.field(default_factory=list)
+    dedup: dict[str, int] = dataclasses.field(default_factory=dict)
+    bytes: int = 0
+
+    def stats(self) -> wire.SubjectStatsJson:
+        end = len(self.messages)
+        return {
+            "subject": self.name,
+            "messages": end,
+            "bytes": self.bytes,
+            "first_seq": 0,
+            "next_seq": end,
+        }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Delayed:
+    """A message accepted with a future ``deliver_at``, stored when due."""
+
+    envelope: dict[str, Any]
+    body: bytes
+    created_at_us: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _LongPoll:
+    subject: str
+    group: str
+    owner: str
+    consumer: str
+    limit: int
+    deadline: float  # time.monotonic()
+
+
+class InMemoryBroker:
+    """The broker's API v1 for unit tests: produce, pull, ack, nack, dead letters, stats.
+
+    Use it through the real clients: ``broker.client()`` / ``broker.async_client()``, or
+    ``BrokerClient(BASE_URL, transport=broker.transport())``. Same validation, error codes
+    and delivery rules as the broker (``docs/architecture.md`` section 3); nothing is
+    persisted, dedup never forgets, ``/v1/schedule`` and ``/metrics`` are not served.
+
+    Switches: ``available = False`` answers 503 everywhere; ``lose_responses = n`` handles
+    the next n requests and then fails them with a read timeout (the client cannot tell
+    whether they happened); ``forbidden_subjects`` rejects produces to them with 403.
+    Introspection: ``stored`` (every accepted envelope, as sent), ``ids``, ``requests``.
+    """
+
+    def __init__(
+        self,
+        *,
+        ack_timeout: float = wire.DEFAULT_ACK_TIMEOUT_S,
+        max_attempts: int = wire.DEFAULT_MAX_ATTEMPTS,
+        backoff: Sequence[float] = wire.DEFAULT_BACKOFF_S,
+        max_body: int = wire.MAX_BODY_BYTES,
+        max_delay: float = wire.DEFAULT_MAX_DELAY_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.policy = RetryPolicy(
+            ack_timeout_us=int(ack_timeout * 1_000_000),
+            max_attempts=max_attempts,
+            backoff_s=tuple(backoff),
+        )
+        self.max_body = max_body
+        self.max_delay_us = int(max_delay * 1_000_000)
+        self.clock = clock
+        self.available = True
+        self.lose_responses = 0
+        self.forbidden_subjects: set[str] = set()
+        self.requests = 0
+        self.stored: list[dict[str, Any]] = []
+        self._shelves: dict[str, _Shelf] = {}
+        self._groups: dict[tuple[str, str], GroupStanding] = {}
+        self._delayed: dict[tuple[str, str], _Delayed] = {}
+        self._due: list[tuple[int, int, str, str]] = []  # (due, order, subject, id)
+        self._order = itertools.count()
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._wakers: set[Callable[[], None]] = set()
+        on_advance = getattr(clock, "on_advance", None)
+        if on_advance is not None:
+            on_advance(self._wake)
+
+    # --- the clients' side --------------------------------------------------------------
+
+    @property
+    def ids(self) -> Counter[str]:
+        """How many times each message id was accepted (duplicates are not counted)."""
+        return Counter(m["id"] for m in self.stored)
+
+    def transport(self) -> httpx.MockTransport:
+        return httpx.MockTransport(self.handle)
+
+    def async_transport(self) -> httpx.MockTransport:
+        return httpx.MockTransport(self.handle_async)
+
+    def client(self, **options: Any) -> BrokerClient:
+        return BrokerClient(BASE_URL, transport=self.transport(), **options)
+
+    def async_client(self, **options: Any) -> AsyncBrokerClient:
+        return AsyncBrokerClient(BASE_URL, transport=self.async_transport(), **options)
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        with self._lock:
+            self.requests += 1
+            try:
+                answer = self._route(request)
+                if isinstance(answer, _LongPoll):
+                    answer = self._wait(answer)
+                response = answer if isinstance(answer, httpx.Response) else _json(200, answer)
+            except Rejected as exc:
+                response = _json(exc.status, wire.error_answer(exc.code, exc.message, exc.field))
+            return self._deliver(request, response)
+
+    async def handle_async(self, request: httpx.Request) -> httpx.Response:
+        with self._lock:
+            self.requests += 1
+            try:
+                answer = self._route(request)
+            except Rejected as exc:
+                response = _json(exc.status, wire.error_answer(exc.code, exc.message, exc.field))
+                return self._deliver(request, response)
+        if isinstance(answer, _LongPoll):
+            answer = await self._wait_async(answer)
+        response = answer if isinstance(answer, httpx.Response) else _json(200, answer)
+        with self._lock:
+            return self._deliver(request, response)
+
+    def _deliver(self, request: httpx.Request, response: httpx.Response) -> httpx.Response:
+        if self.lose_responses > 0:
+            self.lose_responses -= 1
+            raise httpx.ReadTimeout("response lost", request=request)
+        return response
+
+    # --- routing ------------------------------------------------------------------------
+
+    def _route(self, request: httpx.Request) -> Answer | _LongPoll | httpx.Response:
+        path = request.url.path
+        for pattern, method, name in _ROUTES:
+            match = pattern.fullmatch(path)
+            if match is None:
+                continue
+            if request.method != method:
+                raise Rejected(405, "method_not_allowed", f"{request.method} is not allowed here")
+            if not self.available:
+                if name == "healthz":
+                    return _json(503, {"status": "recovering"})
+                raise Rejected(503, "recovering", "the broker is still recovering")
+            self._release_due()
+            handler: Callable[..., Answer | _LongPoll] = getattr(self, f"_{name}")
+            if method == "POST":
+                return handler(_parse(request), *match.groups())
+            return handler(request.url.params, *match.groups())
+        raise Rejected(404, "not_found", f"no route {path}")
+
+    def _healthz(self, params: httpx.QueryParams) -> Answer:
+        return {"status": "ok"}
+
+    # --- produce ------------------------------------------------------------------------
+
+    def _produce(self, doc: Any) -> Answer:
+        envelopes = check_produce(doc)
+        for index, envelope in enumerate(envelopes):
+            if envelope["subject"] in self.forbidden_subjects:
+                field = f"messages[{index}].subject"
+                raise Rejected(
+                    403, "forbidden", f"may not produce to {envelope['subject']!r}", field
+                )
+        now = self.now_us()
+        accepted = []
+        for index, envelope in enumerate(envelopes):
+            body = decode_body(envelope, f"messages[{index}].body", self.max_body)
+            accepted.append((envelope, body, self._due_us(envelope, now, index)))
+        results = [self._accept(envelope, body, due, now) for envelope, body, due in accepted]
+        self._wake()
+        return {"results": results}
+
+    def _due_us(self, envelope: dict[str, Any], now: int, index: int) -> int:
+        """A future due time, or 0 (deliver now); 400 beyond the longest delay."""
+        deliver_at = parse_timestamp(envelope.get("deliver_at"))
+        due = micros(deliver_at) if deliver_at is not None else 0
+        if due <= now:
+            return 0
+        if due - now > self.max_delay_us:
+            field = f"messages[{index}].deliver_at"
+            raise Rejected(400, "delay_too_long", "deliver_at is too far ahead", field)
+        return due
+
+    def _accept(
+        self, envelope: dict[str, Any], body: bytes, due: int, now: int
+    ) -> wire.ProduceResultJson:
+        subject, message_id = envelope["subject"], envelope["id"]
+        shelf = self._shelves.get(subject)
+        if shelf is not None and message_id in shelf.dedup:
+            return _result(envelope, "duplicate", shelf.dedup[message_id])
+        if (subject, message_id) in self._delayed:
+            return _result(envelope, "duplicate", None)
+        self.stored.append(envelope)
+        if due:
+            self._delayed[(subject, message_id)] = _Delayed(envelope, body, now)
+            heapq.heappush(self._due, (due, next(self._order), subject, message_id))
+            return _result(envelope, "scheduled", None)
+        seq = self._store(envelope, body, created_default_us=now, now=now)
+        return _result(envelope, "stored", seq)
+
+    def _store(
+        self, envelope: dict[str, Any], body: bytes, *, created_default_us: int, now: int
+    ) -> int:
+        shelf = self._shelf(envelope["subject"])
+        created = parse_timestamp(envelope.get("created_at"))
+        kept = _Kept(
+            seq=len(shelf.messages),
+            id=envelope["id"],
+            subject=shelf.name,
+            key=envelope.get("key"),
+            headers=dict(envelope.get("headers") or {}),
+            body=body,
+            base64=envelope.get("body_encoding") == "base64",
+            producer=envelope.get("producer"),
+            created_at_us=micros(created) if created is not None else created_default_us,
+            stored_at_us=now,
+        )
+        shelf.messages.append(kept)
+        shelf.dedup[kept.id] = kept.seq
+        shelf.bytes += len(body)
+        return kept.seq
+
+    def _release_due(self) -> None:
+        """Store the delayed messages whose time came, in due order."""
+        now = self.now_us()
+        while self._due and self._due[0][0] <= now:
+            _, _, subject, message_id = heapq.heappop(self._due)
+            delayed = self._delayed.pop((subject, message_id))
+            self._store(
+                delayed.envelope, delayed.body, created_default_us=delayed.created_at_us, now=now
+            )
+
+    def _shelf(self, name: str) -> _Shelf:
+        shelf = self._shelves.get(name)
+        if shelf is None:
+            shelf = self._shelves[name] = _Shelf(name)
+        return shelf
+
+    # --- pull, ack, nack --------------------------------------------------------------------
+
+    def _pull(self, doc: Any) -> Answer | _LongPoll:
+        pull = check_pull(doc)
+        subject, name, consumer, mode = (
+            pull["subject"],
+            pull["group"],
+            pull["consumer"],
+            pull["mode"],
+        )
+        group = self._groups.get((subject, name))
+        if group is not None and group.mode != mode:
+            message = f"group {name!r} on {subject!r} is in {group.mode} mode"
+            raise Rejected(409, "mode_conflict", message, "mode")
+        if group is None:
+            group = self._groups[(subject, name)] = GroupStanding(name, mode)
+        owner = group.owner_key(consumer)
+        if owner not in group.owners:
+            shelf = self._shelf(subject)
+            group.owners[owner] = Standing(len(shelf.messages) if pull["start"] == "latest" else 0)
+        deadline = time.monotonic() + pull["wait_ms"] / 1000
+        poll = _LongPoll(subject, name, owner, consumer, pull["max"], deadline)
+        messages = self._lease(poll)
+        if messages or pull["wait_ms"] == 0:
+            return {"messages": messages}
+        return poll
+
+    def _lease(self, poll: _LongPoll) -> list[wire.PulledMessageJson]:
+        self._release_due()
+        now = self.now_us()
+        owner = self._groups[(poll.subject, poll.group)].owners[poll.owner]
+        owner.expire(now_us=now, policy=self.policy)
+        shelf = self._shelves[poll.subject]
+        chosen = owner.lease(
+            consumer=poll.consumer,
+            limit=poll.limit,
+            end_seq=len(shelf.messages),
+            now_us=now,
+            policy=self.policy,
+        )
+        return [shelf.messages[seq].wire(attempt) for seq, attempt in chosen]
+
+    def _wait(self, poll: _LongPoll) -> Answer:
+        """Long-poll on the calling thread (the lock is held; ``wait`` releases it)."""
+        while (timeout := self._timeout(poll)) is not None:
+            self._changed.wait(timeout)
+            messages = self._lease(poll)
+            if messages:
+                return {"messages": messages}
+        return {"messages": []}
+
+    async def _wait_async(self, poll: _LongPoll) -> Answer:
+        loop = asyncio.get_running_loop()
+        event = asyncio.Event()
+
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                loop.call_soon_threadsafe(event.set)
+
+        with self._lock:
+            self._wakers.add(wake)
+        try:
+            while True:
+                with self._lock:
+                    timeout = self._timeout(poll)
+                if timeout is None:
+                    return {"messages": []}
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), timeout)
+                event.clear()
+                with self._lock:
+                    messages = self._lease(poll)
+                if messages:
+                    return {"messages": messages}
+        finally:
+            with self._lock:
+                self._wakers.discard(wake)
+
+    def _timeout(self, poll: _LongPoll) -> float | None:
+        """Seconds to wait before looking again; None once the long poll ran out."""
+        remaining = poll.deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        owner = self._groups[(poll.subject, poll.group)].owners[poll.owner]
+        times = [t for t in (owner.next_due_us(), self._due[0][0] if self._due else None) if t]
+        if times:
+            remaining = min(remaining, max((min(times) - self.now_us()) / 1_000_000, 0.001))
+        return remaining
+
+    def _wake(self) -> None:
+        with self._lock:
+            self._changed.notify_all()
+            wakers = list(self._wakers)
+        for wake in wakers:
+            wake()
+
+    def _owner(self, doc: dict[str, Any]) -> Standing:
+        subject, name, consumer = doc["subject"], doc["group"], doc["consumer"]
+        group = self._groups.get((subject, name))
+        if group is None:
+            raise Rejected(404, "group_not_found", f"no group {name!r} on {subject!r}", "group")
+        owner = group.owners.get(group.owner_key(consumer))
+        if owner is None:
+            message = f"consumer {consumer!r} has not pulled from broadcast group {name!r}"
+            raise Rejected(404, "consumer_not_found", message, "consumer")
+        return owner
+
+    def _ack(self, doc: Any) -> Answer:
+        owner = self._owner(check_ack(doc))
+        unique = list(dict.fromkeys(doc["seqs"]))
+        known = [seq for seq in unique if owner.known(seq)]
+        owner.ack(known)
+        return {"acked": len(known), "unknown": [seq for seq in unique if seq not in known]}
+
+    def _nack(self, doc: Any) -> Answer:
+        owner = self._owner(check_ack(doc, nack=True))
+        delay_ms = doc.get("delay_ms")
+        retrying, dead = owner.nack(
+            list(dict.fromkeys(doc["seqs"])),
+            now_us=self.now_us(),
+            delay_us=delay_ms * 1000 if delay_ms is not None else None,
+            error=doc.get("error"),
+            policy=self.policy,
+        )
+        if retrying or dead:
+            self._wake()
+        return {"retrying": retrying, "dead": dead}
+
+    # --- dead letters and stats ---------------------------------------------------------------
+
+    def _group(self, subject: str, name: str) -> GroupStanding:
+        if subject not in self._shelves:
+            raise Rejected(404, "subject_not_found", f"no subject {subject!r}", "subject")
+        group = self._groups.get((subject, name))
+        if group is None:
+            raise Rejected(404, "group_not_found", f"no group {name!r} on {subject!r}", "group")
+        return group
+
+    def _dead(self, params: httpx.QueryParams, subject: str, name: str) -> Answer:
+        check_path_name(subject, "subject")
+        check_path_name(name, "group")
+        limit = int_param(
+            params, "limit", default=wire.DEFAULT_DEAD_PAGE, low=1, high=wire.MAX_DEAD_PAGE
+        )
+        after = int_param(params, "after_seq", default=None, low=0, high=wire.MAX_SEQ)
+        group = self._group(subject, name)
+        rows = sorted(
+            (seq, key, dead)
+            for key, owner in group.owners.items()
+            for seq, dead in owner.dead.items()
+        )
+        if after is not None:
+            rows = [row for row in rows if row[0] > after]
+        assert limit is not None
+        page = rows[:limit]
+        shelf = self._shelves[subject]
+        dead: list[wire.DeadLetterJson] = [
+            {
+                "seq": seq,
+                "attempts": buried.attempts,
+                "error": buried.error,
+                "dead_at": _rfc3339(buried.at_us),
+                "consumer": key or None,
+                "message": shelf.messages[seq].wire(buried.attempts),
+            }
+            for seq, key, buried in page
+        ]
+        more = len(rows) > limit
+        return {"dead": dead, "next_after_seq": page[-1][0] if page and more else None}
+
+    def _redrive(self, doc: Any, subject: str, name: str) -> Answer:
+        check_path_name(subject, "subject")
+        check_path_name(name, "group")
+        seqs = check_redrive(doc)
+        group = self._group(subject, name)
+        now = self.now_us()
+        chosen = None if seqs is None else list(dict.fromkeys(seqs))
+        redriven = sum(owner.redrive(chosen, now_us=now) for owner in group.owners.values())
+        if redriven:
+            self._wake()
+        return {"redriven": redriven}
+
+    def _subjects(self, params: httpx.QueryParams) -> Answer:
+        return {"subjects": [self._shelves[name].stats() for name in sorted(self._shelves)]}
+
+    def _subject(self, params: httpx.QueryParams, name: str) -> Answer:
+        check_path_name(name, "subject")
+        delayed = [d for (subject, _), d in self._delayed.items() if subject == name]
+        shelf = self._shelves.get(name)
+        if shelf is None and not delayed:
+            raise Rejected(404, "subject_not_found", f"no subject {name!r}", "subject")
+        shelf = shelf or _Shelf(name)
+        groups = sorted((g.name, g) for (s, _), g in self._groups.items() if s == name)
+        return {
+            **shelf.stats(),
+            "scheduled": {"messages": len(delayed), "bytes": sum(len(d.body) for d in delayed)},
+            "groups": [group.stats(len(shelf.messages)) for _, group in groups],
+        }
+
+    def now_us(self) -> int:
+        return round(self.clock() * 1_000_000)
+
+
+_ROUTES: list[tuple[re.Pattern[str], str, str]] = [
+    (re.compile(r"/v1/messages"), "POST", "produce"),
+    (re.compile(r"/v1/pull"), "POST", "pull"),
+    (re.compile(r"/v1/ack"), "POST", "ack"),
+    (re.compile(r"/v1/nack"), "POST", "nack"),
+    (re.compile(r"/v1/subjects"), "GET", "subjects"),
+    (re.compile(r"/v1/subjects/([^/]+)"), "GET", "subject"),
+    (re.compile(r"/v1/subjects/([^/]+)/groups/([^/]+)/dead"), "GET", "dead"),
+    (re.compile(r"/v1/subjects/([^/]+)/groups/([^/]+)/dead/redrive"), "POST", "redrive"),
+    (re.compile(r"/healthz"), "GET", "healthz"),
+]
+
+
+def _result(
+    envelope: dict[str, Any], status: wire.ProduceStatus, seq: int | None
+) -> wire.ProduceResultJson:
+    return {"id": envelope["id"], "subject": envelope["subject"], "status": status, "seq": seq}
+
+
+def _parse(request: httpx.Request) -> Any:
+    try:
+        return orjson.loads(request.content)
+    except orjson.JSONDecodeError as exc:
+        raise Rejected(400, "invalid_json", f"request body is not valid JSON: {exc}") from None
+
+
+def _json(status: int, doc: Any) -> httpx.Response:
+    return httpx.Response(
+        status, content=orjson.dumps(doc), headers={"content-type": "application/json"}
+    )
+
+
+def _rfc3339(micros_: int) -> str:
+    moment = _EPOCH + timedelta(microseconds=micros_)
+    return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")

@@ -1,0 +1,151 @@
+"""Where a consumer group stands in a subject, in memory: leases, retries, dead letters.
+
+The same rules as the broker (``docs/architecture.md`` section 3.2): due retries before new
+messages, an expired lease is a failed attempt, out of attempts means dead, redrive starts
+the count again. Times are microseconds of the in-memory broker's clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RetryPolicy:
+    ack_timeout_us: int
+    max_attempts: int
+    backoff_s: tuple[float, ...]
+
+    def backoff_us(self, attempt: int) -> int:
+        index = min(max(attempt, 1), len(self.backoff_s)) - 1
+        return int(self.backoff_s[index] * 1_000_000)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Held:
+    """A leased seq: by whom, which attempt, until when."""
+
+    consumer: str
+    attempt: int
+    deadline_us: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Waiting:
+    """A seq to deliver again once due, after ``attempts`` attempts."""
+
+    attempts: int
+    due_us: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Buried:
+    """A dead letter."""
+
+    attempts: int
+    error: str | None
+    at_us: int
+
+
+class Standing:
+    """One state owner: a shared group, or one consumer of a broadcast group."""
+
+    def __init__(self, cursor: int) -> None:
+        self.cursor = cursor
+        self.leases: dict[int, Held] = {}
+        self.retries: dict[int, Waiting] = {}
+        self.dead: dict[int, Buried] = {}
+        self.acked = 0
+
+    def expire(self, *, now_us: int, policy: RetryPolicy) -> None:
+        for seq, lease in sorted(self.leases.items()):
+            if lease.deadline_us > now_us:
+                continue
+            del self.leases[seq]
+            if lease.attempt >= policy.max_attempts:
+                self.dead[seq] = Buried(lease.attempt, "lease expired", now_us)
+            else:
+                self.retries[seq] = Waiting(lease.attempt, now_us)
+
+    def lease(
+        self, *, consumer: str, limit: int, end_seq: int, now_us: int, policy: RetryPolicy
+    ) -> list[tuple[int, int]]:
+        """Lease up to ``limit`` seqs (due retries first); returns (seq, attempt) pairs."""
+        due = sorted((w.due_us, seq) for seq, w in self.retries.items() if w.due_us <= now_us)
+        chosen = [(seq, self.retries.pop(seq).attempts + 1) for _, seq in due[:limit]]
+        while len(chosen) < limit and self.cursor < end_seq:
+            chosen.append((self.cursor, 1))
+            self.cursor += 1
+        deadline = now_us + policy.ack_timeout_us
+        for seq, attempt in chosen:
+            self.leases[seq] = Held(consumer, attempt, deadline)
+        return chosen
+
+    def known(self, seq: int) -> bool:
+        return seq in self.leases or seq in self.retries
+
+    def ack(self, seqs: list[int]) -> None:
+        for seq in seqs:
+            if self.leases.pop(seq, None) is not None or self.retries.pop(seq, None) is not None:
+                self.acked += 1
+
+    def nack(
+        self,
+        seqs: list[int],
+        *,
+        now_us: int,
+        delay_us: int | None,
+        error: str | None,
+        policy: RetryPolicy,
+    ) -> tuple[int, int]:
+        """Retry or bury the leased ones among ``seqs``; returns (retrying, dead)."""
+        retrying = dead = 0
+        for seq in seqs:
+            lease = self.leases.pop(seq, None)
+            if lease is None:
+                continue
+            if lease.attempt >= policy.max_attempts:
+                self.dead[seq] = Buried(lease.attempt, error, now_us)
+                dead += 1
+            else:
+                wait = delay_us if delay_us is not None else policy.backoff_us(lease.attempt)
+                self.retries[seq] = Waiting(lease.attempt, now_us + wait)
+                retrying += 1
+        return retrying, dead
+
+    def redrive(self, seqs: list[int] | None, *, now_us: int) -> int:
+        chosen = list(self.dead) if seqs is None else [s for s in seqs if s in self.dead]
+        for seq in chosen:
+            del self.dead[seq]
+            self.retries[seq] = Waiting(0, now_us)
+        return len(chosen)
+
+    def next_due_us(self) -> int | None:
+        """When a lease expires or a retry comes due next."""
+        times = [w.due_us for w in self.retries.values()]
+        times += [h.deadline_us for h in self.leases.values()]
+        return min(times, default=None)
+
+
+@dataclasses.dataclass(slots=True)
+class GroupStanding:
+    """A consumer group on one subject: its mode and its state owner(s)."""
+
+    name: str
+    mode: str
+    owners: dict[str, Standing] = dataclasses.field(default_factory=dict)
+
+    def owner_key(self, consumer: str) -> str:
+        return consumer if self.mode == "broadcast" else ""
+
+    def stats(self, end_seq: int) -> dict[str, int | str]:
+        owners = list(self.owners.values())
+        return {
+            "group": self.name,
+            "mode": self.mode,
+            "backlog": sum(max(end_seq - s.cursor, 0) for s in owners),
+            "in_flight": sum(len(s.leases) for s in owners),
+            "retrying": sum(len(s.retries) for s in owners),
+            "dead": sum(len(s.dead) for s in owners),
+            "acked": sum(s.acked for s in owners),
+        }

@@ -1,0 +1,172 @@
+"""The wire contract of API v1, shared by the SDK, the broker and the test fake.
+
+Name rules, size limits and error codes live here once; ``docs/architecture.md`` (sections 2
+and 3.1) is their prose. This module is pure: no I/O and no third-party imports, so the SDK,
+the broker's request schemas and ``qmq_outbox.testing`` can all depend on it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from qmq_wire.shapes import (
+    AckAnswerJson,
+    BodyEncoding,
+    DeadLetterJson,
+    DeadLettersAnswerJson,
+    EnvelopeJson,
+    ErrorAnswerJson,
+    ErrorDetailJson,
+    GroupStatsJson,
+    HealthAnswerJson,
+    NackAnswerJson,
+    ProduceAnswerJson,
+    ProduceResultJson,
+    ProduceStatus,
+    PullAnswerJson,
+    PulledMessageJson,
+    PullMode,
+    RedriveAnswerJson,
+    ScheduledStatsJson,
+    StartPosition,
+    SubjectAnswerJson,
+    SubjectsAnswerJson,
+    SubjectStatsJson,
+)
+
+__all__ = [
+    "AckAnswerJson",
+    "BodyEncoding",
+    "DeadLetterJson",
+    "DeadLettersAnswerJson",
+    "EnvelopeJson",
+    "ErrorAnswerJson",
+    "ErrorDetailJson",
+    "GroupStatsJson",
+    "HealthAnswerJson",
+    "NackAnswerJson",
+    "ProduceAnswerJson",
+    "ProduceResultJson",
+    "ProduceStatus",
+    "PullAnswerJson",
+    "PullMode",
+    "PulledMessageJson",
+    "RedriveAnswerJson",
+    "ScheduledStatsJson",
+    "StartPosition",
+    "SubjectAnswerJson",
+    "SubjectStatsJson",
+    "SubjectsAnswerJson",
+]
+
+# --- names ---------------------------------------------------------------------------------
+
+NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
+"""Subjects and group names: a letter or digit, then up to 199 of ``A-Za-z0-9._-``."""
+NAME_RE: Final = re.compile(NAME_PATTERN)
+RESERVED_PREFIX: Final = "_qmq"
+"""Subject names starting with this are reserved for the broker."""
+MESSAGE_ID_PATTERN: Final = r"^[\x20-\x7e]{1,128}$"
+CONSUMER_ID_PATTERN: Final = r"^[\x21-\x7e]{1,200}$"
+
+
+def valid_name(value: str) -> bool:
+    """Whether ``value`` is a valid subject or group name (``$`` must not admit a newline)."""
+    return NAME_RE.fullmatch(value) is not None
+
+
+# --- limits --------------------------------------------------------------------------------
+
+MAX_MESSAGE_ID: Final = 128
+MAX_KEY: Final = 200
+MAX_HEADERS: Final = 64
+MAX_HEADER_NAME: Final = 256
+MAX_HEADER_VALUE: Final = 8192
+MAX_PRODUCER: Final = 200
+MAX_BODY_BYTES: Final = 1024 * 1024
+"""The broker's default body limit (``--max-body``)."""
+MAX_PRODUCE_BATCH: Final = 1000
+MAX_PULL: Final = 1000
+DEFAULT_PULL: Final = 32
+MAX_WAIT_MS: Final = 60_000
+MAX_SEQS: Final = 10_000
+MAX_NACK_DELAY_MS: Final = 63_072_000_000
+MAX_ERROR_TEXT: Final = 4096
+MAX_SEQ: Final = 2**63 - 1
+DEFAULT_DEAD_PAGE: Final = 100
+MAX_DEAD_PAGE: Final = 1000
+
+# --- delivery defaults (docs/architecture.md section 3.2) ----------------------------------
+
+DEFAULT_ACK_TIMEOUT_S: Final = 30.0
+DEFAULT_MAX_ATTEMPTS: Final = 16
+DEFAULT_BACKOFF_S: Final = (1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+"""Seconds before retry number n (1-based) when a nack names no delay; the last repeats."""
+DEFAULT_MAX_DELAY_S: Final = 730 * 86400
+"""How far ahead ``deliver_at`` may be (``--max-delay``, 2 years)."""
+
+# --- enumerations --------------------------------------------------------------------------
+
+BODY_ENCODINGS: Final = ("utf-8", "base64")
+PULL_MODES: Final = ("shared", "broadcast")
+START_POSITIONS: Final = ("earliest", "latest")
+PRODUCE_STATUSES: Final = ("stored", "duplicate", "scheduled")
+
+# --- error codes ---------------------------------------------------------------------------
+# Every error answer is ``{"error": {"code", "message", "field"}}``; the status follows from
+# the code. Codes named ``invalid_<field>``, ``missing_field`` and ``unknown_field`` come from
+# request validation and are all 400.
+
+ERROR_STATUS: Final[dict[str, int]] = {
+    # 400: the request is invalid
+    "invalid_json": 400,
+    "invalid_body": 400,
+    "invalid_request": 400,
+    "missing_field": 400,
+    "unknown_field": 400,
+    "delay_too_long": 400,
+    "invalid_redrive": 400,
+    # 401/403: auth
+    "unauthorized": 401,
+    "forbidden": 403,
+    # 404: unknown route, subject, group or broadcast consumer
+    "not_found": 404,
+    "subject_not_found": 404,
+    "group_not_found": 404,
+    "consumer_not_found": 404,
+    "method_not_allowed": 405,
+    # 409: the request contradicts existing state
+    "mode_conflict": 409,
+    # 413: too large
+    "request_too_large": 413,
+    "body_too_large": 413,
+    # 429: a group's mailbox is full (``Retry-After``)
+    "mailbox_full": 429,
+    # 503: not now (recovering, shutting down, read-only, overloaded)
+    "recovering": 503,
+    "shutting_down": 503,
+    "read_only": 503,
+    "storage_failed": 503,
+    "deadline_exceeded": 503,
+    # 500: a bug; the broker log has the traceback
+    "internal": 500,
+}
+
+
+def error_status(code: str) -> int:
+    """The HTTP status of an error code (``invalid_*`` codes are 400)."""
+    status = ERROR_STATUS.get(code)
+    if status is None:
+        return 400 if code.startswith("invalid_") else 500
+    return status
+
+
+def error_answer(code: str, message: str, field: str | None = None) -> ErrorAnswerJson:
+    """The body of an error answer."""
+    return {"error": {"code": code, "message": message, "field": field}}
+
+
+def transient(status: int) -> bool:
+    """Whether a request that got ``status`` may succeed later (429 and 5xx)."""
+    return status == 429 or status >= 500

@@ -1,0 +1,144 @@
+"""The JSON documents of API v1 as ``TypedDict`` s: what travels, not how it is checked.
+
+``docs/architecture.md`` section 3.1 is their prose. The broker's pydantic answer models
+(``broker.http.answers``) mirror these field for field, and a unit test keeps them in step.
+Timestamps are RFC 3339 strings in UTC.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NotRequired, TypedDict
+
+ProduceStatus = Literal["stored", "duplicate", "scheduled"]
+BodyEncoding = Literal["utf-8", "base64"]
+PullMode = Literal["shared", "broadcast"]
+StartPosition = Literal["earliest", "latest"]
+
+
+class EnvelopeJson(TypedDict):
+    """One message of ``POST /v1/messages``; optional fields may be left out."""
+
+    id: str
+    subject: str
+    body: str
+    body_encoding: NotRequired[BodyEncoding]
+    key: NotRequired[str | None]
+    headers: NotRequired[dict[str, str]]
+    producer: NotRequired[str | None]
+    created_at: NotRequired[str | None]
+    deliver_at: NotRequired[str | None]
+
+
+class ProduceResultJson(TypedDict):
+    """``seq`` is null for a scheduled message and for a duplicate of one."""
+
+    id: str
+    subject: str
+    status: ProduceStatus
+    seq: int | None
+
+
+class ProduceAnswerJson(TypedDict):
+    results: list[ProduceResultJson]
+
+
+class PulledMessageJson(TypedDict):
+    id: str
+    subject: str
+    seq: int
+    attempt: int
+    key: str | None
+    headers: dict[str, str]
+    body: str
+    body_encoding: BodyEncoding
+    producer: str | None
+    created_at: str
+    stored_at: str
+
+
+class PullAnswerJson(TypedDict):
+    messages: list[PulledMessageJson]
+
+
+class AckAnswerJson(TypedDict):
+    acked: int
+    unknown: list[int]
+
+
+class NackAnswerJson(TypedDict):
+    retrying: int
+    dead: int
+
+
+class SubjectStatsJson(TypedDict):
+    """``next_seq`` is the next seq visible to pulls (durable messages end there)."""
+
+    subject: str
+    messages: int
+    bytes: int
+    first_seq: int
+    next_seq: int
+
+
+class SubjectsAnswerJson(TypedDict):
+    subjects: list[SubjectStatsJson]
+
+
+class GroupStatsJson(TypedDict):
+    group: str
+    mode: PullMode
+    backlog: int
+    in_flight: int
+    retrying: int
+    dead: int
+    acked: int
+
+
+class ScheduledStatsJson(TypedDict):
+    """Delayed messages of a subject that are not due yet."""
+
+    messages: int
+    bytes: int
+
+
+class SubjectAnswerJson(SubjectStatsJson):
+    scheduled: ScheduledStatsJson
+    groups: list[GroupStatsJson]
+
+
+class DeadLetterJson(TypedDict):
+    """``consumer`` is set in broadcast groups; ``message`` is null when unreadable."""
+
+    seq: int
+    attempts: int
+    error: str | None
+    dead_at: str
+    consumer: str | None
+    message: PulledMessageJson | None
+
+
+class DeadLettersAnswerJson(TypedDict):
+    dead: list[DeadLetterJson]
+    next_after_seq: int | None
+
+
+class RedriveAnswerJson(TypedDict):
+    redriven: int
+
+
+class HealthAnswerJson(TypedDict):
+    """``ok`` once recovery finished; otherwise the broker's status, with a 503."""
+
+    status: str
+
+
+class ErrorDetailJson(TypedDict):
+    code: str
+    message: str
+    field: str | None
+
+
+class ErrorAnswerJson(TypedDict):
+    """Every error answer, whatever its status."""
+
+    error: ErrorDetailJson

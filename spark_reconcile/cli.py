@@ -1,0 +1,168 @@
+"""``qmq reconcile``: prove from the data that nothing was lost, duplicated or sent without
+commit (docs/reconcile.md).
+
+Exit codes: 0 clean, 1 critical findings, 2 bad input (one line on stderr), 3 the run
+failed for another reason. Spark's console output goes to ``spark.log`` under ``--out``.
+The options come from ``ReconcileArgs``, named as ``run``'s keywords; each is also read
+from ``QMQ_RECONCILE_<OPTION>`` (shown in ``--help``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from datetime import datetime, timedelta
+from typing import Any, NoReturn
+
+import click
+
+from qmq_outbox.cli.options import Parsed, Unit, options_from, take
+from spark_reconcile.errors import BadInput, ReconcileError
+from spark_reconcile.job import DEFAULT_ACK_THRESHOLD, DEFAULT_GRACE, run, timings_line
+
+EXIT_BAD_INPUT = 2
+EXIT_FAILED = 3
+
+
+def parse_jars(text: str) -> tuple[str, ...]:
+    """``a.jar,b.jar`` -> ("a.jar", "b.jar")."""
+    return tuple(jar.strip() for jar in text.split(",") if jar.strip())
+
+
+def parse_conf(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` -> (key, value)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"{text!r}: use KEY=VALUE")
+    return key.strip(), value
+
+
+UNITS = {
+    "jars": Unit(type=Parsed("jars", parse_jars, result=tuple)),
+    "conf": Unit(type=Parsed("conf", parse_conf, result=tuple)),
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReconcileArgs:
+    """The command line of one run."""
+
+    outboxes: tuple[str, ...] = dataclasses.field(
+        metadata={
+            "help": "SQLAlchemy URL of an outbox database (postgresql+psycopg://..., "
+            "sqlite:///...); repeat for several.",
+            "unit": "text",
+            "option": "--outbox",
+            "multiple": True,
+            "metavar": "URL",
+        }
+    )
+    broker_dirs: tuple[str, ...] = dataclasses.field(
+        metadata={
+            "help": "A broker data directory; repeat for several brokers.",
+            "unit": "text",
+            "option": "--broker-data",
+            "multiple": True,
+            "metavar": "DIR",
+        }
+    )
+    out: str = dataclasses.field(
+        metadata={
+            "help": "Where summary.json, report.txt, report.html and the Parquet folders go.",
+            "unit": "text",
+            "metavar": "DIR",
+        }
+    )
+    master: str = dataclasses.field(
+        default="local[*]",
+        metadata={
+            "help": "Spark master: local[*], local[2], spark://host:7077, yarn, ...",
+            "unit": "text",
+        },
+    )
+    grace: timedelta = dataclasses.field(
+        default=DEFAULT_GRACE,
+        metadata={
+            "help": "Messages created (or due) less than this before the run are in flight: "
+            "not judged.",
+            "unit": "duration",
+        },
+    )
+    since: datetime | None = dataclasses.field(
+        default=None,
+        metadata={
+            "help": "Judge messages created at or after this time (UTC unless it says).",
+            "unit": "timestamp",
+        },
+    )
+    until: datetime | None = dataclasses.field(
+        default=None,
+        metadata={"help": "Judge messages created before this time.", "unit": "timestamp"},
+    )
+    producers: tuple[str, ...] = dataclasses.field(
+        default=(),
+        metadata={
+            "help": "Producers whose broker messages must have an outbox row (orphans); "
+            "default: the producers found in the outbox rows.",
+            "unit": "text",
+            "option": "--producer",
+            "multiple": True,
+            "metavar": "NAME",
+        },
+    )
+    ack_threshold: timedelta = dataclasses.field(
+        default=DEFAULT_ACK_THRESHOLD,
+        metadata={
+            "help": "Count a group's messages stored longer ago than this and not acked.",
+            "unit": "duration",
+        },
+    )
+    jars: tuple[str, ...] | None = dataclasses.field(
+        default=None,
+        metadata={
+            "help": "JDBC driver jars (paths or URLs), comma-separated; shipped to the "
+            "executors. Default: Debian's /usr/share/java/postgresql.jar and sqlite-jdbc.jar.",
+            "unit": "jars",
+            "metavar": "JAR[,JAR...]",
+        },
+    )
+    conf: tuple[tuple[str, str], ...] = dataclasses.field(
+        default=(),
+        metadata={
+            "help": "Extra Spark configuration, e.g. spark.executor.memory=4g; repeatable.",
+            "unit": "conf",
+            "multiple": True,
+            "metavar": "KEY=VALUE",
+        },
+    )
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    click.echo(f"qmq reconcile: error: {message}", err=True)
+    sys.exit(code)
+
+
+@click.command()
+@options_from(ReconcileArgs, envvar_prefix="QMQ_RECONCILE", units=UNITS)
+def reconcile(**values: Any) -> None:
+    """Reconcile outbox tables with broker logs on Spark.
+
+    Every message lands in one category (delivered, missing_in_broker, stuck_pending,
+    pending_but_stored, dead_in_outbox, orphan_in_broker, body_mismatch,
+    duplicate_in_broker). Exit 0 clean, 1 critical findings, 2 bad input.
+    """
+    args = take(ReconcileArgs, values)
+    given = {field.name: getattr(args, field.name) for field in dataclasses.fields(args)}
+    given.update(producers=list(args.producers) or None, conf=dict(args.conf))
+    try:
+        result = run(**given, jvm_log=True)
+    except BadInput as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    except ReconcileError as exc:
+        _fail(str(exc), EXIT_FAILED)
+    except Exception as exc:  # Spark/JVM failures: one line, not a traceback
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        _fail(f"the run failed: {first}", EXIT_FAILED)
+    click.echo(result.text, nl=False)
+    click.echo(f"outputs: {result.out}  ({timings_line(result.timings)})")
+    sys.exit(result.exit_code)
