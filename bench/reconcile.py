@@ -37,6 +37,7 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
+from broker.clock import SystemClock
 from broker.config import BrokerConfig, FsyncPolicy
 from broker.engine import Broker
 from broker.messages import IncomingMessage
@@ -118,13 +119,13 @@ def incoming(message_id: str, n: int, created_us: int) -> IncomingMessage:
     )
 
 
-class SimulatedClock:
-    """The broker's clock, set by the load: stored a few ms after created, acked later."""
+class SimulatedClock(SystemClock):
+    """The broker's wall clock, set by the load: stored a few ms after created, acked later."""
 
     def __init__(self, now_us: int) -> None:
         self.now_us = now_us
 
-    def __call__(self) -> int:
+    def wall_us(self) -> int:
         self.now_us += 1  # strictly increasing, like time passing
         return self.now_us
 
@@ -145,10 +146,10 @@ async def write_broker(data_dir: Path, rows: int, created: datetime) -> float:
         chunk = ids[start : start + BATCH]
         batch = [incoming(i, n, created_us(created, n)) for i, n in chunk]
         clock.now_us = max(clock.now_us, batch[-1].created_at_us or 0) + 2_000 + start % 7_000
-        await broker.produce(batch)
+        await broker.producer.produce(batch)
     for subject in SUBJECTS:
         while True:
-            pulled = await broker.pull(
+            pulled = await broker.delivery.pull(
                 subject=subject,
                 group="billing",
                 consumer="c1",
@@ -159,11 +160,11 @@ async def write_broker(data_dir: Path, rows: int, created: datetime) -> float:
             )
             if not pulled:
                 break
-            seqs = [int(m["seq"]) for m in pulled]
+            seqs = [m.seq for m in pulled]
             # acked about 200 ms after the batch's last message was stored
-            last = datetime.fromisoformat(pulled[-1]["stored_at"].replace("Z", "+00:00"))
+            last = datetime.fromisoformat(pulled[-1].stored_at.replace("Z", "+00:00"))
             clock.now_us = int(last.timestamp() * 1_000_000) + 200_000
-            await broker.ack(subject=subject, group="billing", consumer="c1", seqs=seqs)
+            await broker.delivery.ack(subject=subject, group="billing", consumer="c1", seqs=seqs)
     await broker.close()
     return time.perf_counter() - began
 

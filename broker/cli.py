@@ -77,7 +77,7 @@ def parse_read_delay(text: str) -> tuple[str, str, float]:
 
 
 UNITS = {
-    "fsync": Unit(type=Parsed("fsync", parse_fsync, result=FsyncPolicy)),
+    "fsync": Unit(type=Parsed("policy", parse_fsync, result=FsyncPolicy)),
     "durations": Unit(
         type=Parsed("durations", parse_backoff, result=tuple),
         show=lambda delays: ",".join(format_duration(delay) for delay in delays),
@@ -90,8 +90,8 @@ UNITS = {
 
 
 @click.command()
-@options_from(BrokerConfig, envvar_prefix=ENVVAR_PREFIX, units=UNITS)
 @options_from(BrokerListener, envvar_prefix=ENVVAR_PREFIX)
+@options_from(BrokerConfig, envvar_prefix=ENVVAR_PREFIX, units=UNITS)
 def broker(**values: Any) -> None:
     """Run the broker: durable logs served over HTTP API v1.
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
+from typing import TypeVar
 
 import qmq_wire
 from broker.errors import ConfigError
@@ -42,10 +43,13 @@ class FsyncPolicy:
 
 MIB = 1024 * 1024
 
+Value = TypeVar("Value")
 
-def _option(help: str, unit: str, **more: object) -> dict[str, object]:
-    """A field's ``qmq broker`` option: help text, unit and bounds (see ``broker.cli``)."""
-    return {"help": help, "unit": unit, **more}
+
+def _option(default: Value, help: str, unit: str, **more: object) -> Value:
+    """A field with a default and its ``qmq broker`` option: help text, unit and bounds."""
+    metadata = {"help": help, "unit": unit, **more}
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,138 +59,112 @@ class BrokerConfig:
     data_dir: Path = dataclasses.field(
         metadata=_option("Where the logs, indexes and checkpoints live.", "directory")
     )
-    fsync: FsyncPolicy = dataclasses.field(
-        default=FsyncPolicy(mode="always"),
-        metadata=_option(
-            "always | interval:<ms> | never. With always, a produce is answered after fsync.",
-            "fsync",
-        ),
+    fsync: FsyncPolicy = _option(
+        FsyncPolicy(mode="always"),
+        "always | interval:<ms> | never. With always, a produce is answered after fsync.",
+        "fsync",
     )
-    segment_bytes: int = dataclasses.field(
-        default=64 * MIB,
-        metadata=_option("Roll log segments at this many bytes.", "bytes", min=MIB, max=2**31),
+    segment_bytes: int = _option(
+        64 * MIB, "Roll log segments at this many bytes.", "bytes", min=MIB, max=2**31
     )
-    retention_s: float = dataclasses.field(
-        default=72 * 3600, metadata=_option("Delete whole segments older than this.", "duration")
+    retention_s: float = _option(72 * 3600, "Delete whole segments older than this.", "duration")
+    dedup_window_s: float = _option(
+        7 * 86400, "A message id seen within this window is answered 'duplicate'.", "duration"
     )
-    dedup_window_s: float = dataclasses.field(
-        default=7 * 86400,
-        metadata=_option(
-            "A message id seen within this window is answered 'duplicate'.", "duration"
-        ),
+    ack_timeout_s: float = _option(
+        qmq_wire.DEFAULT_ACK_TIMEOUT_S,
+        "Lease length of a pulled message in shared mode.",
+        "duration",
     )
-    ack_timeout_s: float = dataclasses.field(
-        default=qmq_wire.DEFAULT_ACK_TIMEOUT_S,
-        metadata=_option("Lease length of a pulled message in shared mode.", "duration"),
+    max_attempts: int = _option(
+        qmq_wire.DEFAULT_MAX_ATTEMPTS,
+        "Deliveries before a message goes to the group's dead letters.",
+        "count",
+        min=1,
+        max=1000,
     )
-    max_attempts: int = dataclasses.field(
-        default=qmq_wire.DEFAULT_MAX_ATTEMPTS,
-        metadata=_option(
-            "Deliveries before a message goes to the group's dead letters.",
-            "count",
-            min=1,
-            max=1000,
-        ),
+    backoff_s: tuple[float, ...] = _option(
+        qmq_wire.DEFAULT_BACKOFF_S,
+        "Redelivery delays after the 1st, 2nd, ... failed attempt when a nack names none; "
+        "the last one repeats.",
+        "durations",
     )
-    backoff_s: tuple[float, ...] = dataclasses.field(
-        default=qmq_wire.DEFAULT_BACKOFF_S,
-        metadata=_option(
-            "Redelivery delays after the 1st, 2nd, ... failed attempt when a nack names none; "
-            "the last one repeats.",
-            "durations",
-        ),
+    max_body_bytes: int = _option(
+        qmq_wire.MAX_BODY_BYTES,
+        "Largest message body in bytes (413 beyond).",
+        "bytes",
+        min=1,
+        max=2**30,
     )
-    max_body_bytes: int = dataclasses.field(
-        default=qmq_wire.MAX_BODY_BYTES,
-        metadata=_option("Largest message body in bytes (413 beyond).", "bytes", min=1, max=2**30),
+    max_request_bytes: int = _option(
+        64 * MIB, "Largest request body in bytes (413 beyond).", "bytes", min=1024, max=2**31
     )
-    max_request_bytes: int = dataclasses.field(
-        default=64 * MIB,
-        metadata=_option(
-            "Largest request body in bytes (413 beyond).", "bytes", min=1024, max=2**31
-        ),
+    checkpoint_interval_s: float = _option(
+        10.0, "How often group state and indexes are checkpointed.", "duration"
     )
-    checkpoint_interval_s: float = dataclasses.field(
-        default=10.0,
-        metadata=_option("How often group state and indexes are checkpointed.", "duration"),
+    retention_check_interval_s: float = _option(
+        60.0, "How often segments older than --retention are looked for.", "duration"
     )
-    retention_check_interval_s: float = dataclasses.field(
-        default=60.0,
-        metadata=_option("How often segments older than --retention are looked for.", "duration"),
+    max_wait_ms: int = _option(
+        qmq_wire.MAX_WAIT_MS,
+        "Longest wait_ms a pull may ask for (longer ones are cut).",
+        "count",
+        min=0,
     )
-    max_wait_ms: int = dataclasses.field(
-        default=qmq_wire.MAX_WAIT_MS,
-        metadata=_option(
-            "Longest wait_ms a pull may ask for (longer ones are cut).", "count", min=0
-        ),
+    shutdown_timeout_s: float = _option(
+        30.0, "On SIGTERM, how long in-flight requests may still take.", "duration"
     )
-    shutdown_timeout_s: float = dataclasses.field(
-        default=30.0,
-        metadata=_option("On SIGTERM, how long in-flight requests may still take.", "duration"),
+    max_delay_s: float = _option(
+        qmq_wire.DEFAULT_MAX_DELAY_S,
+        "Furthest deliver_at accepted (400 delay_too_long beyond).",
+        "duration",
     )
-    max_delay_s: float = dataclasses.field(
-        default=qmq_wire.DEFAULT_MAX_DELAY_S,
-        metadata=_option("Furthest deliver_at accepted (400 delay_too_long beyond).", "duration"),
+    schedule_load_ahead_s: float = _option(
+        300.0,
+        "How early an hour of delayed messages is read into the in-memory timing wheel.",
+        "duration",
     )
-    schedule_load_ahead_s: float = dataclasses.field(
-        default=300.0,
-        metadata=_option(
-            "How early an hour of delayed messages is read into the in-memory timing wheel.",
-            "duration",
-        ),
-    )
-    schedule_tick_s: float = dataclasses.field(
-        default=0.5, metadata=_option("Slot width of the in-memory timing wheel.", "duration")
-    )
+    schedule_tick_s: float = _option(0.5, "Slot width of the in-memory timing wheel.", "duration")
     # pull scheduling (docs/scheduling.md)
-    scheduler: str = dataclasses.field(
-        default="fair",
-        metadata=_option(
-            "Pull scheduling: fair (an actor per subject+group, lowest virtual runtime first) "
-            "or fifo (one shared request queue, for comparison).",
-            "choice",
-            choices=("fair", "fifo"),
-        ),
+    scheduler: str = _option(
+        "fair",
+        "Pull scheduling: fair (an actor per subject+group, lowest virtual runtime first) "
+        "or fifo (one shared request queue, for comparison).",
+        "choice",
+        choices=("fair", "fifo"),
     )
-    workers: int = dataclasses.field(
-        default=4,
-        metadata=_option(
-            "Pull workers: actors served at once, each with its own read thread.",
-            "count",
-            min=1,
-            max=1024,
-        ),
+    workers: int = _option(
+        4,
+        "Pull workers: actors served at once, each with its own read thread.",
+        "count",
+        min=1,
+        max=1024,
     )
-    time_slice_s: float = dataclasses.field(
-        default=0.005,
-        metadata=_option(
-            "Longest run of one actor before it yields its worker.",
-            "milliseconds",
-            min=0.1,
-            max=10_000,
-        ),
+    time_slice_s: float = _option(
+        0.005,
+        "Longest run of one actor before it yields its worker.",
+        "milliseconds",
+        min=0.1,
+        max=10_000,
     )
-    mailbox_size: int = dataclasses.field(
-        default=10_000,
-        metadata=_option(
-            "Pending pulls per subject+group before 429 mailbox_full.", "count", min=1, max=10**7
-        ),
+    mailbox_size: int = _option(
+        10_000,
+        "Pending pulls per subject+group before 429 mailbox_full.",
+        "count",
+        min=1,
+        max=10**7,
     )
-    pull_grace_s: float = dataclasses.field(
-        default=5.0,
-        metadata=_option(
-            "How long past its wait_ms a pull may wait for a worker before 503 deadline_exceeded.",
-            "duration",
-        ),
+    pull_grace_s: float = _option(
+        5.0,
+        "How long past its wait_ms a pull may wait for a worker before 503 deadline_exceeded.",
+        "duration",
     )
-    debug_read_delay_s: tuple[tuple[str, str, float], ...] = dataclasses.field(
-        default=(),
-        metadata=_option(
-            "Benchmarks/tests only: sleep MS before each pull read of that group, on its "
-            "worker thread (stands in for a cold disk).",
-            "read_delay",
-            multiple=True,
-            hidden=True,
-            metavar="SUBJECT:GROUP=MS",
-        ),
+    debug_read_delay_s: tuple[tuple[str, str, float], ...] = _option(
+        (),
+        "Benchmarks/tests only: sleep MS before each pull read of that group, on its "
+        "worker thread (stands in for a cold disk).",
+        "read_delay",
+        multiple=True,
+        hidden=True,
+        metavar="SUBJECT:GROUP=MS",
     )

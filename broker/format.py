@@ -561,15 +561,6 @@ class DispatchRecord:
         )
 
 
-def iter_schedule_records(path: Path) -> Iterator[tuple[int, ScheduleRecord]]:
-    """Every whole schedule record of a segment file with its offset."""
-    data, kind = read_segment(path)
-    if kind is not SegmentKind.SCHEDULE:
-        raise CorruptRecord(path=str(path), offset=0, reason=f"a {kind.name} segment")
-    for offset, payload in iter_frames(data, path=str(path)):
-        yield offset, ScheduleRecord.decode(payload, path=str(path), offset=offset)
-
-
 def iter_dispatch_records(path: Path) -> Iterator[tuple[int, DispatchRecord]]:
     """Every whole dispatch record of a segment file with its offset."""
     data, kind = read_segment(path)

@@ -127,7 +127,11 @@ class Compensator:
         token = str(uuid.uuid4())
         started = time.perf_counter()
         rows = self.store.claim(
-            token=token, now=utcnow(), grace=self.config.grace, lease=self.config.lease, limit=self.config.batch_size
+            token=token,
+            now=utcnow(),
+            grace=self.config.grace,
+            lease=self.config.lease,
+            limit=self.config.batch_size,
         )
         self.metrics.claim_latency.observe(time.perf_counter() - started)
         if not rows:
@@ -195,7 +199,9 @@ class Compensator:
         return len(retries), dead
 
     def _delay(self, attempts: int) -> timedelta:
-        return backoff_delay(attempts, base=self.config.backoff_base, cap=self.config.backoff_cap, rng=self._rng)
+        return backoff_delay(
+            attempts, base=self.config.backoff_base, cap=self.config.backoff_cap, rng=self._rng
+        )
 
     def _count(self, result: PassResult) -> None:
         self.metrics.sent.inc(result.sent)

@@ -8,65 +8,49 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import timedelta
-from typing import TypedDict
+from typing import TypedDict, TypeVar
 
 from qmq_outbox.errors import ConfigurationError
 
+Value = TypeVar("Value")
 
-def _option(help: str, unit: str, **more: object) -> dict[str, object]:
-    """A field's ``qmq compensator`` option: help text, unit and bounds."""
-    return {"help": help, "unit": unit, **more}
+
+def _option(default: Value, help: str, unit: str, **more: object) -> Value:
+    """A field with a default and its ``qmq compensator`` option: help text, unit and bounds."""
+    metadata = {"help": help, "unit": unit, **more}
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class CompensatorConfig:
     """Pass pacing, claim sizes, retries and retention of a ``Compensator``."""
 
-    interval: timedelta = dataclasses.field(
-        default=timedelta(seconds=1), metadata=_option("Pause between passes.", "duration")
+    interval: timedelta = _option(timedelta(seconds=1), "Pause between passes.", "duration")
+    batch_size: int = _option(500, "Rows claimed and sent per batch.", "count", min=1, max=1000)
+    grace: timedelta = _option(
+        timedelta(seconds=30), "Leave rows this young to the dispatcher.", "duration"
     )
-    batch_size: int = dataclasses.field(
-        default=500,
-        metadata=_option("Rows claimed and sent per batch.", "count", min=1, max=1000),
+    max_attempts: int = _option(16, "Attempts before a row is marked dead.", "count", min=1)
+    retention: timedelta = _option(
+        timedelta(days=7), "Keep sent rows this long (for reconciliation).", "duration"
     )
-    grace: timedelta = dataclasses.field(
-        default=timedelta(seconds=30),
-        metadata=_option("Leave rows this young to the dispatcher.", "duration"),
+    lease: timedelta = _option(timedelta(minutes=1), "How long a claim holds a row.", "duration")
+    backoff_base: timedelta = _option(
+        timedelta(seconds=1),
+        "Delay before the first retry; it doubles with each attempt (with jitter).",
+        "duration",
     )
-    max_attempts: int = dataclasses.field(
-        default=16, metadata=_option("Attempts before a row is marked dead.", "count", min=1)
+    backoff_cap: timedelta = _option(
+        timedelta(minutes=10), "Longest delay between retries.", "duration"
     )
-    retention: timedelta = dataclasses.field(
-        default=timedelta(days=7),
-        metadata=_option("Keep sent rows this long (for reconciliation).", "duration"),
+    purge_interval: timedelta = _option(
+        timedelta(minutes=1), "How often sent rows past --retention are deleted.", "duration"
     )
-    lease: timedelta = dataclasses.field(
-        default=timedelta(minutes=1), metadata=_option("How long a claim holds a row.", "duration")
+    purge_batch_size: int = _option(1000, "Rows deleted per statement.", "count", min=1)
+    pass_budget: timedelta = _option(
+        timedelta(seconds=30), "A pass claims no new batch after running this long.", "duration"
     )
-    backoff_base: timedelta = dataclasses.field(
-        default=timedelta(seconds=1),
-        metadata=_option(
-            "Delay before the first retry; it doubles with each attempt (with jitter).", "duration"
-        ),
-    )
-    backoff_cap: timedelta = dataclasses.field(
-        default=timedelta(minutes=10), metadata=_option("Longest delay between retries.", "duration")
-    )
-    purge_interval: timedelta = dataclasses.field(
-        default=timedelta(minutes=1),
-        metadata=_option("How often sent rows past --retention are deleted.", "duration"),
-    )
-    purge_batch_size: int = dataclasses.field(
-        default=1000, metadata=_option("Rows deleted per statement.", "count", min=1)
-    )
-    pass_budget: timedelta = dataclasses.field(
-        default=timedelta(seconds=30),
-        metadata=_option("A pass claims no new batch after running this long.", "duration"),
-    )
-    name: str = dataclasses.field(
-        default="qmq-compensator",
-        metadata=_option("Prefix of the compensator's thread names.", "text"),
-    )
+    name: str = _option("qmq-compensator", "Prefix of the compensator's thread names.", "text")
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1 or self.batch_size < 1:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -12,54 +14,41 @@ class CompensatorMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        r = self.registry
-        self.pending = Gauge(
-            "qmq_compensator_pending_messages", "Outbox rows still pending.", registry=r
-        )
-        self.oldest_pending_age = Gauge(
+        gauge = functools.partial(Gauge, registry=self.registry)
+        counter = functools.partial(Counter, registry=self.registry)
+        histogram = functools.partial(Histogram, buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.pending = gauge("qmq_compensator_pending_messages", "Outbox rows still pending.")
+        self.oldest_pending_age = gauge(
             "qmq_compensator_oldest_pending_age_seconds",
             "Age of the oldest pending outbox row (0 when none).",
-            registry=r,
         )
-        self.sent = Counter(
+        self.sent = counter(
             "qmq_compensator_sent_messages",
             "Rows the compensator got stored in the broker and marked sent.",
-            registry=r,
         )
-        self.resent = Counter(
+        self.resent = counter(
             "qmq_compensator_resent_messages",
             "Of those, rows the broker already had (answered duplicate): true resends.",
-            registry=r,
         )
-        self.retried = Counter(
+        self.retried = counter(
             "qmq_compensator_failed_attempts",
             "Send attempts that failed transiently and were scheduled again.",
-            registry=r,
         )
-        self.dead = Counter(
+        self.dead = counter(
             "qmq_compensator_dead_messages",
             "Rows given up on (rejected by the broker or out of attempts).",
-            registry=r,
         )
-        self.lost_claims = Counter(
+        self.lost_claims = counter(
             "qmq_compensator_lost_claims",
             "Sent rows this compensator could not mark: its claim had been taken over.",
-            registry=r,
         )
-        self.purged = Counter(
-            "qmq_compensator_purged_messages",
-            "Sent rows deleted after the retention period.",
-            registry=r,
+        self.purged = counter(
+            "qmq_compensator_purged_messages", "Sent rows deleted after the retention period."
         )
-        self.claim_latency = Histogram(
-            "qmq_compensator_claim_duration_seconds",
-            "Time to claim one batch of due rows.",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.claim_latency = histogram(
+            "qmq_compensator_claim_duration_seconds", "Time to claim one batch of due rows."
         )
-        self.send_latency = Histogram(
+        self.send_latency = histogram(
             "qmq_compensator_send_duration_seconds",
             "Time to produce one claimed batch to the broker.",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
         )

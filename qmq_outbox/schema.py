@@ -1,4 +1,4 @@
-"""SQLAlchemy metadata of the SDK's tables (ARCHITECTURE.md §4, §5).
+"""SQLAlchemy metadata of the SDK's tables (docs/architecture.md, section 4 and 5).
 
 The Alembic revisions in ``migrations/`` create exactly this schema; a test compares them.
 Constraint names are fixed by the naming convention so that adapters can map a unique
@@ -37,7 +37,6 @@ metadata = MetaData(naming_convention=NAMING_CONVENTION)
 # SQLite only autoincrements an INTEGER PRIMARY KEY.
 _BigId = BigInteger().with_variant(Integer(), "sqlite")
 
-OUTBOX_STATUSES = ("pending", "sent", "dead")
 
 outbox_table = Table(
     "qmq_outbox",

@@ -1,4 +1,4 @@
-"""Reconciliation of outbox tables with broker logs on Spark (ARCHITECTURE.md §7).
+"""Reconciliation of outbox tables with broker logs on Spark (docs/architecture.md, section 7).
 
     from spark_reconcile import reconcile
     summary = reconcile(outboxes=["postgresql+psycopg://..."], broker_dirs=["/var/lib/qmq"],

@@ -1,4 +1,4 @@
-"""The reconciliation run: check the inputs, read, classify, write (ARCHITECTURE.md §7).
+"""The reconciliation run: check inputs, read, classify, write (docs/architecture.md, section 7).
 
 Inputs are checked before Spark starts, so a bad path or URL fails fast with a
 ``BadInput``. Each input is read once and cached, so every result of the run sees the

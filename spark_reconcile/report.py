@@ -1,6 +1,6 @@
 """The reconciliation's outputs: ``summary.json``, Parquet per category, text and HTML reports.
 
-``summary`` builds the ``summary.json`` document (ARCHITECTURE.md §7) from collected
+``summary`` builds the ``summary.json`` document (docs/architecture.md, section 7) from collected
 results; ``render_text`` and ``render_html`` are pure; ``prepare_out``,
 ``stage_categories``, ``publish_categories`` and ``write_reports`` are the only functions
 that touch the output directory. The classified messages are written in one pass,

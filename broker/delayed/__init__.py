@@ -1,4 +1,4 @@
-"""Delayed and scheduled messages (ARCHITECTURE.md §3.2, after QMQ's delay server).
+"""Delayed and scheduled messages (docs/architecture.md, section 3.2, after QMQ's delay server).
 
 A message whose ``deliver_at`` lies in the future is answered ``scheduled`` and framed,
 whole, into the schedule segment of its due hour. Shortly before an hour begins its

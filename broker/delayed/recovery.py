@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from array import array
 from pathlib import Path
@@ -31,6 +30,7 @@ from broker.format import (
     segment_number,
 )
 from broker.storage.buckets import BucketKey
+from broker.storage.fsync import truncate_file
 
 logger = logging.getLogger(__name__)
 
@@ -150,6 +150,4 @@ def _cut(path: Path, walk: FrameWalk, problems: list[str]) -> None:
         return
     size = path.stat().st_size
     problems.append(f"{path}: {walk.problem}; truncated {size - walk.valid_end} bytes")
-    with open(path, "r+b") as handle:
-        handle.truncate(walk.valid_end)
-        os.fsync(handle.fileno())
+    truncate_file(path, walk.valid_end)

@@ -191,25 +191,16 @@ class Api:
         )
         return _json(result)
 
-    def _path_subject(self, request: Request) -> str:
-        subject = str(request.path_params["subject"])
-        if not _valid_name(subject):
+    def _path_name(self, request: Request, name: str) -> str:
+        """A subject or group name from the path, checked against the naming rules."""
+        value = str(request.path_params[name])
+        if not qmq_wire.valid_name(value):
             raise Invalid(
-                code="invalid_subject",
-                message="subject does not match the subject rules",
-                field="subject",
+                code=f"invalid_{name}",
+                message=f"{name} does not match the naming rules",
+                field=name,
             )
-        return subject
-
-    def _path_group(self, request: Request) -> str:
-        group = str(request.path_params["group"])
-        if not _valid_name(group):
-            raise Invalid(
-                code="invalid_group",
-                message="group does not match the naming rules",
-                field="group",
-            )
-        return group
+        return value
 
     async def subjects(self, request: Request) -> Response:
         if self.authorizer is not None:
@@ -217,13 +208,13 @@ class Api:
         return _json({"subjects": self.broker.stats.subjects()})
 
     async def subject(self, request: Request) -> Response:
-        subject = self._path_subject(request)
+        subject = self._path_name(request, "subject")
         self._authorize(request, "consume", subject, "subject")
         return _json(self.broker.stats.subject(subject))
 
     async def dead(self, request: Request) -> Response:
-        subject = self._path_subject(request)
-        group = self._path_group(request)
+        subject = self._path_name(request, "subject")
+        group = self._path_name(request, "group")
         self._authorize(request, "consume", subject, "subject")
         limit = _int_param(request, "limit", default=100, low=1, high=1000)
         after = _int_param(request, "after_seq", default=None, low=0, high=2**63 - 1)
@@ -234,8 +225,8 @@ class Api:
         )
 
     async def redrive(self, request: Request) -> Response:
-        subject = self._path_subject(request)
-        group = self._path_group(request)
+        subject = self._path_name(request, "subject")
+        group = self._path_name(request, "group")
         parsed = await self._parse(request, RedriveRequest)
         self._authorize(request, "consume", subject, "subject")
         if (parsed.seqs is None) == (parsed.all is not True):
@@ -268,10 +259,6 @@ class Api:
 
     async def openapi(self, request: Request) -> Response:
         return _json(openapi_document())
-
-
-def _valid_name(value: str) -> bool:
-    return qmq_wire.valid_name(value)
 
 
 def _int_param(request: Request, name: str, *, default: int | None, low: int, high: int) -> Any:

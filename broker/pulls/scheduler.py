@@ -33,7 +33,7 @@ import itertools
 import logging
 import math
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from functools import partial
 from typing import Any
 
@@ -130,9 +130,6 @@ class PullScheduler:
             self._by_subject.setdefault(subject, []).append(actor)
             self._created(actor)
         return actor
-
-    def actors(self) -> Iterator[PullActor]:
-        return iter(self._actors.values())
 
     def wake_subject(self, subject: str) -> None:
         """New data on a subject (a produce, a nack, a redrive): resume its parked pulls."""

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from broker.format import HEADER_SIZE, SegmentKind, segment_header
+from broker.storage.fsync import sync_data, sync_new_file
 from broker.storage.segments import Position, segment_path
 
 BucketKey = tuple[SegmentKind, int]
@@ -59,8 +60,7 @@ class BucketFiles:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         if os.fstat(fd).st_size == 0:
             os.pwrite(fd, segment_header(kind), 0)
-            os.fsync(fd)
-            fsync_dir(path.parent)
+            sync_new_file(fd, path)
         self._fds[key] = fd
         while len(self._fds) > self._max_open:
             _, old = self._fds.popitem(last=False)
@@ -69,13 +69,13 @@ class BucketFiles:
 
     def _close(self, fd: int) -> None:
         if fd in self.dirty:
-            os.fdatasync(fd)
+            sync_data(fd)
             self.dirty.discard(fd)
         os.close(fd)
 
     def fsync(self) -> None:
         for fd in list(self.dirty):
-            os.fdatasync(fd)
+            sync_data(fd)
         self.dirty.clear()
 
     def remove(self, kind: SegmentKind, bucket: int) -> None:
@@ -91,11 +91,3 @@ class BucketFiles:
         for fd in self._fds.values():
             self._close(fd)
         self._fds.clear()
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ import orjson
 
 from broker.errors import StorageError
 from broker.format import FORMAT_VERSION, HEADER_SIZE
+from broker.storage.fsync import replace_file
 
 CHECKPOINT_FILE = "checkpoint.json"
 
@@ -55,15 +55,4 @@ class Checkpoint:
 
     def write(self, data_dir: Path) -> None:
         """Atomically replace the checkpoint (write, fsync, rename, fsync dir)."""
-        path = data_dir / CHECKPOINT_FILE
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as handle:
-            handle.write(self.encode())
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        fd = os.open(data_dir, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        replace_file(data_dir / CHECKPOINT_FILE, self.encode())

@@ -3,9 +3,15 @@ the bucketed schedule and dispatch logs.
 
 Appends are placed on the event loop and collected into the current batch; one flusher
 task hands each batch to a single writer thread that writes it and, under ``fsync
-always``, fsyncs it before the batch's future resolves. While one batch is being written
-the next one fills up, so concurrent producers share one write + fsync. This module is the
-one place where the broker's data reaches the disk.
+always``, fdatasyncs every log segment it wrote before the batch's future resolves (under
+``interval:<ms>`` a second task does so on a timer; under ``never`` only checkpoints and
+shutdown do). While one batch is being written the next one fills up, so concurrent
+producers share one write + fsync. Index files are written with each batch but fsynced
+only by checkpoints: recovery rebuilds index entries past the checkpoint from the log.
+
+Every live append of the broker goes through here. The fsync calls themselves, and the
+few writes outside the journal (checkpoints, recovery's repairs), are in
+``broker.storage.fsync``.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from broker.format import (
     segment_header,
 )
 from broker.storage.buckets import BucketFiles, BucketKey, BucketPlacer
+from broker.storage.fsync import sync_all, sync_data, sync_new_file
 from broker.storage.segments import LogPlacer, Position, segment_path
 
 logger = logging.getLogger(__name__)
@@ -71,10 +78,9 @@ class _AppendFiles:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         if not existed or os.fstat(fd).st_size == 0:
             os.pwrite(fd, segment_header(kind), 0)
-            os.fsync(fd)
-            _fsync_dir(path.parent)
+            sync_new_file(fd, path)
         if current is not None:
-            os.fsync(current[1])
+            sync_all(current[1])
             os.close(current[1])
             self.dirty.discard(current[1])
         self._logs[kind] = (segment, fd)
@@ -87,38 +93,30 @@ class _AppendFiles:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             if os.fstat(fd).st_size == 0:
                 os.write(fd, index_header())
-                _fsync_dir(path.parent)
+                sync_new_file(fd, path)
             self._index[subject] = fd
         return fd
 
     def fsync_logs(self) -> None:
         for fd in list(self.dirty):
-            os.fdatasync(fd)
+            sync_data(fd)
         self.dirty.clear()
         self.buckets.fsync()
 
     def fsync_indexes(self) -> None:
         for fd in self._index.values():
-            os.fdatasync(fd)
+            sync_data(fd)
 
     def close(self) -> None:
         for _, fd in self._logs.values():
-            os.fsync(fd)
+            sync_all(fd)
             os.close(fd)
         for fd in self._index.values():
-            os.fsync(fd)
+            sync_all(fd)
             os.close(fd)
         self._logs.clear()
         self._index.clear()
         self.buckets.close()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Journal:

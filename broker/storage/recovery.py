@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -41,6 +40,7 @@ from broker.format import (
 )
 from broker.groups import GroupTable
 from broker.storage.checkpoint import Checkpoint
+from broker.storage.fsync import rewrite_file, truncate_file
 from broker.subjects import SubjectTable
 
 logger = logging.getLogger(__name__)
@@ -143,9 +143,7 @@ def _repair_tails(
             problems.append(
                 f"{path}: {scan.problem}; truncated {scan.file_size - scan.valid_end} bytes"
             )
-            with open(path, "r+b") as handle:
-                handle.truncate(scan.valid_end)
-                os.fsync(handle.fileno())
+            truncate_file(path, scan.valid_end)
         ends[number] = scan.valid_end
     return ends
 
@@ -220,11 +218,7 @@ def _save_indexes(data_dir: Path, subjects: dict[str, bytearray]) -> None:
         current = path.stat().st_size if path.exists() else -1
         if current == wanted:
             continue
-        with open(path, "wb") as handle:
-            handle.write(index_header())
-            handle.write(entries)
-            handle.flush()
-            os.fsync(handle.fileno())
+        rewrite_file(path, index_header(), entries)
 
 
 def _replay_actions(segments: list[Path], start: tuple[int, int], groups: GroupTable) -> None:

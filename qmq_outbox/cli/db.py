@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -15,7 +16,7 @@ def db() -> None:
 
 
 def _migration(
-    name: str, run: Callable[[str, str], None], *, summary: str, revision: dict[str, object]
+    name: str, run: Callable[[str, str], None], *, summary: str, revision: dict[str, Any]
 ) -> click.Command:
     """``qmq db <name> --database-url URL --revision REV``, running ``run(url, rev)``."""
 
@@ -45,5 +46,8 @@ downgrade = _migration(
     "downgrade",
     migrate.downgrade,
     summary="Migrate the SDK's tables down to REVISION.",
-    revision={"required": True, "help": 'Target revision ("-1" one step, "base" drops the tables).'},
+    revision={
+        "required": True,
+        "help": 'Target revision ("-1" one step, "base" drops the tables).',
+    },
 )

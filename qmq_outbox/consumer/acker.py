@@ -90,6 +90,7 @@ class Acker:
                 return True
             wait = None if due is None else max(due, self._retry_at - now)
             if wait is not None and wait <= 0:
+                await asyncio.sleep(0)  # acks of handlers that just finished join this batch
                 return False
             self._wake.clear()
             with contextlib.suppress(TimeoutError):

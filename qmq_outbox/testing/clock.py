@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from datetime import UTC, datetime
-
-DEFAULT_START = datetime(2030, 1, 1, tzinfo=UTC)
+import time
+from datetime import datetime
 
 
 class StepClock:
-    """Seconds since the epoch, standing still until ``advance``.
+    """Seconds since the epoch, standing still until ``advance``; starts at now (or ``start``).
 
     Pass it as ``InMemoryBroker(clock=...)`` to expire leases and bring retries and delayed
     messages due without sleeping; long polls parked on the broker re-check when it moves.
     """
 
-    def __init__(self, start: datetime = DEFAULT_START) -> None:
-        self._now = start.timestamp()
+    def __init__(self, start: datetime | None = None) -> None:
+        self._now = time.time() if start is None else start.timestamp()
         self._lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
 

@@ -15,7 +15,7 @@ from prometheus_client import generate_latest
 from qmq_outbox.compensator import Compensator
 from qmq_outbox.schema import metadata, outbox_table
 from qmq_outbox.store import OutboxStore
-from tests.support.fake_broker import FakeBroker
+from qmq_outbox.testing import InMemoryBroker
 from tests.support.outbox import pending_rows, sqlite_transactions, statuses, wait_for
 
 NO_BACKOFF = {"backoff_base": timedelta(0), "backoff_cap": timedelta(0)}
@@ -35,11 +35,11 @@ def store(engine: sa.Engine) -> OutboxStore:
 
 
 @pytest.fixture
-def fake() -> FakeBroker:
-    return FakeBroker()
+def fake() -> InMemoryBroker:
+    return InMemoryBroker()
 
 
-def compensator(store: OutboxStore, fake: FakeBroker, **kwargs: object) -> Compensator:
+def compensator(store: OutboxStore, fake: InMemoryBroker, **kwargs: object) -> Compensator:
     options: dict[str, object] = {"grace": timedelta(seconds=30), "batch_size": 4}
     options.update(kwargs)
     return Compensator(store=store, client=fake.client(), rng=random.Random(1), **options)  # type: ignore[arg-type]
@@ -53,7 +53,7 @@ def row(engine: sa.Engine, message_id: str) -> sa.Row[object]:
 
 
 def test_grace_leaves_young_rows_to_the_dispatcher(
-    store: OutboxStore, engine: sa.Engine, fake: FakeBroker
+    store: OutboxStore, engine: sa.Engine, fake: InMemoryBroker
 ) -> None:
     store.insert(pending_rows(3, subject="s", age=60, prefix="old"))
     store.insert(pending_rows(2, subject="s", age=1, prefix="young"))
@@ -64,7 +64,7 @@ def test_grace_leaves_young_rows_to_the_dispatcher(
 
 
 def test_retries_with_backoff_then_dead_after_max_attempts(
-    store: OutboxStore, engine: sa.Engine, fake: FakeBroker
+    store: OutboxStore, engine: sa.Engine, fake: InMemoryBroker
 ) -> None:
     store.insert(pending_rows(2, subject="s", prefix="r"))
     fake.available = False
@@ -91,7 +91,7 @@ def test_retries_with_backoff_then_dead_after_max_attempts(
 
 
 def test_permanent_rejection_is_dead_at_once_while_the_rest_flow(
-    store: OutboxStore, engine: sa.Engine, fake: FakeBroker
+    store: OutboxStore, engine: sa.Engine, fake: InMemoryBroker
 ) -> None:
     store.insert(pending_rows(9, subject="s", prefix="ok"))
     store.insert(pending_rows(1, subject="not a subject", prefix="poison"))
@@ -122,7 +122,7 @@ def test_completion_is_fenced_by_the_claim_token(store: OutboxStore, engine: sa.
 
 
 def test_lost_response_then_resend_is_stored_once(
-    store: OutboxStore, engine: sa.Engine, fake: FakeBroker
+    store: OutboxStore, engine: sa.Engine, fake: InMemoryBroker
 ) -> None:
     store.insert(pending_rows(4, subject="s", prefix="l"))
     fake.lose_responses = 1
@@ -143,12 +143,12 @@ def test_purge_keeps_recent_and_pending_rows(store: OutboxStore, engine: sa.Engi
     for r in recent:
         r.update(status="sent", sent_at=datetime.now(UTC))
     store.insert(rows + recent + pending_rows(1, subject="s", prefix="pend"))
-    comp = Compensator(store=store, client=FakeBroker().client(), purge_batch_size=3)
+    comp = Compensator(store=store, client=InMemoryBroker().client(), purge_batch_size=3)
     assert comp.purge() == 7
     assert sorted(statuses(engine)) == ["new-0", "new-1", "pend-0"]
 
 
-def test_metrics(store: OutboxStore, fake: FakeBroker) -> None:
+def test_metrics(store: OutboxStore, fake: InMemoryBroker) -> None:
     store.insert(pending_rows(5, subject="s", prefix="m"))
     store.insert(pending_rows(2, subject="s", age=0, prefix="young"))
     comp = compensator(store, fake)
@@ -168,7 +168,9 @@ def test_metrics(store: OutboxStore, fake: FakeBroker) -> None:
     assert 0 <= age < 30
 
 
-def test_background_start_and_stop(store: OutboxStore, engine: sa.Engine, fake: FakeBroker) -> None:
+def test_background_start_and_stop(
+    store: OutboxStore, engine: sa.Engine, fake: InMemoryBroker
+) -> None:
     comp = compensator(store, fake, interval=timedelta(milliseconds=20), name="qmq-comp-test")
     comp.start()
     try:

@@ -19,9 +19,9 @@ from qmq_outbox.errors import ConfigurationError, SerializationError
 from qmq_outbox.outbox import Outbox
 from qmq_outbox.schema import metadata, outbox_table
 from qmq_outbox.serializers import OCTET_STREAM
+from qmq_outbox.testing import InMemoryBroker
 from qmq_outbox.uuid7 import uuid7
 from qmq_outbox.validation import InvalidMessage
-from tests.support.fake_broker import FakeBroker
 from tests.support.outbox import sqlite_transactions, statuses, wait_for
 
 
@@ -39,12 +39,12 @@ def maker(engine: sa.Engine) -> sessionmaker[Session]:
 
 
 @pytest.fixture
-def fake() -> FakeBroker:
-    return FakeBroker()
+def fake() -> InMemoryBroker:
+    return InMemoryBroker()
 
 
 @pytest.fixture
-def outbox(maker: sessionmaker[Session], fake: FakeBroker) -> Iterator[Outbox]:
+def outbox(maker: sessionmaker[Session], fake: InMemoryBroker) -> Iterator[Outbox]:
     outbox = Outbox(client=fake.client(), app="orders")
     outbox.install(maker)
     yield outbox
@@ -57,7 +57,7 @@ def rows(engine: sa.Engine) -> list[sa.Row[Any]]:
 
 
 def test_publish_writes_the_row_and_dispatches(
-    outbox: Outbox, maker: sessionmaker[Session], engine: sa.Engine, fake: FakeBroker
+    outbox: Outbox, maker: sessionmaker[Session], engine: sa.Engine, fake: InMemoryBroker
 ) -> None:
     with maker.begin() as session:
         message_id = outbox.publish(
@@ -85,7 +85,7 @@ def test_publish_writes_the_row_and_dispatches(
 
 
 def test_bytes_pass_through_and_custom_serializer(
-    maker: sessionmaker[Session], engine: sa.Engine, fake: FakeBroker
+    maker: sessionmaker[Session], engine: sa.Engine, fake: InMemoryBroker
 ) -> None:
     @dataclasses.dataclass
     class Upper:
@@ -160,7 +160,7 @@ def test_explicit_message_id_and_duplicate(outbox: Outbox, maker: sessionmaker[S
         outbox.publish(session, "s", {}, message_id="order-7-created")
 
 
-def test_publish_needs_install(engine: sa.Engine, fake: FakeBroker) -> None:
+def test_publish_needs_install(engine: sa.Engine, fake: InMemoryBroker) -> None:
     outbox = Outbox(client=fake.client())
     with Session(engine) as session, pytest.raises(ConfigurationError, match="install"):
         outbox.publish(session, "s", {})
@@ -172,7 +172,7 @@ def test_outbox_needs_a_broker() -> None:
 
 
 def test_transactional_commits_and_rolls_back(
-    outbox: Outbox, maker: sessionmaker[Session], engine: sa.Engine, fake: FakeBroker
+    outbox: Outbox, maker: sessionmaker[Session], engine: sa.Engine, fake: InMemoryBroker
 ) -> None:
     @outbox.transactional(maker)
     def place(session: Session, order_id: int, *, fail: bool = False) -> str:
@@ -190,7 +190,7 @@ def test_transactional_commits_and_rolls_back(
     assert list(fake.ids) == [sent]
 
 
-async def test_async_transactional(tmp_path: Path, fake: FakeBroker) -> None:
+async def test_async_transactional(tmp_path: Path, fake: InMemoryBroker) -> None:
     engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'a.db'}")
     sqlite_transactions(engine.sync_engine)
     async with engine.begin() as conn:

@@ -17,7 +17,7 @@ from qmq_outbox.envelope import OutgoingMessage
 from qmq_outbox.outbox import Outbox
 from qmq_outbox.schema import metadata
 from qmq_outbox.sending import chunks, send
-from tests.support.fake_broker import FakeBroker
+from qmq_outbox.testing import InMemoryBroker
 from tests.support.outbox import sqlite_transactions, statuses, wait_for
 
 
@@ -34,7 +34,7 @@ def test_chunks_by_count_and_bytes() -> None:
 
 
 def test_poison_messages_are_isolated() -> None:
-    fake = FakeBroker(max_body=50)
+    fake = InMemoryBroker(max_body=50)
     messages = [msg(i) for i in range(20)]
     messages[3] = msg(3, subject="bad subject")
     messages[15] = msg(15, size=100)
@@ -50,7 +50,7 @@ def test_poison_messages_are_isolated() -> None:
 
 
 def test_unavailable_stops_the_send() -> None:
-    fake = FakeBroker()
+    fake = InMemoryBroker()
     fake.available = False
     report = send(fake.client(), [msg(i) for i in range(5)], max_count=2)
     assert report.error is not None
@@ -88,7 +88,7 @@ def engine(tmp_path: Path) -> Iterator[sa.Engine]:
 
 
 def test_full_queue_and_outage_leave_rows_pending(engine: sa.Engine) -> None:
-    fake = FakeBroker()
+    fake = InMemoryBroker()
     fake.available = False
     maker = sessionmaker(engine)
     outbox = Outbox(client=fake.client(), queue_size=2)
@@ -104,7 +104,7 @@ def test_full_queue_and_outage_leave_rows_pending(engine: sa.Engine) -> None:
 
 
 def test_breaker_skips_sends_after_an_outage(engine: sa.Engine) -> None:
-    fake = FakeBroker()
+    fake = InMemoryBroker()
     fake.available = False
     dispatcher = ThreadDispatcher(fake.client(), cooldown=60, senders=1)
     now = datetime.now(UTC)
@@ -117,7 +117,7 @@ def test_breaker_skips_sends_after_an_outage(engine: sa.Engine) -> None:
 
 
 def test_close_drains_the_queue(engine: sa.Engine) -> None:
-    fake = FakeBroker()
+    fake = InMemoryBroker()
     maker: sessionmaker[Session] = sessionmaker(engine)
     outbox = Outbox(client=fake.client(), batch_size=7)
     outbox.install(maker)
@@ -131,7 +131,7 @@ def test_close_drains_the_queue(engine: sa.Engine) -> None:
 
 
 def test_rejected_by_the_dispatcher_goes_dead(engine: sa.Engine) -> None:
-    fake = FakeBroker(max_body=20)
+    fake = InMemoryBroker(max_body=20)
     maker: sessionmaker[Session] = sessionmaker(engine)
     outbox = Outbox(client=fake.client())
     outbox.install(maker)

@@ -1,0 +1,163 @@
+"""Pull, ack, nack, retries, lease expiry, dead letters, redrive, broadcast and stats."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from qmq_outbox.client import BrokerClient
+from qmq_outbox.envelope import OutgoingMessage
+from tests.contract.conftest import ACK_TIMEOUT_S, Target
+
+
+def produce(target: Target, subject: str, count: int) -> None:
+    messages = [
+        OutgoingMessage(id=f"id-{i}", subject=subject, body=f"body-{i}".encode(), producer="tests")
+        for i in range(count)
+    ]
+    assert {r.status for r in target.client.produce(messages)} == {"stored"}
+
+
+def test_pull_ack_and_subject_stats(target: Target) -> None:
+    subject = target.subject()
+    produce(target, subject, 3)
+    first = target.client.pull(subject, "billing", "c1", max_messages=2)
+    assert [(m.id, m.seq, m.attempt, m.producer) for m in first] == [
+        ("id-0", 0, 1, "tests"),
+        ("id-1", 1, 1, "tests"),
+    ]
+    assert first[0].body == b"body-0"
+    assert first[0].created_at is not None
+    assert first[0].stored_at is not None
+    assert target.client.ack(subject, "billing", "c1", [0, 1, 0, 7]) == {
+        "acked": 2,
+        "unknown": [7],
+    }
+    stats = target.client.subject(subject)
+    assert (stats["subject"], stats["messages"], stats["first_seq"], stats["next_seq"]) == (
+        subject,
+        3,
+        0,
+        3,
+    )
+    assert stats["bytes"] > 0
+    assert stats["groups"] == [
+        {
+            "group": "billing",
+            "mode": "shared",
+            "backlog": 1,
+            "in_flight": 0,
+            "retrying": 0,
+            "dead": 0,
+            "acked": 2,
+        }
+    ]
+    listed = {s["subject"]: s for s in target.client.subjects()}
+    assert listed[subject]["next_seq"] == 3
+
+
+def test_shared_group_divides_and_latest_skips_the_backlog(target: Target) -> None:
+    subject = target.subject()
+    produce(target, subject, 5)
+    assert [m.seq for m in target.client.pull(subject, "g", "a", max_messages=2)] == [0, 1]
+    assert [m.seq for m in target.client.pull(subject, "g", "b", max_messages=9)] == [2, 3, 4]
+    assert target.client.pull(subject, "late", "a", start="latest") == []
+    produce_more = OutgoingMessage(id="id-9", subject=subject, body=b"x")
+    assert target.client.produce([produce_more])[0].seq == 5
+    assert [m.seq for m in target.client.pull(subject, "late", "a")] == [5]
+
+
+def test_nack_retries_then_dead_letters_then_redrive(target: Target) -> None:
+    subject = target.subject()
+    produce(target, subject, 2)
+    (first,) = target.client.pull(subject, "g", "a", max_messages=1)
+    assert target.client.nack(subject, "g", "a", [first.seq], delay_ms=0, error="later") == {
+        "retrying": 1,
+        "dead": 0,
+    }
+    again = target.client.pull(subject, "g", "a", max_messages=5)
+    assert [(m.seq, m.attempt) for m in again] == [(0, 2), (1, 1)]  # due retries first
+    assert target.client.nack(subject, "g", "a", [0], error="boom") == {"retrying": 0, "dead": 1}
+    page = target.client.dead_letters(subject, "g")
+    assert page["next_after_seq"] is None
+    (dead,) = page["dead"]
+    assert (dead["seq"], dead["attempts"], dead["error"], dead["consumer"]) == (0, 2, "boom", None)
+    assert dead["message"]["id"] == "id-0"
+    assert target.client.subject(subject)["groups"][0]["dead"] == 1
+    assert target.client.redrive(subject, "g", [0, 5]) == 1
+    assert [(m.seq, m.attempt) for m in target.client.pull(subject, "g", "a")] == [(0, 1)]
+
+
+def test_dead_letter_pages_and_redrive_all(target: Target) -> None:
+    subject = target.subject()
+    produce(target, subject, 5)
+    seqs = [m.seq for m in target.client.pull(subject, "g", "a", max_messages=5)]
+    assert target.client.nack(subject, "g", "a", seqs, delay_ms=0)["retrying"] == 5
+    seqs = [m.seq for m in target.client.pull(subject, "g", "a", max_messages=5)]
+    assert target.client.nack(subject, "g", "a", seqs)["dead"] == 5
+    page = target.client.dead_letters(subject, "g", limit=2)
+    assert ([d["seq"] for d in page["dead"]], page["next_after_seq"]) == ([0, 1], 1)
+    rest = target.client.dead_letters(subject, "g", limit=10, after_seq=1)
+    assert ([d["seq"] for d in rest["dead"]], rest["next_after_seq"]) == ([2, 3, 4], None)
+    assert target.client.redrive(subject, "g") == 5
+    assert target.client.dead_letters(subject, "g")["dead"] == []
+
+
+def test_an_expired_lease_is_a_failed_attempt(target: Target) -> None:
+    subject = target.subject()
+    produce(target, subject, 1)
+    assert [m.attempt for m in target.client.pull(subject, "g", "a")] == [1]
+    assert target.client.pull(subject, "g", "b") == []  # leased to a
+    target.advance(ACK_TIMEOUT_S + 0.2)
+    assert [(m.seq, m.attempt) for m in target.client.pull(subject, "g", "b")] == [(0, 2)]
+    target.advance(ACK_TIMEOUT_S + 0.2)
+    assert target.client.pull(subject, "g", "b") == []  # out of attempts: dead
+    (dead,) = target.client.dead_letters(subject, "g")["dead"]
+    assert (dead["seq"], dead["attempts"], dead["error"]) == (0, 2, "lease expired")
+
+
+def test_broadcast_gives_every_consumer_every_message(target: Target) -> None:
+    subject = target.subject()
+    produce(target, subject, 3)
+    for consumer in ("a", "b"):
+        got = target.client.pull(subject, "notify", consumer, max_messages=9, mode="broadcast")
+        assert [m.seq for m in got] == [0, 1, 2]
+    assert target.client.ack(subject, "notify", "a", [0, 1, 2])["acked"] == 3
+    target.client.nack(subject, "notify", "b", [1], delay_ms=0, error="x")
+    assert target.client.pull(subject, "notify", "a", mode="broadcast") == []
+    assert [
+        (m.seq, m.attempt) for m in target.client.pull(subject, "notify", "b", mode="broadcast")
+    ] == [(1, 2)]
+    (group,) = target.client.subject(subject)["groups"]
+    assert (group["mode"], group["acked"], group["in_flight"], group["backlog"]) == (
+        "broadcast",
+        3,
+        3,
+        0,
+    )
+
+
+def test_a_long_poll_answers_as_soon_as_a_message_arrives(target: Target) -> None:
+    subject = target.subject()
+    result: dict[str, Any] = {}
+
+    def waiter() -> None:
+        with BrokerClient(target.base_url, transport=target.client._http._transport) as own:
+            result["messages"] = own.pull(subject, "g", "a", wait_ms=10_000)
+            result["at"] = time.monotonic()
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    time.sleep(0.3)
+    produced_at = time.monotonic()
+    produce(target, subject, 1)
+    thread.join(5)
+    assert [m.id for m in result["messages"]] == ["id-0"]
+    assert result["at"] - produced_at < 1.0
+
+
+def test_a_long_poll_times_out_empty(target: Target) -> None:
+    began = time.monotonic()
+    assert target.client.pull(target.subject(), "g", "a", wait_ms=200) == []
+    assert 0.15 <= time.monotonic() - began < 2
