@@ -11,8 +11,15 @@ import re
 from pathlib import Path
 from typing import TypeVar
 
-import qmq_wire
 from broker.errors import ConfigError
+from qmq_wire import (
+    DEFAULT_ACK_TIMEOUT_S,
+    DEFAULT_BACKOFF_S,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_DELAY_S,
+    MAX_BODY_BYTES,
+    MAX_WAIT_MS,
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,8 +63,9 @@ def _option(default: Value, help: str, unit: str, **more: object) -> Value:
 class BrokerConfig:
     """Everything the broker is tuned by; ``qmq broker`` derives one option from each field."""
 
+    # storage
     data_dir: Path = dataclasses.field(
-        metadata=_option("Where the logs, indexes and checkpoints live.", "directory")
+        metadata={"help": "Where the logs, indexes and checkpoints live.", "unit": "directory"}
     )
     fsync: FsyncPolicy = _option(
         FsyncPolicy(mode="always"),
@@ -68,29 +76,37 @@ class BrokerConfig:
         64 * MIB, "Roll log segments at this many bytes.", "bytes", min=MIB, max=2**31
     )
     retention_s: float = _option(72 * 3600, "Delete whole segments older than this.", "duration")
+    retention_check_interval_s: float = _option(
+        60.0, "How often segments older than --retention are looked for.", "duration"
+    )
     dedup_window_s: float = _option(
         7 * 86400, "A message id seen within this window is answered 'duplicate'.", "duration"
     )
+    checkpoint_interval_s: float = _option(
+        10.0, "How often group state and indexes are checkpointed.", "duration"
+    )
+    # delivery
     ack_timeout_s: float = _option(
-        qmq_wire.DEFAULT_ACK_TIMEOUT_S,
+        DEFAULT_ACK_TIMEOUT_S,
         "Lease length of a pulled message in shared mode.",
         "duration",
     )
     max_attempts: int = _option(
-        qmq_wire.DEFAULT_MAX_ATTEMPTS,
+        DEFAULT_MAX_ATTEMPTS,
         "Deliveries before a message goes to the group's dead letters.",
         "count",
         min=1,
         max=1000,
     )
     backoff_s: tuple[float, ...] = _option(
-        qmq_wire.DEFAULT_BACKOFF_S,
+        DEFAULT_BACKOFF_S,
         "Redelivery delays after the 1st, 2nd, ... failed attempt when a nack names none; "
         "the last one repeats.",
         "durations",
     )
+    # requests
     max_body_bytes: int = _option(
-        qmq_wire.MAX_BODY_BYTES,
+        MAX_BODY_BYTES,
         "Largest message body in bytes (413 beyond).",
         "bytes",
         min=1,
@@ -99,14 +115,8 @@ class BrokerConfig:
     max_request_bytes: int = _option(
         64 * MIB, "Largest request body in bytes (413 beyond).", "bytes", min=1024, max=2**31
     )
-    checkpoint_interval_s: float = _option(
-        10.0, "How often group state and indexes are checkpointed.", "duration"
-    )
-    retention_check_interval_s: float = _option(
-        60.0, "How often segments older than --retention are looked for.", "duration"
-    )
     max_wait_ms: int = _option(
-        qmq_wire.MAX_WAIT_MS,
+        MAX_WAIT_MS,
         "Longest wait_ms a pull may ask for (longer ones are cut).",
         "count",
         min=0,
@@ -114,8 +124,9 @@ class BrokerConfig:
     shutdown_timeout_s: float = _option(
         30.0, "On SIGTERM, how long in-flight requests may still take.", "duration"
     )
+    # delayed messages (docs/delayed-messages.md)
     max_delay_s: float = _option(
-        qmq_wire.DEFAULT_MAX_DELAY_S,
+        DEFAULT_MAX_DELAY_S,
         "Furthest deliver_at accepted (400 delay_too_long beyond).",
         "duration",
     )

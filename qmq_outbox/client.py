@@ -1,32 +1,52 @@
 """HTTP client for the broker's API v1: a sync ``BrokerClient`` and an ``AsyncBrokerClient``.
 
-Both shells share request building and response parsing; transport errors, 429 and 5xx
-become ``BrokerUnavailable`` (retry later), other 4xx ``BrokerRejected`` (permanent).
+Each API call is described once, as a ``Call`` (method, path, body, how to read the answer);
+the two clients only send it, blocking or awaited. Transport errors, 429 and 5xx become
+``BrokerUnavailable`` (retry later), other 4xx ``BrokerRejected`` (permanent).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Literal
+import dataclasses
+import functools
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Concatenate, Generic, Literal, ParamSpec, TypeVar
 
 import httpx
 import orjson
 
+import qmq_wire
 from qmq_outbox.envelope import Message, OutgoingMessage, ProduceResult
 from qmq_outbox.errors import BrokerRejected, BrokerUnavailable
-from qmq_wire import transient
 
 PullMode = Literal["shared", "broadcast"]
 StartAt = Literal["earliest", "latest"]
 DEFAULT_TIMEOUT = 10.0
 _JSON = {"content-type": "application/json"}
 
+P = ParamSpec("P")
+T = TypeVar("T")
 
-def _headers(token: str | None) -> dict[str, str]:
-    headers = dict(_JSON)
-    if token:
-        headers["authorization"] = f"Bearer {token}"
-    return headers
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Call(Generic[T]):
+    """One request of the API and how to read its answer."""
+
+    method: Literal["GET", "POST"]
+    path: str
+    read: Callable[[Any], T]
+    content: bytes | None = None
+    params: dict[str, Any] | None = None
+    timeout: float | None = None  # None: the client's
+
+    def request(self, http: httpx.Client | httpx.AsyncClient) -> httpx.Request:
+        timeout = httpx.USE_CLIENT_DEFAULT if self.timeout is None else self.timeout
+        return http.build_request(
+            self.method, self.path, content=self.content, params=self.params, timeout=timeout
+        )
+
+    def answer(self, response: httpx.Response) -> T:
+        return self.read(_check(response))
 
 
 def _check(response: httpx.Response) -> Any:
@@ -37,31 +57,21 @@ def _check(response: httpx.Response) -> Any:
         code, message, field = error["code"], error["message"], error.get("field")
     except (orjson.JSONDecodeError, KeyError, TypeError):
         code, message, field = "http_error", response.text[:200], None
-    if transient(response.status_code):
+    if qmq_wire.transient(response.status_code):
         raise BrokerUnavailable(f"broker answered {response.status_code} {code}: {message}")
     raise BrokerRejected(status=response.status_code, code=code, message=message, field=field)
 
 
-def _pull_body(
-    subject: str,
-    group: str,
-    consumer: str,
-    max_messages: int,
-    wait_ms: int,
-    mode: PullMode,
-    start: StartAt,
-) -> bytes:
-    return orjson.dumps(
-        {
-            "subject": subject,
-            "group": group,
-            "consumer": consumer,
-            "max": max_messages,
-            "wait_ms": wait_ms,
-            "mode": mode,
-            "start": start,
-        }
-    )
+def _unreachable(exc: httpx.HTTPError) -> BrokerUnavailable:
+    return BrokerUnavailable(f"broker unreachable: {exc!r}")
+
+
+# -- the calls ----------------------------------------------------------------------------------
+
+
+def _as_dict(doc: Any) -> dict[str, Any]:
+    result: dict[str, Any] = doc
+    return result
 
 
 def _produce_results(doc: Any) -> list[ProduceResult]:
@@ -71,8 +81,133 @@ def _produce_results(doc: Any) -> list[ProduceResult]:
     ]
 
 
-def _seqs_body(subject: str, group: str, consumer: str, seqs: Sequence[int]) -> dict[str, Any]:
+def _post(path: str, doc: Any, read: Callable[[Any], T], **options: Any) -> Call[T]:
+    return Call(method="POST", path=path, read=read, content=orjson.dumps(doc), **options)
+
+
+def _seqs(subject: str, group: str, consumer: str, seqs: Sequence[int]) -> dict[str, Any]:
     return {"subject": subject, "group": group, "consumer": consumer, "seqs": list(seqs)}
+
+
+def produce(messages: Sequence[OutgoingMessage]) -> Call[list[ProduceResult]]:
+    """Store a batch (1..1000); returns one result per message in request order."""
+    doc = {"messages": [m.to_wire() for m in messages]}
+    return _post("/v1/messages", doc, _produce_results)
+
+
+def produce_raw(body: bytes) -> Call[list[ProduceResult]]:
+    """Send an already-encoded ``{"messages": [...]}`` document (load generators)."""
+    return Call(method="POST", path="/v1/messages", read=_produce_results, content=body)
+
+
+def pull(
+    subject: str,
+    group: str,
+    consumer: str,
+    *,
+    max_messages: int = 32,
+    wait_ms: int = 0,
+    mode: PullMode = "shared",
+    start: StartAt = "earliest",
+) -> Call[list[Message]]:
+    """Lease up to ``max_messages`` of ``subject`` for ``group``, long-polling ``wait_ms``."""
+    doc = {
+        "subject": subject,
+        "group": group,
+        "consumer": consumer,
+        "max": max_messages,
+        "wait_ms": wait_ms,
+        "mode": mode,
+        "start": start,
+    }
+    timeout = DEFAULT_TIMEOUT + wait_ms / 1000
+    return _post("/v1/pull", doc, _messages, timeout=timeout)
+
+
+def _messages(doc: Any) -> list[Message]:
+    return [Message.from_wire(m) for m in doc["messages"]]
+
+
+def ack(subject: str, group: str, consumer: str, seqs: Sequence[int]) -> Call[dict[str, Any]]:
+    """Ack leased messages: ``{"acked": n, "unknown": [seqs not leased to us]}``."""
+    return _post("/v1/ack", _seqs(subject, group, consumer, seqs), _as_dict)
+
+
+def nack(
+    subject: str,
+    group: str,
+    consumer: str,
+    seqs: Sequence[int],
+    *,
+    delay_ms: int | None = None,
+    error: str | None = None,
+) -> Call[dict[str, Any]]:
+    """Give leased messages back for a retry after ``delay_ms`` (None: the broker's backoff)."""
+    doc = _seqs(subject, group, consumer, seqs) | {"delay_ms": delay_ms, "error": error}
+    return _post("/v1/nack", doc, _as_dict)
+
+
+def subjects() -> Call[list[dict[str, Any]]]:
+    """Every subject with its counters."""
+    return Call(method="GET", path="/v1/subjects", read=lambda doc: list(doc["subjects"]))
+
+
+def subject(subject: str) -> Call[dict[str, Any]]:
+    """One subject with its groups."""
+    return Call(method="GET", path=f"/v1/subjects/{subject}", read=_as_dict)
+
+
+def dead_letters(
+    subject: str, group: str, *, limit: int = 100, after_seq: int | None = None
+) -> Call[dict[str, Any]]:
+    """A page of the group's dead letters, oldest first."""
+    params: dict[str, Any] = {"limit": limit}
+    if after_seq is not None:
+        params["after_seq"] = after_seq
+    path = f"/v1/subjects/{subject}/groups/{group}/dead"
+    return Call(method="GET", path=path, read=_as_dict, params=params)
+
+
+def redrive(subject: str, group: str, seqs: Sequence[int] | None = None) -> Call[int]:
+    """Put dead letters back (all of them when ``seqs`` is None); returns how many."""
+    doc: dict[str, Any] = {"all": True} if seqs is None else {"seqs": list(seqs)}
+    path = f"/v1/subjects/{subject}/groups/{group}/dead/redrive"
+    return _post(path, doc, lambda answer: int(answer["redriven"]))
+
+
+# -- the two clients ----------------------------------------------------------------------------
+
+
+def _blocking(build: Callable[P, Call[T]]) -> Callable[Concatenate[BrokerClient, P], T]:
+    """A ``BrokerClient`` method that sends the call ``build`` describes."""
+
+    def method(self: BrokerClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self.send(build(*args, **kwargs))
+
+    functools.update_wrapper(method, build)
+    return method
+
+
+def _awaited(
+    build: Callable[P, Call[T]],
+) -> Callable[Concatenate[AsyncBrokerClient, P], Coroutine[Any, Any, T]]:
+    """An ``AsyncBrokerClient`` method that sends the call ``build`` describes."""
+
+    async def method(self: AsyncBrokerClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await self.send(build(*args, **kwargs))
+
+    functools.update_wrapper(method, build)
+    return method
+
+
+def _settings(
+    base_url: str, token: str | None, timeout: float, max_connections: int
+) -> dict[str, Any]:
+    headers = dict(_JSON)
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    limits = httpx.Limits(max_connections=max_connections)
+    return {"base_url": base_url, "headers": headers, "timeout": timeout, "limits": limits}
 
 
 class BrokerClient:
@@ -87,13 +222,8 @@ class BrokerClient:
         max_connections: int = 16,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        self._http = httpx.Client(
-            base_url=base_url,
-            headers=_headers(token),
-            timeout=timeout,
-            limits=httpx.Limits(max_connections=max_connections),
-            transport=transport,
-        )
+        settings = _settings(base_url, token, timeout, max_connections)
+        self._http = httpx.Client(transport=transport, **settings)
 
     def close(self) -> None:
         self._http.close()
@@ -104,83 +234,22 @@ class BrokerClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _post(self, path: str, content: bytes, *, timeout: float | None = None) -> Any:
+    def send(self, call: Call[T]) -> T:
         try:
-            extra = {} if timeout is None else {"timeout": timeout}
-            response = self._http.post(path, content=content, **extra)  # type: ignore[arg-type]
+            response = self._http.send(call.request(self._http))
         except httpx.HTTPError as exc:
-            raise BrokerUnavailable(f"broker unreachable: {exc!r}") from exc
-        return _check(response)
+            raise _unreachable(exc) from exc
+        return call.answer(response)
 
-    def _get(self, path: str, params: dict[str, Any] | None = None) -> Any:
-        try:
-            response = self._http.get(path, params=params)
-        except httpx.HTTPError as exc:
-            raise BrokerUnavailable(f"broker unreachable: {exc!r}") from exc
-        return _check(response)
-
-    def produce(self, messages: Sequence[OutgoingMessage]) -> list[ProduceResult]:
-        """Store a batch (1..1000); returns one result per message in request order."""
-        body = orjson.dumps({"messages": [m.to_wire() for m in messages]})
-        return _produce_results(self._post("/v1/messages", body))
-
-    def pull(
-        self,
-        subject: str,
-        group: str,
-        consumer: str,
-        *,
-        max_messages: int = 32,
-        wait_ms: int = 0,
-        mode: PullMode = "shared",
-        start: StartAt = "earliest",
-    ) -> list[Message]:
-        body = _pull_body(subject, group, consumer, max_messages, wait_ms, mode, start)
-        doc = self._post("/v1/pull", body, timeout=DEFAULT_TIMEOUT + wait_ms / 1000)
-        return [Message.from_wire(m) for m in doc["messages"]]
-
-    def ack(self, subject: str, group: str, consumer: str, seqs: Sequence[int]) -> dict[str, Any]:
-        doc: dict[str, Any] = self._post(
-            "/v1/ack", orjson.dumps(_seqs_body(subject, group, consumer, seqs))
-        )
-        return doc
-
-    def nack(
-        self,
-        subject: str,
-        group: str,
-        consumer: str,
-        seqs: Sequence[int],
-        *,
-        delay_ms: int | None = None,
-        error: str | None = None,
-    ) -> dict[str, Any]:
-        payload = _seqs_body(subject, group, consumer, seqs)
-        payload.update(delay_ms=delay_ms, error=error)
-        doc: dict[str, Any] = self._post("/v1/nack", orjson.dumps(payload))
-        return doc
-
-    def subjects(self) -> list[dict[str, Any]]:
-        subjects: list[dict[str, Any]] = self._get("/v1/subjects")["subjects"]
-        return subjects
-
-    def subject(self, subject: str) -> dict[str, Any]:
-        doc: dict[str, Any] = self._get(f"/v1/subjects/{subject}")
-        return doc
-
-    def dead_letters(
-        self, subject: str, group: str, *, limit: int = 100, after_seq: int | None = None
-    ) -> dict[str, Any]:
-        params: dict[str, Any] = {"limit": limit}
-        if after_seq is not None:
-            params["after_seq"] = after_seq
-        doc: dict[str, Any] = self._get(f"/v1/subjects/{subject}/groups/{group}/dead", params)
-        return doc
-
-    def redrive(self, subject: str, group: str, seqs: Sequence[int] | None = None) -> int:
-        payload: dict[str, Any] = {"all": True} if seqs is None else {"seqs": list(seqs)}
-        path = f"/v1/subjects/{subject}/groups/{group}/dead/redrive"
-        return int(self._post(path, orjson.dumps(payload))["redriven"])
+    produce = _blocking(produce)
+    produce_raw = _blocking(produce_raw)
+    pull = _blocking(pull)
+    ack = _blocking(ack)
+    nack = _blocking(nack)
+    subjects = _blocking(subjects)
+    subject = _blocking(subject)
+    dead_letters = _blocking(dead_letters)
+    redrive = _blocking(redrive)
 
     def healthy(self) -> bool:
         try:
@@ -201,13 +270,8 @@ class AsyncBrokerClient:
         max_connections: int = 16,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self._http = httpx.AsyncClient(
-            base_url=base_url,
-            headers=_headers(token),
-            timeout=timeout,
-            limits=httpx.Limits(max_connections=max_connections),
-            transport=transport,
-        )
+        settings = _settings(base_url, token, timeout, max_connections)
+        self._http = httpx.AsyncClient(transport=transport, **settings)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -218,56 +282,25 @@ class AsyncBrokerClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _post(self, path: str, content: bytes, *, seconds: float | None = None) -> Any:
+    async def send(self, call: Call[T]) -> T:
         try:
-            extra = {} if seconds is None else {"timeout": seconds}
-            response = await self._http.post(path, content=content, **extra)  # type: ignore[arg-type]
+            response = await self._http.send(call.request(self._http))
         except httpx.HTTPError as exc:
-            raise BrokerUnavailable(f"broker unreachable: {exc!r}") from exc
-        return _check(response)
+            raise _unreachable(exc) from exc
+        return call.answer(response)
 
-    async def produce(self, messages: Sequence[OutgoingMessage]) -> list[ProduceResult]:
-        body = orjson.dumps({"messages": [m.to_wire() for m in messages]})
-        return _produce_results(await self._post("/v1/messages", body))
+    produce = _awaited(produce)
+    produce_raw = _awaited(produce_raw)
+    pull = _awaited(pull)
+    ack = _awaited(ack)
+    nack = _awaited(nack)
+    subjects = _awaited(subjects)
+    subject = _awaited(subject)
+    dead_letters = _awaited(dead_letters)
+    redrive = _awaited(redrive)
 
-    async def produce_raw(self, body: bytes) -> list[ProduceResult]:
-        """Send an already-encoded ``{"messages": [...]}`` document (load generators)."""
-        return _produce_results(await self._post("/v1/messages", body))
-
-    async def pull(
-        self,
-        subject: str,
-        group: str,
-        consumer: str,
-        *,
-        max_messages: int = 32,
-        wait_ms: int = 0,
-        mode: PullMode = "shared",
-        start: StartAt = "earliest",
-    ) -> list[Message]:
-        body = _pull_body(subject, group, consumer, max_messages, wait_ms, mode, start)
-        doc = await self._post("/v1/pull", body, seconds=DEFAULT_TIMEOUT + wait_ms / 1000)
-        return [Message.from_wire(m) for m in doc["messages"]]
-
-    async def ack(
-        self, subject: str, group: str, consumer: str, seqs: Sequence[int]
-    ) -> dict[str, Any]:
-        doc: dict[str, Any] = await self._post(
-            "/v1/ack", orjson.dumps(_seqs_body(subject, group, consumer, seqs))
-        )
-        return doc
-
-    async def nack(
-        self,
-        subject: str,
-        group: str,
-        consumer: str,
-        seqs: Sequence[int],
-        *,
-        delay_ms: int | None = None,
-        error: str | None = None,
-    ) -> dict[str, Any]:
-        payload = _seqs_body(subject, group, consumer, seqs)
-        payload.update(delay_ms=delay_ms, error=error)
-        doc: dict[str, Any] = await self._post("/v1/nack", orjson.dumps(payload))
-        return doc
+    async def healthy(self) -> bool:
+        try:
+            return (await self._http.get("/healthz")).status_code == 200
+        except httpx.HTTPError:
+            return False

@@ -3,7 +3,10 @@
 The broker stores a batch all or nothing, so one poison message would block its whole batch:
 a rejected batch is split in halves until the rejected messages stand alone. A transient
 failure (``BrokerUnavailable``) stops the send; the rest stays for a later attempt.
-Shared by the dispatcher and the compensator; ``send``/``send_async`` are thin twins.
+
+``SendPlan`` is the whole logic and does no I/O: it says which batch to send next and takes
+each batch's outcome. ``send`` and ``send_async`` are its blocking and asyncio drivers;
+the dispatcher and the compensator use them.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from qmq_outbox.errors import BrokerRejected, BrokerUnavailable
 
 MAX_BATCH = 1000
 MAX_BATCH_BYTES = 4 * 1024 * 1024
+Failure = BrokerUnavailable | BrokerRejected
 
 
 @dataclasses.dataclass(slots=True)
@@ -45,9 +49,39 @@ def chunks(
         yield batch
 
 
-def _halves(batch: list[OutgoingMessage]) -> list[list[OutgoingMessage]]:
-    middle = len(batch) // 2
-    return [batch[:middle], batch[middle:]]
+class SendPlan:
+    """The batches of one send, in order: ``next_batch()`` until None, each answered with
+    ``stored(results)`` or ``failed(batch, error)``; then ``report``."""
+
+    def __init__(
+        self, messages: Sequence[OutgoingMessage], *, max_count: int, max_bytes: int
+    ) -> None:
+        self.report = SendReport()
+        self._todo = list(chunks(messages, max_count=max_count, max_bytes=max_bytes))
+        self._todo.reverse()  # a stack: the next batch is last
+
+    def next_batch(self) -> list[OutgoingMessage] | None:
+        """The batch to send now; None when done (after a transient failure, what is left
+        goes to ``report.unsent``)."""
+        if self.report.error is not None:
+            while self._todo:
+                self.report.unsent.extend(self._todo.pop())
+        return self._todo.pop() if self._todo else None
+
+    def stored(self, results: list[ProduceResult]) -> None:
+        self.report.results.extend(results)
+
+    def failed(self, batch: list[OutgoingMessage], error: Failure) -> None:
+        """A transient error stops the send; a rejection splits the batch until the
+        rejected message stands alone."""
+        if isinstance(error, BrokerUnavailable):
+            self.report.error = error
+            self.report.unsent.extend(batch)
+        elif len(batch) == 1:
+            self.report.rejected.append((batch[0], error))
+        else:
+            middle = len(batch) // 2
+            self._todo.extend([batch[middle:], batch[:middle]])
 
 
 def send(
@@ -57,25 +91,14 @@ def send(
     max_count: int = MAX_BATCH,
     max_bytes: int = MAX_BATCH_BYTES,
 ) -> SendReport:
-    report = SendReport()
-    todo = list(chunks(messages, max_count=max_count, max_bytes=max_bytes))
-    todo.reverse()
-    while todo:
-        batch = todo.pop()
-        if report.error is not None:
-            report.unsent.extend(batch)
-            continue
+    """Send ``messages`` with a blocking client."""
+    plan = SendPlan(messages, max_count=max_count, max_bytes=max_bytes)
+    while (batch := plan.next_batch()) is not None:
         try:
-            report.results.extend(client.produce(batch))
-        except BrokerUnavailable as exc:
-            report.error = exc
-            report.unsent.extend(batch)
-        except BrokerRejected as exc:
-            if len(batch) == 1:
-                report.rejected.append((batch[0], exc))
-            else:
-                todo.extend(reversed(_halves(batch)))
-    return report
+            plan.stored(client.produce(batch))
+        except (BrokerUnavailable, BrokerRejected) as exc:
+            plan.failed(batch, exc)
+    return plan.report
 
 
 async def send_async(
@@ -85,22 +108,11 @@ async def send_async(
     max_count: int = MAX_BATCH,
     max_bytes: int = MAX_BATCH_BYTES,
 ) -> SendReport:
-    report = SendReport()
-    todo = list(chunks(messages, max_count=max_count, max_bytes=max_bytes))
-    todo.reverse()
-    while todo:
-        batch = todo.pop()
-        if report.error is not None:
-            report.unsent.extend(batch)
-            continue
+    """``send`` with an asyncio client."""
+    plan = SendPlan(messages, max_count=max_count, max_bytes=max_bytes)
+    while (batch := plan.next_batch()) is not None:
         try:
-            report.results.extend(await client.produce(batch))
-        except BrokerUnavailable as exc:
-            report.error = exc
-            report.unsent.extend(batch)
-        except BrokerRejected as exc:
-            if len(batch) == 1:
-                report.rejected.append((batch[0], exc))
-            else:
-                todo.extend(reversed(_halves(batch)))
-    return report
+            plan.stored(await client.produce(batch))
+        except (BrokerUnavailable, BrokerRejected) as exc:
+            plan.failed(batch, exc)
+    return plan.report

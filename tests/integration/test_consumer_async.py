@@ -28,7 +28,7 @@ from tests.integration.consumer_support import (
     wait_for,
 )
 from tests.support.broker_process import BrokerProcess
-from tests.unit.consumer_fakes import wait_until_async
+from tests.support.waiting import wait_until_async
 
 
 @pytest.fixture(scope="module")

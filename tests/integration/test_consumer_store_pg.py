@@ -17,7 +17,7 @@ from qmq_outbox import IdempotentStore, Message
 from qmq_outbox.idempotent import ClaimHeld, Outcome, rows
 from qmq_outbox.schema import consumed_table
 from tests.integration.consumer_support import consumer_database, count, effects, invoices, reset
-from tests.unit.consumer_fakes import _message
+from tests.support.messages import delivered
 
 TWINS = 6
 
@@ -45,7 +45,7 @@ async def async_sm(db_url: str, engine: Engine) -> AsyncIterator[async_sessionma
 
 
 def _msg(message_id: str = "m-1", attempt: int = 1) -> Message:
-    return _message("order.created", 0, message_id, b'{"order_id": "o-1"}', attempt)
+    return delivered("order.created", 0, message_id, b'{"order_id": "o-1"}', attempt)
 
 
 def test_concurrent_twins_commit_one_effect(engine: Engine) -> None:

@@ -18,6 +18,10 @@ from typing import Any
 
 from qmq_outbox.envelope import Message
 from qmq_outbox.errors import BrokerUnavailable
+from tests.support.messages import delivered
+from tests.support.waiting import wait_until, wait_until_async
+
+__all__ = ["AsyncFakeBroker", "FakeBroker", "wait_until", "wait_until_async"]
 
 
 @dataclass
@@ -90,7 +94,7 @@ class FakeBroker:
             state.attempts[seq] = state.attempts.get(seq, 0) + 1
             state.leased[seq] = consumer
             message_id, body = log[seq]
-            out.append(_message(subject, seq, message_id, body, state.attempts[seq]))
+            out.append(delivered(subject, seq, message_id, body, state.attempts[seq]))
         held = sum(1 for owner in state.leased.values() if owner == consumer)
         self.max_leased[consumer] = max(self.max_leased.get(consumer, 0), held)
         return out
@@ -198,36 +202,3 @@ class AsyncFakeBroker:
 
     async def aclose(self) -> None:
         self.broker.closed = True
-
-
-def _message(subject: str, seq: int, message_id: str, body: bytes, attempt: int) -> Message:
-    return Message(
-        id=message_id,
-        subject=subject,
-        seq=seq,
-        attempt=attempt,
-        key=None,
-        headers={},
-        body=body,
-        producer=None,
-        created_at=None,
-        stored_at=None,
-    )
-
-
-def wait_until(predicate: Any, timeout: float = 5.0, interval: float = 0.005) -> None:
-    """Poll ``predicate`` until true or fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(interval)
-
-
-async def wait_until_async(predicate: Any, within: float = 5.0, interval: float = 0.005) -> None:
-    """``wait_until`` without blocking the loop."""
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {within}s")
-        await asyncio.sleep(interval)

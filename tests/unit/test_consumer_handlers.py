@@ -14,11 +14,11 @@ from qmq_outbox import Consumer, IdempotentStore, Message, RetryLater
 from qmq_outbox.consumer.handlers import Ack, HandlerSpec, Nack, handle, handle_async
 from qmq_outbox.errors import ConfigurationError
 from qmq_outbox.idempotent import ClaimHeld
-from tests.unit.consumer_fakes import _message
+from tests.support.messages import delivered
 
 
 def _msg(seq: int = 0) -> Message:
-    return _message("orders", seq, f"m-{seq}", b'{"n": 1}', 1)
+    return delivered("orders", seq, f"m-{seq}", b'{"n": 1}', 1)
 
 
 @pytest.fixture

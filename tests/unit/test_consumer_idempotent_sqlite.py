@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from qmq_outbox import IdempotentStore, Message
 from qmq_outbox.idempotent import ClaimHeld, Outcome, rows
 from qmq_outbox.schema import consumed_table, metadata
-from tests.unit.consumer_fakes import _message
+from tests.support.messages import delivered
 
 business = sa.MetaData()
 invoices = sa.Table(
@@ -40,7 +40,7 @@ class Clock:
 
 
 def _msg(message_id: str = "m-1") -> Message:
-    return _message("order.created", 0, message_id, b'{"order_id": "o-1"}', 1)
+    return delivered("order.created", 0, message_id, b'{"order_id": "o-1"}', 1)
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 from collections.abc import Iterator
@@ -13,6 +14,8 @@ import sqlalchemy as sa
 from prometheus_client import generate_latest
 
 from qmq_outbox.compensator import Compensator
+from qmq_outbox.compensator_config import CompensatorConfig, CompensatorSettings
+from qmq_outbox.errors import ConfigurationError
 from qmq_outbox.schema import metadata, outbox_table
 from qmq_outbox.store import OutboxStore
 from qmq_outbox.testing import InMemoryBroker
@@ -182,3 +185,21 @@ def test_background_start_and_stop(
     finally:
         assert comp.stop(timeout=10)
     assert sum(fake.ids.values()) == 6
+
+
+def test_keywords_and_config_build_one_config(store: OutboxStore, fake: InMemoryBroker) -> None:
+    base = CompensatorConfig(batch_size=7, lease=timedelta(seconds=5))
+    comp = Compensator(store=store, client=fake.client(), config=base, batch_size=9)
+    assert comp.config == CompensatorConfig(batch_size=9, lease=timedelta(seconds=5))
+    assert Compensator(store=store, client=fake.client()).config == CompensatorConfig()
+
+
+def test_the_keyword_arguments_are_the_config_fields() -> None:
+    fields = [field.name for field in dataclasses.fields(CompensatorConfig)]
+    assert list(CompensatorSettings.__annotations__) == fields
+
+
+@pytest.mark.parametrize("bad", [{"batch_size": 0}, {"max_attempts": 0}])
+def test_a_config_below_one_is_refused(bad: dict[str, int]) -> None:
+    with pytest.raises(ConfigurationError, match="at least 1"):
+        CompensatorConfig(**bad)

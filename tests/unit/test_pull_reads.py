@@ -54,7 +54,7 @@ def test_adjacent_and_scattered_records_are_read_in_order(
 ) -> None:
     reader, positions = stored
     [(messages, unreadable)] = read_batches(reader, [(batch(positions, [0, 1, 2, 4, 5]), 0.0)])
-    assert [m.id for m in messages] == ["id-0", "id-1", "id-2", "id-4", "id-5"]
+    assert [m["id"] for m in messages] == ["id-0", "id-1", "id-2", "id-4", "id-5"]
     assert unreadable == []
 
 
@@ -68,7 +68,7 @@ def test_a_corrupt_frame_inside_a_run_fails_alone(
     data[offset + length - 1] ^= 0xFF  # last body byte of seq 2: CRC mismatch
     path.write_bytes(bytes(data))
     [(messages, unreadable)] = read_batches(reader, [(batch(positions, [1, 2, 3]), 0.0)])
-    assert [m.seq for m in messages] == [1, 3]
+    assert [m["seq"] for m in messages] == [1, 3]
     assert [(seq, "CRC mismatch" in error) for seq, error in unreadable] == [(2, True)]
 
 
@@ -89,5 +89,5 @@ def test_a_frame_past_the_end_of_the_segment_is_unreadable(
     _, offset, length = positions[5]
     beyond = [*positions, (0, offset + length, length), (0, offset + 2 * length, length)]
     [(messages, unreadable)] = read_batches(reader, [(batch(beyond, [5, 6, 7]), 0.0)])
-    assert [m.seq for m in messages] == [5]
+    assert [m["seq"] for m in messages] == [5]
     assert [seq for seq, _ in unreadable] == [6, 7]

@@ -56,7 +56,7 @@ async def produce_pull_ack(broker: Broker) -> dict[str, Any]:
         start="earliest",
     )
     await broker.delivery.ack(
-        subject="orders", group="g", consumer="c", seqs=[m.seq for m in pulled[:6]]
+        subject="orders", group="g", consumer="c", seqs=[m["seq"] for m in pulled[:6]]
     )
     await broker.delivery.nack(
         subject="orders", group="g", consumer="c", seqs=[6, 7], delay_ms=60_000, error="later"
@@ -121,7 +121,7 @@ def test_restarted_broker_dedups_and_continues_seqs(tmp_path: Path) -> None:
         return await broker.producer.produce([message(3), message(99)])
 
     results = run_broker(tmp_path, again)
-    assert [(r.status, r.seq) for r in results] == [("duplicate", 3), ("stored", 40)]
+    assert [(r["status"], r["seq"]) for r in results] == [("duplicate", 3), ("stored", 40)]
 
 
 def test_empty_data_dir_recovers_to_nothing(tmp_path: Path) -> None:

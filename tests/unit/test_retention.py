@@ -56,7 +56,7 @@ def test_old_segments_are_deleted_whole_and_groups_skip_ahead(tmp_path: Path) ->
                 mode="shared",
                 start="earliest",
             )
-            assert first[0].seq == 0
+            assert first[0]["seq"] == 0
             before = broker.stats.subject("orders")
             segments = list_segments(tmp_path, SegmentKind.MESSAGES)
             assert len(segments) > 2
@@ -87,7 +87,7 @@ def test_old_segments_are_deleted_whole_and_groups_skip_ahead(tmp_path: Path) ->
                 mode="shared",
                 start="earliest",
             )
-            assert nxt[0].seq == after.first_seq
+            assert nxt[0]["seq"] == after.first_seq
             # seq 0 was leased before retention removed it: it is dead, and says why
             (dead,) = broker.delivery.dead_letters(
                 subject="orders", group="g", limit=10, after_seq=None
@@ -96,7 +96,7 @@ def test_old_segments_are_deleted_whole_and_groups_skip_ahead(tmp_path: Path) ->
             assert dead.error == "removed by retention before it was acknowledged"
             # dedup still answers within its window even though the record is gone
             again = await broker.producer.produce([message(0)])
-            assert again[0].status == "duplicate"
+            assert again[0]["status"] == "duplicate"
         finally:
             await broker.close()
 

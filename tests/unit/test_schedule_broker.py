@@ -1,7 +1,7 @@
 """The scheduler inside a real ``Broker`` on real files, driven by a controllable clock.
 
 The broker's wheel loop runs too, but it only acts on the fake clock, which moves only when
-a test moves it; each test then calls ``schedule.step()`` to act on the new time at once.
+a test moves it; each test then calls ``delayed.step()`` to act on the new time at once.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from broker.format import (
 )
 from broker.messages import IncomingMessage
 from broker.metrics import BrokerMetrics
-from broker.produce import ProduceResult
 from broker.storage.segments import segment_path
 
 T = TypeVar("T")
@@ -100,7 +99,7 @@ async def pull_all(broker: Broker, subject: str = "orders") -> list[dict[str, An
         if not got:
             return out
         await broker.delivery.ack(
-            subject=subject, group="g", consumer="c", seqs=[m.seq for m in got]
+            subject=subject, group="g", consumer="c", seqs=[m["seq"] for m in got]
         )
         out.extend(got)
 
@@ -119,7 +118,7 @@ def test_a_delayed_message_is_scheduled_then_stored_when_due_and_not_before(
 
     async def script(broker: Broker) -> None:
         results = await broker.producer.produce([delayed(1, T0 + 3 * SECOND)])
-        assert results == [ProduceResult(id="m-1", subject="orders", status="scheduled", seq=None)]
+        assert results == [{"id": "m-1", "subject": "orders", "status": "scheduled", "seq": None}]
         stats = broker.stats.subject("orders")
         assert stats.messages == 0
         assert stats.scheduled.messages == 1
@@ -127,8 +126,8 @@ def test_a_delayed_message_is_scheduled_then_stored_when_due_and_not_before(
         assert await pull_all(broker) == []
         await advance(broker, clock, T0 + 3 * SECOND)
         [got] = await pull_all(broker)
-        assert (got.id, got.seq, got.headers) == ("m-1", 0, {"n": "1"})
-        assert got.stored_at == "2030-01-01T10:30:03.000000Z"
+        assert (got["id"], got["seq"], got["headers"]) == ("m-1", 0, {"n": "1"})
+        assert got["stored_at"] == "2030-01-01T10:30:03.000000Z"
         assert broker.stats.subject("orders").scheduled == ScheduledCount(messages=0, bytes=0)
         schedule = broker.stats.schedule(limit=10)
         assert schedule.messages == 0
@@ -151,7 +150,7 @@ def test_due_order_across_an_hour_boundary_and_within_one_tick(tmp_path: Path) -
         hours = broker.stats.schedule(limit=10).hours
         assert [h.messages for h in hours] == [2, 3]
         await advance(broker, clock, hour_end + SECOND)
-        return [m.id for m in await pull_all(broker)]
+        return [m["id"] for m in await pull_all(broker)]
 
     got = run(tmp_path, clock, script)
     assert got == ["m-4", "m-1", "m-2", "m-3", "m-0"]
@@ -172,8 +171,8 @@ def test_many_messages_due_in_one_tick_all_go_out_in_due_order(tmp_path: Path) -
 
     got = run(tmp_path, clock, script)
     assert len(got) == 5000
-    assert [m.id for m in got] == [f"m-{i}" for i in range(4999, -1, -1)]
-    assert [m.seq for m in got] == list(range(5000))
+    assert [m["id"] for m in got] == [f"m-{i}" for i in range(4999, -1, -1)]
+    assert [m["seq"] for m in got] == list(range(5000))
 
 
 def test_a_far_future_hour_stays_on_disk_until_its_hour_comes_near(tmp_path: Path) -> None:
@@ -187,14 +186,14 @@ def test_a_far_future_hour_stays_on_disk_until_its_hour_comes_near(tmp_path: Pat
         assert stats.wheel_messages == 0  # the far one is not in memory
         assert stats.next_due_at == "2030-12-31T10:30:00.000123Z"
         assert [h.loaded for h in stats.hours] == [False]
-        assert [m.id for m in await pull_all(broker)] == ["m-soon"]
+        assert [m["id"] for m in await pull_all(broker)] == ["m-soon"]
         hour_start = hour_bucket(far) * HOUR_US
         await advance(broker, clock, hour_start - 6 * MINUTE)
         assert broker.stats.schedule(limit=10).wheel_messages == 0
         await advance(broker, clock, hour_start - 5 * MINUTE)  # the default load-ahead
         assert broker.stats.schedule(limit=10).wheel_messages == 1
         await advance(broker, clock, far)
-        assert [m.id for m in await pull_all(broker)] == ["m-far"]
+        assert [m["id"] for m in await pull_all(broker)] == ["m-far"]
 
     run(tmp_path, clock, script)
 
@@ -204,14 +203,14 @@ def test_resent_scheduled_ids_are_duplicates_before_and_after_dispatch(tmp_path:
 
     async def script(broker: Broker) -> None:
         first = await broker.producer.produce([delayed(1, T0 + MINUTE), delayed(1, T0 + MINUTE)])
-        assert [r.status for r in first] == ["scheduled", "duplicate"]
+        assert [r["status"] for r in first] == ["scheduled", "duplicate"]
         again = await broker.producer.produce([delayed(1, 0), delayed(1, T0 + 2 * MINUTE)])
-        assert [(r.status, r.seq) for r in again] == [("duplicate", None)] * 2
+        assert [(r["status"], r["seq"]) for r in again] == [("duplicate", None)] * 2
         other_subject = await broker.producer.produce([delayed(1, T0 + MINUTE, subject="audit")])
-        assert other_subject[0].status == "scheduled"
+        assert other_subject[0]["status"] == "scheduled"
         await advance(broker, clock, T0 + MINUTE)
         after = await broker.producer.produce([delayed(1, T0 + 5 * MINUTE)])
-        assert [(r.status, r.seq) for r in after] == [("duplicate", 0)]
+        assert [(r["status"], r["seq"]) for r in after] == [("duplicate", 0)]
         assert len(await pull_all(broker)) == 1
 
     run(tmp_path, clock, script)
@@ -232,15 +231,15 @@ def test_restart_delivers_what_came_due_while_down_exactly_once(tmp_path: Path) 
         await broker.delayed.step()
         assert broker.stats.schedule(limit=10).messages == 2
         dup = await broker.producer.produce([delayed(5, T0 + 60 * MINUTE)])
-        assert dup[0].status == "duplicate"
-        return [m.id for m in await pull_all(broker)]
+        assert dup[0]["status"] == "duplicate"
+        return [m["id"] for m in await pull_all(broker)]
 
     assert run(tmp_path, clock, after_restart) == ["m-0", "m-1", "m-2", "m-3"]
     clock.now_us = T0 + 2 * HOUR_US
 
     async def later(broker: Broker) -> list[str]:
         await broker.delayed.step()
-        return [m.id for m in await pull_all(broker)]
+        return [m["id"] for m in await pull_all(broker)]
 
     assert run(tmp_path, clock, later) == ["m-4", "m-5"]
     assert sorted(stored_ids(tmp_path)) == [f"m-{i}" for i in range(6)]
@@ -293,11 +292,11 @@ def test_finished_hours_are_deleted_and_a_torn_schedule_tail_is_cut(tmp_path: Pa
 
     async def restart(broker: Broker) -> None:
         await broker.delayed.step()
-        assert [m.id for m in await pull_all(broker)] == ["m-1"]
+        assert [m["id"] for m in await pull_all(broker)] == ["m-1"]
         numbers = [segment_number(p) for p in list_segments(tmp_path, SegmentKind.SCHEDULE)]
         assert numbers == [hour_bucket(T0 + 2 * HOUR_US)]  # 10:00 is done and gone
         assert list_segments(tmp_path, SegmentKind.DISPATCH) == []
         await advance(broker, clock, T0 + 2 * HOUR_US)
-        assert [m.id for m in await pull_all(broker)] == ["m-2"]
+        assert [m["id"] for m in await pull_all(broker)] == ["m-2"]
 
     run(tmp_path, clock, restart)

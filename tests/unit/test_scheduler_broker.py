@@ -74,7 +74,7 @@ async def test_records_are_read_on_the_read_pool_not_the_loop(
 
     monkeypatch.setattr(broker.pulls.reads, "_read_batch", spy)
     got = await pull(running, "g")
-    assert [m.seq for m in got] == [0, 1, 2, 3, 4]
+    assert [m["seq"] for m in got] == [0, 1, 2, 3, 4]
     assert threads
     assert all(name.startswith("qmq-pull-read") for name in threads)
 
@@ -101,7 +101,7 @@ async def test_a_long_poll_is_resumed_by_a_produce(running: Broker) -> None:
     await running.producer.produce([message(100, "orders")])
     got = await asyncio.wait_for(waiting, timeout=5)
     assert time.monotonic() - began < 0.5  # woken by the produce, not by its 10 s timeout
-    assert [m.id for m in got] == ["orders-100"]
+    assert [m["id"] for m in got] == ["orders-100"]
 
 
 async def test_the_mailbox_bound_covers_parked_long_polls(running: Broker) -> None:
