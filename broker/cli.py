@@ -16,7 +16,15 @@ from broker.config import BrokerConfig, FsyncPolicy
 from broker.errors import ConfigError, QmqBrokerError
 from broker.http.auth import Authorizer
 from broker.server import serve
-from qmq_outbox.cli.options import Parsed, Unit, format_duration, options_from, parse_duration, take
+from qmq_outbox.cli.options import (
+    Parsed,
+    Unit,
+    format_duration,
+    option_field,
+    options_from,
+    parse_duration,
+    take,
+)
 
 ENVVAR_PREFIX = "QMQ_BROKER"
 
@@ -25,28 +33,17 @@ ENVVAR_PREFIX = "QMQ_BROKER"
 class BrokerListener:
     """Where and how the broker serves, besides what ``BrokerConfig`` tunes."""
 
-    host: str = dataclasses.field(
-        default="127.0.0.1", metadata={"help": "Address to listen on.", "unit": "text"}
+    host: str = option_field("127.0.0.1", "Address to listen on.", "text")
+    port: int = option_field(8931, "Port to listen on.", "count", min=1, max=65535)
+    auth_file: Path | None = option_field(
+        None, "JSON file of bearer tokens with produce/consume rights; no auth when absent.", "file"
     )
-    port: int = dataclasses.field(
-        default=8931,
-        metadata={"help": "Port to listen on.", "unit": "count", "min": 1, "max": 65535},
-    )
-    auth_file: Path | None = dataclasses.field(
-        default=None,
-        metadata={
-            "help": "JSON file of bearer tokens with produce/consume rights; no auth when absent.",
-            "unit": "file",
-        },
-    )
-    log_level: str = dataclasses.field(
-        default="INFO",
-        metadata={
-            "help": "Least severe log lines written (JSON on stderr).",
-            "unit": "choice",
-            "choices": ("DEBUG", "INFO", "WARNING", "ERROR"),
-            "case_sensitive": False,
-        },
+    log_level: str = option_field(
+        "INFO",
+        "Least severe log lines written (JSON on stderr).",
+        "choice",
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        case_sensitive=False,
     )
 
 

@@ -17,13 +17,14 @@ from broker.errors import Conflict, CorruptRecord, NotFound, StorageError
 from broker.format import ActionType
 from broker.gate import Gate, durable
 from broker.groups import DeliveryState, Group, GroupTable, Policy
-from broker.messages import PulledMessage, pulled, rfc3339
+from broker.messages import pulled, rfc3339
 from broker.metrics import BrokerMetrics
 from broker.pulls.reads import read_message
 from broker.pulls.scheduler import PullScheduler
 from broker.storage.journal import Journal
 from broker.storage.segments import SegmentReader
 from broker.subjects import SubjectTable
+from qmq_wire import PulledMessageJson
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,7 +46,7 @@ class DeadLetterView:
     error: str | None
     dead_at: str
     consumer: str | None  # the broadcast consumer; None in shared mode
-    message: PulledMessage | None  # None when the record can no longer be read
+    message: PulledMessageJson | None  # None when the record can no longer be read
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,7 +97,7 @@ class DeliveryService:
         wait_ms: int,
         mode: str,
         start: str,
-    ) -> list[PulledMessage]:
+    ) -> list[PulledMessageJson]:
         """Queue a pull in its group's actor and wait for the answer.
 
         Messages as soon as there are some; an empty list when ``wait_ms`` ran out;
@@ -112,7 +113,7 @@ class DeliveryService:
             max_messages=max_messages,
             wait_s=wait_ms / 1000,
         )
-        messages: list[PulledMessage] = await future
+        messages: list[PulledMessageJson] = await future
         return messages
 
     def _join(self, subject: str, group: str, consumer: str, mode: str, start: str) -> str:
@@ -237,7 +238,7 @@ class DeliveryService:
         views = []
         for seq, key, dead in page:
             try:
-                message: PulledMessage | None = pulled(
+                message: PulledMessageJson | None = pulled(
                     read_message(self._reader, log, seq), attempt=dead.attempts
                 )
             except (StorageError, CorruptRecord):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import base64
 import dataclasses
 from datetime import UTC, datetime
-from typing import TypedDict
 
 from broker.format import MessageRecord
+from qmq_wire import BodyEncoding, PulledMessageJson
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,7 +31,7 @@ def rfc3339(micros: int) -> str:
     )
 
 
-class PulledMessage(TypedDict):
+def pulled(record: MessageRecord, *, attempt: int) -> PulledMessageJson:
     """A stored message as a pull delivers it (``docs/architecture.md`` 3.1).
 
     Built on a read thread, with the body already text (``body_encoding`` says how) and
@@ -39,22 +39,7 @@ class PulledMessage(TypedDict):
     dict, not a dataclass: one is built per message served, and a dict is the cheapest
     record to build and to serialise.
     """
-
-    id: str
-    subject: str
-    seq: int
-    attempt: int
-    key: str | None
-    headers: dict[str, str]
-    body: str
-    body_encoding: str
-    producer: str | None
-    created_at: str
-    stored_at: str
-
-
-def pulled(record: MessageRecord, *, attempt: int) -> PulledMessage:
-    """The pulled form of a stored message."""
+    encoding: BodyEncoding
     if record.body_base64:
         body, encoding = base64.b64encode(record.body).decode("ascii"), "base64"
     else:

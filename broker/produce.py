@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING
 
 from broker.clock import Clock
 from broker.errors import CorruptRecord, StorageError
@@ -21,21 +21,10 @@ from broker.pulls.reads import read_message
 from broker.storage.journal import Journal
 from broker.storage.segments import SegmentReader
 from broker.subjects import SubjectTable
+from qmq_wire import ProduceResultJson, ProduceStatus
 
 if TYPE_CHECKING:
     from broker.delayed.service import DelayedMessages
-
-
-class ProduceResult(TypedDict):
-    """One message's answer: ``stored`` (with its seq), ``duplicate`` or ``scheduled``.
-
-    A typed dict, not a dataclass: one is built per message stored (hot path).
-    """
-
-    id: str
-    subject: str
-    status: str
-    seq: int | None
 
 
 class ProduceService:
@@ -65,7 +54,7 @@ class ProduceService:
         """The delayed-message service (built after this one: it stores through us)."""
         self._delayed = delayed
 
-    async def produce(self, messages: list[IncomingMessage]) -> list[ProduceResult]:
+    async def produce(self, messages: list[IncomingMessage]) -> list[ProduceResultJson]:
         """Store a validated batch; answers once it is durable under the fsync policy.
 
         A message due later (``deliver_at_us`` after now) goes to the schedule log and is
@@ -75,7 +64,7 @@ class ProduceService:
         delayed = self._delayed
         assert delayed is not None, "attach() the delayed-message service first"
         now = self._clock.wall_us()
-        results: list[ProduceResult] = []
+        results: list[ProduceResultJson] = []
         visible: dict[str, int] = {}
         for message in messages:
             hashed = id_hash(message.id)
@@ -186,5 +175,5 @@ class ProduceService:
             self._wake(name)
 
 
-def _result(message: IncomingMessage, status: str, seq: int | None) -> ProduceResult:
+def _result(message: IncomingMessage, status: ProduceStatus, seq: int | None) -> ProduceResultJson:
     return {"id": message.id, "subject": message.subject, "status": status, "seq": seq}

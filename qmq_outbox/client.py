@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, Concatenate, Generic, Literal, ParamSpec, TypeVar
+from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 
 import httpx
 import orjson
@@ -178,40 +178,35 @@ def redrive(subject: str, group: str, seqs: Sequence[int] | None = None) -> Call
 # -- the two clients ----------------------------------------------------------------------------
 
 
-def _blocking(build: Callable[P, Call[T]]) -> Callable[Concatenate[BrokerClient, P], T]:
-    """A ``BrokerClient`` method that sends the call ``build`` describes."""
+class _Endpoint(Generic[P, T]):
+    """One call of the API as a method of both clients: on a ``BrokerClient`` it blocks and
+    returns the answer, on an ``AsyncBrokerClient`` it is a coroutine function."""
 
-    def method(self: BrokerClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return self.send(build(*args, **kwargs))
+    def __init__(self, build: Callable[P, Call[T]]) -> None:
+        self.build = build
+        self.__doc__ = build.__doc__
 
-    functools.update_wrapper(method, build)
-    return method
+    @overload
+    def __get__(self, client: None, owner: type) -> _Endpoint[P, T]: ...
 
+    @overload
+    def __get__(self, client: BrokerClient, owner: type) -> Callable[P, T]: ...
 
-def _awaited(
-    build: Callable[P, Call[T]],
-) -> Callable[Concatenate[AsyncBrokerClient, P], Coroutine[Any, Any, T]]:
-    """An ``AsyncBrokerClient`` method that sends the call ``build`` describes."""
+    @overload
+    def __get__(
+        self, client: AsyncBrokerClient, owner: type
+    ) -> Callable[P, Coroutine[Any, Any, T]]: ...
 
-    async def method(self: AsyncBrokerClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return await self.send(build(*args, **kwargs))
-
-    functools.update_wrapper(method, build)
-    return method
-
-
-def _settings(
-    base_url: str, token: str | None, timeout: float, max_connections: int
-) -> dict[str, Any]:
-    headers = dict(_JSON)
-    if token:
-        headers["authorization"] = f"Bearer {token}"
-    limits = httpx.Limits(max_connections=max_connections)
-    return {"base_url": base_url, "headers": headers, "timeout": timeout, "limits": limits}
+    def __get__(self, client: Any, owner: type) -> Any:
+        return self if client is None else client.bind(self.build)
 
 
-class BrokerClient:
-    """Blocking client. Thread-safe (one pooled ``httpx.Client``)."""
+HttpClient = TypeVar("HttpClient", httpx.Client, httpx.AsyncClient)
+Transport = TypeVar("Transport", httpx.BaseTransport, httpx.AsyncBaseTransport)
+
+
+class _Client(Generic[HttpClient, Transport]):
+    """What both clients share: their settings and their methods, one per API call."""
 
     def __init__(
         self,
@@ -220,10 +215,35 @@ class BrokerClient:
         token: str | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         max_connections: int = 16,
-        transport: httpx.BaseTransport | None = None,
+        transport: Transport | None = None,
     ) -> None:
-        settings = _settings(base_url, token, timeout, max_connections)
-        self._http = httpx.Client(transport=transport, **settings)
+        headers = dict(_JSON)
+        if token:
+            headers["authorization"] = f"Bearer {token}"
+        limits = httpx.Limits(max_connections=max_connections)
+        self._http: HttpClient = self._open(
+            base_url=base_url, headers=headers, timeout=timeout, limits=limits, transport=transport
+        )
+
+    def _open(self, **settings: Any) -> HttpClient:
+        raise NotImplementedError
+
+    produce = _Endpoint(produce)
+    produce_raw = _Endpoint(produce_raw)
+    pull = _Endpoint(pull)
+    ack = _Endpoint(ack)
+    nack = _Endpoint(nack)
+    subjects = _Endpoint(subjects)
+    subject = _Endpoint(subject)
+    dead_letters = _Endpoint(dead_letters)
+    redrive = _Endpoint(redrive)
+
+
+class BrokerClient(_Client[httpx.Client, httpx.BaseTransport]):
+    """Blocking client. Thread-safe (one pooled ``httpx.Client``)."""
+
+    def _open(self, **settings: Any) -> httpx.Client:
+        return httpx.Client(**settings)
 
     def close(self) -> None:
         self._http.close()
@@ -241,15 +261,14 @@ class BrokerClient:
             raise _unreachable(exc) from exc
         return call.answer(response)
 
-    produce = _blocking(produce)
-    produce_raw = _blocking(produce_raw)
-    pull = _blocking(pull)
-    ack = _blocking(ack)
-    nack = _blocking(nack)
-    subjects = _blocking(subjects)
-    subject = _blocking(subject)
-    dead_letters = _blocking(dead_letters)
-    redrive = _blocking(redrive)
+    def bind(self, build: Callable[P, Call[T]]) -> Callable[P, T]:
+        """``build``'s call as a method of this client."""
+
+        @functools.wraps(build)
+        def method(*args: P.args, **kwargs: P.kwargs) -> T:
+            return self.send(build(*args, **kwargs))
+
+        return method
 
     def healthy(self) -> bool:
         try:
@@ -258,20 +277,11 @@ class BrokerClient:
             return False
 
 
-class AsyncBrokerClient:
+class AsyncBrokerClient(_Client[httpx.AsyncClient, httpx.AsyncBaseTransport]):
     """asyncio client with the same calls as ``BrokerClient``."""
 
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        token: str | None = None,
-        timeout: float = DEFAULT_TIMEOUT,
-        max_connections: int = 16,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        settings = _settings(base_url, token, timeout, max_connections)
-        self._http = httpx.AsyncClient(transport=transport, **settings)
+    def _open(self, **settings: Any) -> httpx.AsyncClient:
+        return httpx.AsyncClient(**settings)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -289,15 +299,14 @@ class AsyncBrokerClient:
             raise _unreachable(exc) from exc
         return call.answer(response)
 
-    produce = _awaited(produce)
-    produce_raw = _awaited(produce_raw)
-    pull = _awaited(pull)
-    ack = _awaited(ack)
-    nack = _awaited(nack)
-    subjects = _awaited(subjects)
-    subject = _awaited(subject)
-    dead_letters = _awaited(dead_letters)
-    redrive = _awaited(redrive)
+    def bind(self, build: Callable[P, Call[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+        """``build``'s call as a coroutine method of this client."""
+
+        @functools.wraps(build)
+        async def method(*args: P.args, **kwargs: P.kwargs) -> T:
+            return await self.send(build(*args, **kwargs))
+
+        return method
 
     async def healthy(self) -> bool:
         try:

@@ -17,7 +17,7 @@ from typing import Any
 import click
 import sqlalchemy as sa
 
-from qmq_outbox.cli.options import options_from, take
+from qmq_outbox.cli.options import option_field, options_from, take
 from qmq_outbox.compensator import Compensator, PassResult
 from qmq_outbox.compensator_config import CompensatorConfig
 from qmq_outbox.dburl import sync_database_url
@@ -37,28 +37,14 @@ class CompensatorService:
     broker_url: str = dataclasses.field(
         metadata={"help": "Broker base URL, e.g. http://127.0.0.1:8931.", "unit": "text"}
     )
-    broker_token: str | None = dataclasses.field(
-        default=None, metadata={"help": "Bearer token for the broker.", "unit": "text"}
+    broker_token: str | None = option_field(None, "Bearer token for the broker.", "text")
+    metrics_port: int | None = option_field(
+        None, "Serve Prometheus metrics on this port.", "count", min=0, max=65535
     )
-    metrics_port: int | None = dataclasses.field(
-        default=None,
-        metadata={
-            "help": "Serve Prometheus metrics on this port.",
-            "unit": "count",
-            "min": 0,
-            "max": 65535,
-        },
-    )
-    metrics_host: str = dataclasses.field(
-        default="127.0.0.1",
-        metadata={"help": "Address for the metrics endpoint.", "unit": "text"},
-    )
-    once: bool = dataclasses.field(
-        default=False, metadata={"help": "Run one pass and exit.", "unit": "flag"}
-    )
-    stop_timeout: timedelta = dataclasses.field(
-        default=timedelta(seconds=30),
-        metadata={"help": "Wait this long for the current batch on shutdown.", "unit": "duration"},
+    metrics_host: str = option_field("127.0.0.1", "Address for the metrics endpoint.", "text")
+    once: bool = option_field(False, "Run one pass and exit.", "flag")
+    stop_timeout: timedelta = option_field(
+        timedelta(seconds=30), "Wait this long for the current batch on shutdown.", "duration"
     )
 
 

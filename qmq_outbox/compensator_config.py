@@ -8,49 +8,46 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import timedelta
-from typing import TypedDict, TypeVar
+from typing import TypedDict
 
+from qmq_outbox.cli.options import option_field
 from qmq_outbox.errors import ConfigurationError
-
-Value = TypeVar("Value")
-
-
-def _option(default: Value, help: str, unit: str, **more: object) -> Value:
-    """A field with a default and its ``qmq compensator`` option: help text, unit and bounds."""
-    metadata = {"help": help, "unit": unit, **more}
-    return dataclasses.field(default=default, metadata=metadata)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class CompensatorConfig:
     """Pass pacing, claim sizes, retries and retention of a ``Compensator``."""
 
-    interval: timedelta = _option(timedelta(seconds=1), "Pause between passes.", "duration")
-    batch_size: int = _option(500, "Rows claimed and sent per batch.", "count", min=1, max=1000)
-    grace: timedelta = _option(
+    interval: timedelta = option_field(timedelta(seconds=1), "Pause between passes.", "duration")
+    batch_size: int = option_field(
+        500, "Rows claimed and sent per batch.", "count", min=1, max=1000
+    )
+    grace: timedelta = option_field(
         timedelta(seconds=30), "Leave rows this young to the dispatcher.", "duration"
     )
-    max_attempts: int = _option(16, "Attempts before a row is marked dead.", "count", min=1)
-    retention: timedelta = _option(
+    max_attempts: int = option_field(16, "Attempts before a row is marked dead.", "count", min=1)
+    retention: timedelta = option_field(
         timedelta(days=7), "Keep sent rows this long (for reconciliation).", "duration"
     )
-    lease: timedelta = _option(timedelta(minutes=1), "How long a claim holds a row.", "duration")
-    backoff_base: timedelta = _option(
+    lease: timedelta = option_field(
+        timedelta(minutes=1), "How long a claim holds a row.", "duration"
+    )
+    backoff_base: timedelta = option_field(
         timedelta(seconds=1),
         "Delay before the first retry; it doubles with each attempt (with jitter).",
         "duration",
     )
-    backoff_cap: timedelta = _option(
+    backoff_cap: timedelta = option_field(
         timedelta(minutes=10), "Longest delay between retries.", "duration"
     )
-    purge_interval: timedelta = _option(
+    purge_interval: timedelta = option_field(
         timedelta(minutes=1), "How often sent rows past --retention are deleted.", "duration"
     )
-    purge_batch_size: int = _option(1000, "Rows deleted per statement.", "count", min=1)
-    pass_budget: timedelta = _option(
+    purge_batch_size: int = option_field(1000, "Rows deleted per statement.", "count", min=1)
+    pass_budget: timedelta = option_field(
         timedelta(seconds=30), "A pass claims no new batch after running this long.", "duration"
     )
-    name: str = _option("qmq-compensator", "Prefix of the compensator's thread names.", "text")
+    name: str = option_field("qmq-compensator", "Prefix of the compensator's thread names.", "text")
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1 or self.batch_size < 1:

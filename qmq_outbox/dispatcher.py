@@ -1,10 +1,12 @@
 """Send committed messages to the broker in the background and mark their rows ``sent``.
 
-``ThreadDispatcher`` (a named daemon thread) serves sync engines; ``AsyncDispatcher`` (a
-named task on the application's event loop) serves asyncio engines. Both take batches from
-a bounded backlog fed by ``submit()``, which never blocks: when the backlog is full, or the
-broker was just found unavailable, the messages are left to the compensator (their rows
-stay ``pending``). Rows are marked on the dispatcher's own connections, never the caller's.
+``Dispatch`` is the logic, without I/O: a bounded backlog fed by ``submit()``, which never
+blocks (when the backlog is full, or the broker was just found unavailable, the messages
+are left to the compensator: their rows stay ``pending``), the batches to send, and what
+to do with each send's report. Two drivers run it: ``ThreadDispatcher`` (named daemon
+threads) for sync engines and ``AsyncDispatcher`` (named tasks on the application's event
+loop) for asyncio engines. Rows are marked on the dispatcher's own connections, never the
+caller's.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -108,17 +111,76 @@ class _Breaker:
             self._open_until = time.monotonic() + self.cooldown
 
 
-class ThreadDispatcher:
-    """Background senders for sync engines, started by the first ``submit()``.
+class Dispatch:
+    """The dispatcher's state and decisions; the drivers guard it (a lock, or one loop)."""
 
-    ``senders`` threads (named ``<name>-<n>``) take batches from one backlog, so a batch can
-    go out while another waits for the broker's durable answer; batches of different
-    transactions may therefore be stored in either order.
-    """
+    def __init__(self, *, capacity: int, batch_size: int, cooldown: float) -> None:
+        self.backlog = Backlog(capacity)
+        self.batch_size = batch_size
+        self.breaker = _Breaker(cooldown)
+        self.closing = False
+
+    def offer(self, engine: Engine, messages: Sequence[OutgoingMessage]) -> bool:
+        """Queue committed messages; False (rows stay pending) if full, closed or cooling down."""
+        if self.closing or not self.breaker.allows():
+            return False
+        return self.backlog.offer(engine, messages)
+
+    def take(self) -> list[Item]:
+        return self.backlog.take(self.batch_size)
+
+    def sends(self, batch: list[Item]) -> Iterator[tuple[Engine, list[OutgoingMessage]]]:
+        """The batch's messages by engine, as long as the broker is not cooling down."""
+        for engine, messages in by_engine(batch).items():
+            if self.breaker.allows():
+                yield engine, messages
+            else:
+                _log_skipped(messages)
+
+    def completion(self, report: SendReport) -> dict[str, Any]:
+        """Learn from a send (a failure opens the breaker); the store's ``mark_dispatched``
+        arguments for its rows: sent ones, and rejected ones dead."""
+        self.breaker.record(report)
+        return {
+            "sent_ids": [r.id for r in report.results],
+            "dead": [(message.id, str(error)) for message, error in report.rejected],
+            "now": utcnow(),
+        }
+
+    def settled(self, report: SendReport, marked: int | QmqError) -> None:
+        """Log a send and how marking its rows went (a failure leaves them to the
+        compensator, whose resend the broker deduplicates)."""
+        if isinstance(marked, QmqError):
+            logger.error(
+                "could not mark rows; the compensator will resend (deduplicated)",
+                exc_info=marked,
+                extra={"action": "outbox.mark_failed", "count": _count(report)},
+            )
+            marked = 0
+        _log_report(report, marked)
+
+
+def _count(report: SendReport) -> int:
+    return len(report.results) + len(report.rejected) + len(report.unsent)
+
+
+def _log_drain_timeout(drain_timeout: float, left: int) -> None:
+    logger.warning(
+        "dispatcher did not drain within %.1fs; the rest stays pending",
+        drain_timeout,
+        extra={"action": "outbox.drain_timeout", "left": left},
+    )
+
+
+Client = TypeVar("Client", BrokerClient, AsyncBrokerClient)
+
+
+class _Driver(Generic[Client]):
+    """The settings of both drivers: ``senders`` send at once, named ``<name>-<n>``."""
 
     def __init__(
         self,
-        client: BrokerClient,
+        client: Client,
         *,
         capacity: int = 10_000,
         batch_size: int = 500,
@@ -126,14 +188,26 @@ class ThreadDispatcher:
         cooldown: float = 1.0,
         name: str = DEFAULT_NAME,
     ) -> None:
-        self._client = client
-        self._backlog = Backlog(capacity)
-        self._batch_size = batch_size
+        self._client: Client = client
+        self._dispatch = Dispatch(capacity=capacity, batch_size=batch_size, cooldown=cooldown)
         self._senders = senders
-        self._breaker = _Breaker(cooldown)
         self._name = name
+        self._setup()
+
+    def _setup(self) -> None:
+        """The driver's own state."""
+
+
+class ThreadDispatcher(_Driver[BrokerClient]):
+    """Background senders for sync engines, started by the first ``submit()``.
+
+    ``senders`` threads (named ``<name>-<n>``) take batches from one backlog, so a batch can
+    go out while another waits for the broker's durable answer; batches of different
+    transactions may therefore be stored in either order.
+    """
+
+    def _setup(self) -> None:
         self._cond = threading.Condition()
-        self._closing = False
         self._abandon = False
         self._threads: list[threading.Thread] = []
         self._stores: weakref.WeakKeyDictionary[Engine, OutboxStore] = weakref.WeakKeyDictionary()
@@ -141,9 +215,7 @@ class ThreadDispatcher:
     def submit(self, engine: Engine, messages: Sequence[OutgoingMessage]) -> bool:
         """Queue committed messages; False (rows stay pending) if full, closed or cooling down."""
         with self._cond:
-            if self._closing or not self._breaker.allows():
-                return False
-            if not self._backlog.offer(engine, messages):
+            if not self._dispatch.offer(engine, messages):
                 return False
             self._threads = [t for t in self._threads if t.is_alive()]
             while len(self._threads) < self._senders:
@@ -157,7 +229,7 @@ class ThreadDispatcher:
     def close(self, drain_timeout: float = 10.0) -> bool:
         """Stop taking messages, send what is queued; True if drained within ``drain_timeout``."""
         with self._cond:
-            self._closing = True
+            self._dispatch.closing = True
             self._cond.notify_all()
             threads = list(self._threads)
         deadline = time.monotonic() + drain_timeout
@@ -166,24 +238,21 @@ class ThreadDispatcher:
         if any(thread.is_alive() for thread in threads):
             with self._cond:
                 self._abandon = True
-            logger.warning(
-                "dispatcher did not drain within %.1fs; the rest stays pending",
-                drain_timeout,
-                extra={"action": "outbox.drain_timeout", "left": len(self._backlog)},
-            )
+            _log_drain_timeout(drain_timeout, len(self._dispatch.backlog))
             return False
         return True
 
     def _run(self) -> None:
         try:
-            while True:
-                with self._cond:
-                    while not self._backlog and not self._closing:
-                        self._cond.wait()
-                    if self._abandon or not self._backlog:
-                        return
-                    batch = self._backlog.take(self._batch_size)
-                self._deliver(batch)
+            while batch := self._next_batch():
+                for engine, messages in self._dispatch.sends(batch):
+                    report = send(self._client, messages)
+                    completion = self._dispatch.completion(report)
+                    try:
+                        marked: int | QmqError = self._store(engine).mark_dispatched(**completion)
+                    except QmqError as exc:
+                        marked = exc
+                    self._dispatch.settled(report, marked)
         except BaseException:
             logger.critical(
                 "dispatcher thread died; committed messages now wait for the compensator",
@@ -192,6 +261,13 @@ class ThreadDispatcher:
             )
             raise
 
+    def _next_batch(self) -> list[Item]:
+        """The next batch to send; empty once closed and drained (or abandoned)."""
+        with self._cond:
+            while not self._dispatch.backlog and not self._dispatch.closing:
+                self._cond.wait()
+            return [] if self._abandon else self._dispatch.take()
+
     def _store(self, engine: Engine) -> OutboxStore:
         with self._cond:
             store = self._stores.get(engine)
@@ -199,50 +275,13 @@ class ThreadDispatcher:
                 store = self._stores[engine] = OutboxStore(engine)
             return store
 
-    def _deliver(self, batch: list[Item]) -> None:
-        for engine, messages in by_engine(batch).items():
-            if not self._breaker.allows():
-                _log_skipped(messages)
-                continue
-            report = send(self._client, messages)
-            self._breaker.record(report)
-            store = self._store(engine)
-            marked = 0
-            try:
-                sent_ids = [r.id for r in report.results]
-                marked = store.mark_sent_by_message_id(message_ids=sent_ids, now=utcnow())
-                for message, error in report.rejected:
-                    store.mark_dead_by_message_id(message_id=message.id, error=str(error))
-            except QmqError:
-                logger.exception(
-                    "could not mark rows; the compensator will resend (deduplicated)",
-                    extra={"action": "outbox.mark_failed", "count": len(messages)},
-                )
-            _log_report(report, marked)
 
-
-class AsyncDispatcher:
+class AsyncDispatcher(_Driver[AsyncBrokerClient]):
     """Background senders for asyncio engines: ``senders`` tasks on the loop that
     ``submit()`` runs on, taking batches from one backlog."""
 
-    def __init__(
-        self,
-        client: AsyncBrokerClient,
-        *,
-        capacity: int = 10_000,
-        batch_size: int = 500,
-        senders: int = 2,
-        cooldown: float = 1.0,
-        name: str = DEFAULT_NAME,
-    ) -> None:
-        self._client = client
-        self._backlog = Backlog(capacity)
-        self._batch_size = batch_size
-        self._senders = senders
-        self._breaker = _Breaker(cooldown)
-        self._name = name
+    def _setup(self) -> None:
         self._wake = asyncio.Event()
-        self._closing = False
         self._tasks: list[asyncio.Task[None]] = []
         self._stores: weakref.WeakKeyDictionary[Engine, AsyncOutboxStore] = (
             weakref.WeakKeyDictionary()
@@ -250,9 +289,7 @@ class AsyncDispatcher:
 
     def submit(self, engine: Engine, messages: Sequence[OutgoingMessage]) -> bool:
         """Queue committed messages (call on the loop's thread); False if they must wait."""
-        if self._closing or not self._breaker.allows():
-            return False
-        if not self._backlog.offer(engine, messages):
+        if not self._dispatch.offer(engine, messages):
             return False
         loop = asyncio.get_running_loop()
         self._tasks = [t for t in self._tasks if not t.done()]
@@ -266,7 +303,7 @@ class AsyncDispatcher:
 
     async def aclose(self, drain_timeout: float = 10.0) -> bool:
         """Stop taking messages, send what is queued; True if drained within ``drain_timeout``."""
-        self._closing = True
+        self._dispatch.closing = True
         if not self._tasks:
             return True
         self._wake.set()
@@ -274,49 +311,32 @@ class AsyncDispatcher:
         if pending:
             for task in pending:
                 task.cancel()
-            logger.warning(
-                "dispatcher did not drain within %.1fs; the rest stays pending",
-                drain_timeout,
-                extra={"action": "outbox.drain_timeout", "left": len(self._backlog)},
-            )
+            _log_drain_timeout(drain_timeout, len(self._dispatch.backlog))
             return False
         return True
 
     async def _run(self) -> None:
-        while True:
-            while not self._backlog and not self._closing:
-                self._wake.clear()  # one loop thread: no wake-up can slip in between
-                await self._wake.wait()
-            if not self._backlog:
-                return
-            await self._deliver(self._backlog.take(self._batch_size))
+        while batch := await self._next_batch():
+            for engine, messages in self._dispatch.sends(batch):
+                report = await send_async(self._client, messages)
+                completion = self._dispatch.completion(report)
+                try:
+                    marked: int | QmqError = await self._store(engine).mark_dispatched(**completion)
+                except QmqError as exc:
+                    marked = exc
+                self._dispatch.settled(report, marked)
+
+    async def _next_batch(self) -> list[Item]:
+        while not self._dispatch.backlog and not self._dispatch.closing:
+            self._wake.clear()  # one loop thread: no wake-up can slip in between
+            await self._wake.wait()
+        return self._dispatch.take()
 
     def _store(self, engine: Engine) -> AsyncOutboxStore:
         store = self._stores.get(engine)
         if store is None:
             store = self._stores[engine] = AsyncOutboxStore(AsyncEngine(engine))
         return store
-
-    async def _deliver(self, batch: list[Item]) -> None:
-        for engine, messages in by_engine(batch).items():
-            if not self._breaker.allows():
-                _log_skipped(messages)
-                continue
-            report = await send_async(self._client, messages)
-            self._breaker.record(report)
-            store = self._store(engine)
-            marked = 0
-            try:
-                sent_ids = [r.id for r in report.results]
-                marked = await store.mark_sent_by_message_id(message_ids=sent_ids, now=utcnow())
-                for message, error in report.rejected:
-                    await store.mark_dead_by_message_id(message_id=message.id, error=str(error))
-            except QmqError:
-                logger.exception(
-                    "could not mark rows; the compensator will resend (deduplicated)",
-                    extra={"action": "outbox.mark_failed", "count": len(messages)},
-                )
-            _log_report(report, marked)
 
 
 def _report_death(task: asyncio.Task[None]) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Sequence
+from typing import TypedDict, Unpack
 
 from qmq_outbox.client import AsyncBrokerClient, BrokerClient
 from qmq_outbox.envelope import OutgoingMessage, ProduceResult
@@ -21,6 +22,13 @@ from qmq_outbox.errors import BrokerRejected, BrokerUnavailable
 MAX_BATCH = 1000
 MAX_BATCH_BYTES = 4 * 1024 * 1024
 Failure = BrokerUnavailable | BrokerRejected
+
+
+class Limits(TypedDict, total=False):
+    """A send's batch limits (``SendPlan``'s defaults where left out)."""
+
+    max_count: int
+    max_bytes: int
 
 
 @dataclasses.dataclass(slots=True)
@@ -54,7 +62,11 @@ class SendPlan:
     ``stored(results)`` or ``failed(batch, error)``; then ``report``."""
 
     def __init__(
-        self, messages: Sequence[OutgoingMessage], *, max_count: int, max_bytes: int
+        self,
+        messages: Sequence[OutgoingMessage],
+        *,
+        max_count: int = MAX_BATCH,
+        max_bytes: int = MAX_BATCH_BYTES,
     ) -> None:
         self.report = SendReport()
         self._todo = list(chunks(messages, max_count=max_count, max_bytes=max_bytes))
@@ -85,14 +97,10 @@ class SendPlan:
 
 
 def send(
-    client: BrokerClient,
-    messages: Sequence[OutgoingMessage],
-    *,
-    max_count: int = MAX_BATCH,
-    max_bytes: int = MAX_BATCH_BYTES,
+    client: BrokerClient, messages: Sequence[OutgoingMessage], **limits: Unpack[Limits]
 ) -> SendReport:
     """Send ``messages`` with a blocking client."""
-    plan = SendPlan(messages, max_count=max_count, max_bytes=max_bytes)
+    plan = SendPlan(messages, **limits)
     while (batch := plan.next_batch()) is not None:
         try:
             plan.stored(client.produce(batch))
@@ -102,14 +110,10 @@ def send(
 
 
 async def send_async(
-    client: AsyncBrokerClient,
-    messages: Sequence[OutgoingMessage],
-    *,
-    max_count: int = MAX_BATCH,
-    max_bytes: int = MAX_BATCH_BYTES,
+    client: AsyncBrokerClient, messages: Sequence[OutgoingMessage], **limits: Unpack[Limits]
 ) -> SendReport:
     """``send`` with an asyncio client."""
-    plan = SendPlan(messages, max_count=max_count, max_bytes=max_bytes)
+    plan = SendPlan(messages, **limits)
     while (batch := plan.next_batch()) is not None:
         try:
             plan.stored(await client.produce(batch))

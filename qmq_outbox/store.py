@@ -6,6 +6,7 @@ Claims use ``FOR UPDATE SKIP LOCKED`` on PostgreSQL so several compensators can 
 table; on SQLite the same statement runs without it (one compensator at a time there).
 Completions are fenced by the claim token: a claimant whose lease expired and was taken
 over cannot complete the row. SQLAlchemy errors become ``OutboxStoreError`` here.
+``AsyncOutboxStore`` runs the same statements on an ``AsyncEngine`` (``run_sync``).
 
 None of these writes needs to survive a database crash (a lost claim or mark only causes a
 resend, which the broker deduplicates), so on PostgreSQL they commit with
@@ -23,15 +24,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Engine
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from qmq_outbox.envelope import OutgoingMessage
-from qmq_outbox.errors import QmqError
+from qmq_outbox.errors import OutboxStoreError
 from qmq_outbox.schema import outbox_table as t
-
-
-class OutboxStoreError(QmqError):
-    """The outbox table could not be read or written."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,9 +72,13 @@ _ASYNC_COMMIT = sa.text("SET LOCAL synchronous_commit TO OFF")
 def _transaction(engine: Engine, what: str) -> Iterator[sa.Connection]:
     """A short transaction that does not wait for its commit to be flushed (PostgreSQL)."""
     with _translated(what), engine.begin() as conn:
-        if conn.dialect.name == "postgresql":
-            conn.execute(_ASYNC_COMMIT)
+        _no_flush_wait(conn)
         yield conn
+
+
+def _no_flush_wait(conn: sa.Connection) -> None:
+    if conn.dialect.name == "postgresql":
+        conn.execute(_ASYNC_COMMIT)
 
 
 @contextmanager
@@ -261,18 +262,16 @@ class OutboxStore:
         with _transaction(self.engine, "mark dead") as conn:
             return conn.execute(stmt).rowcount
 
-    def mark_sent_by_message_id(self, *, message_ids: Sequence[str], now: datetime) -> int:
-        """The dispatcher's completion: unclaimed-path rows, by message id."""
-        if not message_ids:
+    def mark_dispatched(
+        self, *, sent_ids: Sequence[str], dead: Sequence[tuple[str, str]], now: datetime
+    ) -> int:
+        """The dispatcher's completion of one send, by message id (its rows are unclaimed):
+        ``sent_ids`` become *sent*, ``dead`` ``(message_id, error)`` pairs *dead*. Returns how
+        many rows were marked sent."""
+        if not sent_ids and not dead:
             return 0
-        stmt = mark_sent_by_message_id_statement(message_ids=message_ids, now=now)
-        with _transaction(self.engine, "mark sent") as conn:
-            return conn.execute(stmt).rowcount
-
-    def mark_dead_by_message_id(self, *, message_id: str, error: str) -> int:
-        stmt = mark_dead_by_message_id_statement(message_id=message_id, error=error)
-        with _transaction(self.engine, "mark dead") as conn:
-            return conn.execute(stmt).rowcount
+        with _transaction(self.engine, "mark dispatched") as conn:
+            return _mark_dispatched(conn, sent_ids=sent_ids, dead=dead, now=now)
 
     def purge_sent(self, *, before: datetime, batch_size: int) -> int:
         """Delete up to ``batch_size`` rows sent before ``before``; returns how many."""
@@ -296,23 +295,25 @@ class AsyncOutboxStore:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
 
-    @staticmethod
-    async def _no_flush_wait(conn: AsyncConnection) -> None:
-        if conn.dialect.name == "postgresql":
-            await conn.execute(_ASYNC_COMMIT)
-
-    async def mark_sent_by_message_id(self, *, message_ids: Sequence[str], now: datetime) -> int:
-        if not message_ids:
+    async def mark_dispatched(
+        self, *, sent_ids: Sequence[str], dead: Sequence[tuple[str, str]], now: datetime
+    ) -> int:
+        """``OutboxStore.mark_dispatched``, the same statements through ``run_sync``."""
+        if not sent_ids and not dead:
             return 0
-        stmt = mark_sent_by_message_id_statement(message_ids=message_ids, now=now)
-        with _translated("mark sent"):
+        with _translated("mark dispatched"):
             async with self.engine.begin() as conn:
-                await self._no_flush_wait(conn)
-                return (await conn.execute(stmt)).rowcount
+                await conn.run_sync(_no_flush_wait)
+                return await conn.run_sync(_mark_dispatched, sent_ids=sent_ids, dead=dead, now=now)
 
-    async def mark_dead_by_message_id(self, *, message_id: str, error: str) -> int:
-        stmt = mark_dead_by_message_id_statement(message_id=message_id, error=error)
-        with _translated("mark dead"):
-            async with self.engine.begin() as conn:
-                await self._no_flush_wait(conn)
-                return (await conn.execute(stmt)).rowcount
+
+def _mark_dispatched(
+    conn: sa.Connection, *, sent_ids: Sequence[str], dead: Sequence[tuple[str, str]], now: datetime
+) -> int:
+    marked = 0
+    if sent_ids:
+        sent = mark_sent_by_message_id_statement(message_ids=sent_ids, now=now)
+        marked = conn.execute(sent).rowcount
+    for message_id, error in dead:
+        conn.execute(mark_dead_by_message_id_statement(message_id=message_id, error=error))
+    return marked

@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 import click
 
-from qmq_outbox.cli.options import Parsed, Unit, options_from, take
+from qmq_outbox.cli.options import Parsed, Unit, option_field, options_from, take
 from spark_reconcile.errors import BadInput, ReconcileError
 from spark_reconcile.job import DEFAULT_ACK_THRESHOLD, DEFAULT_GRACE, run, timings_line
 
@@ -73,67 +73,47 @@ class ReconcileArgs:
             "metavar": "DIR",
         }
     )
-    master: str = dataclasses.field(
-        default="local[*]",
-        metadata={
-            "help": "Spark master: local[*], local[2], spark://host:7077, yarn, ...",
-            "unit": "text",
-        },
+    master: str = option_field(
+        "local[*]", "Spark master: local[*], local[2], spark://host:7077, yarn, ...", "text"
     )
-    grace: timedelta = dataclasses.field(
-        default=DEFAULT_GRACE,
-        metadata={
-            "help": "Messages created (or due) less than this before the run are in flight: "
-            "not judged.",
-            "unit": "duration",
-        },
+    grace: timedelta = option_field(
+        DEFAULT_GRACE,
+        "Messages created (or due) less than this before the run are in flight: not judged.",
+        "duration",
     )
-    since: datetime | None = dataclasses.field(
-        default=None,
-        metadata={
-            "help": "Judge messages created at or after this time (UTC unless it says).",
-            "unit": "timestamp",
-        },
+    since: datetime | None = option_field(
+        None, "Judge messages created at or after this time (UTC unless it says).", "timestamp"
     )
-    until: datetime | None = dataclasses.field(
-        default=None,
-        metadata={"help": "Judge messages created before this time.", "unit": "timestamp"},
+    until: datetime | None = option_field(
+        None, "Judge messages created before this time.", "timestamp"
     )
-    producers: tuple[str, ...] = dataclasses.field(
-        default=(),
-        metadata={
-            "help": "Producers whose broker messages must have an outbox row (orphans); "
-            "default: the producers found in the outbox rows.",
-            "unit": "text",
-            "option": "--producer",
-            "multiple": True,
-            "metavar": "NAME",
-        },
+    producers: tuple[str, ...] = option_field(
+        (),
+        "Producers whose broker messages must have an outbox row (orphans); "
+        "default: the producers found in the outbox rows.",
+        "text",
+        option="--producer",
+        multiple=True,
+        metavar="NAME",
     )
-    ack_threshold: timedelta = dataclasses.field(
-        default=DEFAULT_ACK_THRESHOLD,
-        metadata={
-            "help": "Count a group's messages stored longer ago than this and not acked.",
-            "unit": "duration",
-        },
+    ack_threshold: timedelta = option_field(
+        DEFAULT_ACK_THRESHOLD,
+        "Count a group's messages stored longer ago than this and not acked.",
+        "duration",
     )
-    jars: tuple[str, ...] | None = dataclasses.field(
-        default=None,
-        metadata={
-            "help": "JDBC driver jars (paths or URLs), comma-separated; shipped to the "
-            "executors. Default: Debian's /usr/share/java/postgresql.jar and sqlite-jdbc.jar.",
-            "unit": "jars",
-            "metavar": "JAR[,JAR...]",
-        },
+    jars: tuple[str, ...] | None = option_field(
+        None,
+        "JDBC driver jars (paths or URLs), comma-separated; shipped to the "
+        "executors. Default: Debian's /usr/share/java/postgresql.jar and sqlite-jdbc.jar.",
+        "jars",
+        metavar="JAR[,JAR...]",
     )
-    conf: tuple[tuple[str, str], ...] = dataclasses.field(
-        default=(),
-        metadata={
-            "help": "Extra Spark configuration, e.g. spark.executor.memory=4g; repeatable.",
-            "unit": "conf",
-            "multiple": True,
-            "metavar": "KEY=VALUE",
-        },
+    conf: tuple[tuple[str, str], ...] = option_field(
+        (),
+        "Extra Spark configuration, e.g. spark.executor.memory=4g; repeatable.",
+        "conf",
+        multiple=True,
+        metavar="KEY=VALUE",
     )
 
 

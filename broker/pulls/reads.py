@@ -17,13 +17,14 @@ import time
 
 from broker.errors import CorruptRecord, StorageError
 from broker.format import MessageRecord, read_frame_at
-from broker.messages import PulledMessage, pulled
+from broker.messages import pulled
 from broker.storage.segments import SegmentReader
 from broker.subjects import SubjectLog
+from qmq_wire import PulledMessageJson
 
 MAX_RUN_BYTES = 4 * 1024 * 1024  # read by one pread at most
 
-Read = tuple[list[PulledMessage], list[tuple[int, str]]]  # messages, (seq, error)
+Read = tuple[list[PulledMessageJson], list[tuple[int, str]]]  # messages, (seq, error)
 
 
 def read_message(reader: SegmentReader, log: SubjectLog, seq: int) -> MessageRecord:
@@ -51,7 +52,7 @@ def read_batches(reader: SegmentReader, batches: list[tuple[Batch, float]]) -> l
 def _read_batch(reader: SegmentReader, batch: Batch, delay_s: float) -> Read:
     if delay_s > 0:
         time.sleep(delay_s)
-    out: list[PulledMessage] = []
+    out: list[PulledMessageJson] = []
     unreadable: list[tuple[int, str]] = []
     payloads = _payloads(reader, batch.positions)
     for seq, attempt, (segment, offset, _), payload in zip(

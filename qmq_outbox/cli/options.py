@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 Config = TypeVar("Config", bound="DataclassInstance")
+Value = TypeVar("Value")
 Decorated = TypeVar("Decorated", bound=Callable[..., Any])
 
 METADATA_KEYS = frozenset(
@@ -55,6 +56,12 @@ METADATA_KEYS = frozenset(
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _SECONDS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+
+
+def option_field(default: Value, help: str, unit: str, **more: object) -> Value:
+    """A dataclass field with a default and the metadata of its option (keys as above)."""
+    metadata = {"help": help, "unit": unit, **more}
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 def parse_duration(text: str) -> timedelta:

@@ -47,28 +47,25 @@ _RELEASE = sa.delete(t).where(
 Statement = tuple[sa.Executable, Any]  # a statement and its parameters (a dict or a list)
 
 
-def insert_done(group: str, message_id: str, *, now: datetime) -> Statement:
-    """The transactional mode's dedup row, committed with the handler's writes."""
-    row = {
+def _row(group: str, message_id: str, now: datetime, until: datetime | None) -> dict[str, Any]:
+    """A *done* row, or a *processing* one leased ``until``."""
+    return {
         "consumer_group": group,
         "message_id": message_id,
-        "status": DONE,
-        "lease_until": None,
+        "status": DONE if until is None else PROCESSING,
+        "lease_until": until,
         "consumed_at": now,
     }
-    return _INSERT, row
+
+
+def insert_done(group: str, message_id: str, *, now: datetime) -> Statement:
+    """The transactional mode's dedup row, committed with the handler's writes."""
+    return _INSERT, _row(group, message_id, now, None)
 
 
 def insert_processing(group: str, message_id: str, *, now: datetime, until: datetime) -> Statement:
     """The non-transactional mode's claim: a *processing* row with a lease."""
-    row = {
-        "consumer_group": group,
-        "message_id": message_id,
-        "status": PROCESSING,
-        "lease_until": until,
-        "consumed_at": now,
-    }
-    return _INSERT, row
+    return _INSERT, _row(group, message_id, now, until)
 
 
 def take_over_expired(group: str, message_id: str, *, now: datetime, until: datetime) -> Statement:
@@ -107,17 +104,8 @@ def insert_done_many(
         return None
     statement = insert(t).on_conflict_do_nothing().returning(t.c.message_id)
     ids = sorted({message.id for message in messages})
-    params = [
-        {
-            "consumer_group": group,
-            "message_id": message_id,
-            "status": DONE,
-            "lease_until": None,
-            "consumed_at": now,
-        }
-        for message_id in ids
-    ]
-    return statement, params  # type: ignore[return-value]
+    params = [_row(group, message_id, now, None) for message_id in ids]
+    return statement, params
 
 
 def gc_batch(*, cutoff: datetime, limit: int) -> sa.Delete:

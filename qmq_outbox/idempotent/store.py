@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, overload
+from typing import TYPE_CHECKING, Any, Generic
 
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
@@ -42,8 +42,8 @@ from qmq_outbox.idempotent.base import (
 from qmq_outbox.idempotent.claims import NonTransactional
 
 if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
-    from sqlalchemy.orm import Session, sessionmaker
+    from sqlalchemy.ext.asyncio import AsyncSession
+    from sqlalchemy.orm import Session
 
 BatchResult = list[Outcome | Exception]
 
@@ -62,31 +62,9 @@ class IdempotentStore(Generic[S]):
 
     transactional = True
 
-    @overload
-    def __init__(
-        self: IdempotentStore[Session],
-        sessionmaker: sessionmaker[Session],
-        *,
-        retention: timedelta = ...,
-        lease: timedelta = ...,
-        batch_size: int = ...,
-        clock: Callable[[], datetime] | None = ...,
-    ) -> None: ...
-
-    @overload
-    def __init__(
-        self: IdempotentStore[AsyncSession],
-        sessionmaker: async_sessionmaker[AsyncSession],
-        *,
-        retention: timedelta = ...,
-        lease: timedelta = ...,
-        batch_size: int = ...,
-        clock: Callable[[], datetime] | None = ...,
-    ) -> None: ...
-
     def __init__(
         self,
-        sessionmaker: Any,
+        sessionmaker: Callable[[], S],
         *,
         retention: timedelta = DEFAULT_RETENTION,
         lease: timedelta = DEFAULT_LEASE,
@@ -95,7 +73,7 @@ class IdempotentStore(Generic[S]):
     ) -> None:
         if retention <= timedelta(0) or lease <= timedelta(0) or batch_size < 1:
             raise ConfigurationError("retention and lease must be positive, batch_size >= 1")
-        self.sessionmaker = sessionmaker
+        self.sessionmaker: Any = sessionmaker  # a sessionmaker or an async_sessionmaker
         self.retention = retention
         self.lease = lease
         self.batch_size = batch_size

@@ -22,6 +22,7 @@ def test_help_lists_every_command_and_env_vars() -> None:
     for command, var in [
         ("broker", "QMQ_BROKER_FSYNC"),
         ("compensator", "QMQ_COMPENSATOR_BROKER_URL"),
+        ("reconcile", "QMQ_RECONCILE_JARS"),
     ]:
         helped = qmq(command, "--help")
         assert helped.returncode == 0
@@ -34,7 +35,9 @@ def test_help_lists_every_command_and_env_vars() -> None:
         (["broker", "--data-dir", "/tmp/x", "--fsync", "sometimes"], "fsync policy"),
         (["broker", "--data-dir", "/tmp/x", "--retention", "5x"], "--retention"),
         (["broker", "--no-such-flag"], "--no-such-flag"),
+        (["broker", "--data-dir", "/tmp/x", "--time-slice-ms", "0"], "--time-slice-ms"),
         (["compensator", "--broker-url", "http://127.0.0.1:1"], "--database-url"),
+        (["db", "downgrade", "--database-url", "sqlite://"], "--revision"),
         (["no-such-command"], "no-such-command"),
     ],
 )
