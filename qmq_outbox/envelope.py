@@ -1,4 +1,4 @@
-"""Message envelopes as the SDK sends and receives them (ARCHITECTURE.md §2)."""
+"""Message envelopes as the SDK sends and receives them (docs/architecture.md §2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``Outbox``: publish messages inside the caller's SQLAlchemy transaction (ARCHITECTURE.md §4).
+"""``Outbox``: publish messages inside the caller's SQLAlchemy transaction (see docs/outbox.md).
 
 ``publish()`` adds a ``qmq_outbox`` row through the caller's session and stages the message
 on the session's current transaction. After the outermost commit the staged messages go to

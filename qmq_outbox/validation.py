@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 
-from qmq_outbox.errors import ConfigurationError
+from qmq_outbox.errors import InvalidMessage
 from qmq_wire import (
     MAX_HEADERS,
     MAX_KEY,
@@ -18,10 +18,6 @@ from qmq_wire import (
     RESERVED_PREFIX,
     valid_name,
 )
-
-
-class InvalidMessage(ConfigurationError, ValueError):
-    """The message cannot be published as given (bad subject, id, key, headers or time)."""
 
 
 def check_subject(subject: str) -> str:

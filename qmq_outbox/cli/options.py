@@ -2,22 +2,19 @@
 
 Each default, help text and unit is written once, on the field it configures::
 
-    ack_timeout_s: float = dataclasses.field(
-        default=30.0, metadata={"help": "Lease of a pulled message.", "unit": "duration"}
-    )
+    ack_timeout_s: float = option_field(30.0, "Lease of a pulled message.", "duration")
 
 becomes ``--ack-timeout DURATION`` (default ``30s``), also read from the environment
 variable ``<PREFIX>_ACK_TIMEOUT`` and shown in ``--help``; the command gets the value under
 the field's name, converted to the field's type (here float seconds). A field without a
-default is a required option.
+default (``dataclasses.field(metadata={...})``) is a required option.
 
-Metadata keys: ``help`` and ``unit`` (required), ``option`` (a name other than the
-derived one), ``min``/``max`` (bounds of numbers),
-``choices`` and ``case_sensitive`` (choice), ``multiple``, ``metavar``, ``hidden``. The
-units are in ``UNITS`` (a command may add its own): a unit gives the click type, how a
-default is typed on the command line, and how the field's name suffix reads as an option
-(``retention_s`` -> ``--retention``, ``segment_bytes`` -> ``--segment-size``,
-``time_slice_s`` -> ``--time-slice-ms``).
+Metadata keys: ``help`` and ``unit`` (required); ``option`` (a name other than the derived
+one); ``min``/``max`` (bounds of numbers); ``choices`` and ``case_sensitive``; ``multiple``;
+``metavar``; ``hidden``. ``UNITS`` holds the units (a command may add its own): a unit gives
+the click type, how a default is typed on the command line, and how the field's name suffix
+reads as an option (``retention_s`` -> ``--retention``, ``segment_bytes`` ->
+``--segment-size``, ``time_slice_s`` -> ``--time-slice-ms``).
 """
 
 from __future__ import annotations
@@ -183,7 +180,7 @@ def envvar_name(prefix: str, option: str) -> str:
 
 
 def options_from(
-    config: type, *, envvar_prefix: str, units: Mapping[str, Unit] | None = None
+    config: type[DataclassInstance], *, envvar_prefix: str, units: Mapping[str, Unit] | None = None
 ) -> Callable[[Decorated], Decorated]:
     """Decorate a click command with one option per field of the dataclass ``config``.
 

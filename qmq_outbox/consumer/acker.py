@@ -53,6 +53,11 @@ class Acker:
         self._buffer.hurry()
         self._wake.set()
 
+    def idle(self) -> None:
+        """A pull came back empty: nothing will join the buffered acks soon, send them."""
+        if len(self._buffer):
+            self.hurry()
+
     def close(self) -> None:
         self._closed = True
         self._wake.set()

@@ -125,6 +125,8 @@ class Runner:
                 self.budget.release(granted)
                 raise
             failures = 0
+            if not messages:
+                self.acker.idle()
             self.budget.release(granted - len(messages))
             self.counters.add("pulled", len(messages))
             for message in messages:
