@@ -267,7 +267,7 @@ class QmqLogReader(DataSourceReader):
         # Spark needs at least one partition; an empty one reads nothing.
         return [InputPartition(value) for value in found] or [InputPartition(None)]
 
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if partition.value is None:
             return iter(())
         broker, path = partition.value

@@ -45,7 +45,7 @@ SUBCOMMANDS = {
 class LazyGroup(click.Group):
     """Loads subcommands on demand; reports usage errors as one line and exits 2."""
 
-    def main(  # type: ignore[override]
+    def main(
         self,
         args: Sequence[str] | None = None,
         prog_name: str | None = None,
