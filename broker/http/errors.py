@@ -10,20 +10,9 @@ from starlette.responses import Response
 
 import qmq_wire
 from broker.errors import Invalid, RequestError
-from broker.http.schemas import (
-    AckRequest,
-    Envelope,
-    NackRequest,
-    ProduceRequest,
-    PullRequest,
-    RedriveRequest,
-)
+from broker.http.schemas import REQUEST_MODELS
 
-_FIELD_NAMES = frozenset(
-    name
-    for model in (Envelope, ProduceRequest, PullRequest, AckRequest, NackRequest, RedriveRequest)
-    for name in model.model_fields
-)
+_FIELD_NAMES = frozenset(name for model in REQUEST_MODELS for name in model.model_fields)
 
 
 def error_response(error: RequestError) -> Response:

@@ -8,7 +8,6 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstrai
 
 import qmq_wire as wire
 
-SUBJECT_PATTERN = wire.NAME_PATTERN  # kept for importers; ``qmq_wire.NAME_PATTERN`` is the rule
 Subject = Annotated[str, StringConstraints(pattern=wire.NAME_PATTERN)]
 GroupName = Annotated[str, StringConstraints(pattern=wire.NAME_PATTERN)]
 MessageId = Annotated[str, StringConstraints(pattern=wire.MESSAGE_ID_PATTERN)]
@@ -68,3 +67,14 @@ class NackRequest(AckRequest):
 class RedriveRequest(_Strict):
     seqs: Seqs | None = None
     all: bool | None = None
+
+
+REQUEST_MODELS: tuple[type[BaseModel], ...] = (
+    Envelope,
+    ProduceRequest,
+    PullRequest,
+    AckRequest,
+    NackRequest,
+    RedriveRequest,
+)
+"""Every request model (error codes name their fields; the OpenAPI document lists them)."""
