@@ -6,7 +6,7 @@ commits *and* savepoint releases, and may not touch the database); the
 ``after_transaction_end`` that immediately follows it then either moves a released
 savepoint's items up to its enclosing transaction or, for the root, hands them to
 ``on_commit``. Any other end (rollback, rollback to savepoint, close without commit) drops
-them. See ``reference/sqlalchemy-after-commit.md``. Buffers are created lazily by
+them (``docs/outbox.md`` lists the event traps this avoids). Buffers are created lazily by
 ``stage()`` rather than in ``after_transaction_create``, which also fires for every flush's
 internal subtransaction; sessions that never publish pay two dict lookups per transaction.
 

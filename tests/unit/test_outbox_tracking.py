@@ -1,4 +1,4 @@
-"""The transaction-tracking rules (reference/sqlalchemy-after-commit.md), without a broker.
+"""The transaction-tracking rules (``docs/outbox.md``, "What is sent, and when"), no broker.
 
 Each test stages tagged items through a ``TransactionTracker`` on a real SQLite database and
 checks exactly which items reach ``on_commit``, and in how many hand-offs.
