@@ -8,7 +8,10 @@
         ...  # produce, pull, ack, nack as against a real broker
         clock.advance(31)  # leases expire without sleeping
 
-``docs/testing.md`` shows it with a consumer and an outbox.
+Test controls on the broker: switches (``available``, ``lose_responses``,
+``forbidden_subjects``, ``fail(...)``) and what it saw (``stored``, ``received(...)``,
+``acked_seqs``, ``dead_seqs``, ``most_leased``). ``docs/testing.md`` shows them with a
+consumer and an outbox.
 """
 
 from __future__ import annotations

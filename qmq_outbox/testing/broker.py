@@ -39,6 +39,7 @@ from qmq_outbox.testing.checks import (
     parse_timestamp,
 )
 from qmq_outbox.testing.delivery import GroupStanding, RetryPolicy, Standing
+from qmq_outbox.testing.failures import PlannedFailures
 
 BASE_URL = "http://qmq.test"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -129,8 +130,12 @@ class InMemoryBroker:
 
     Switches: ``available = False`` answers 503 everywhere; ``lose_responses = n`` handles
     the next n requests and then fails them with a read timeout (the client cannot tell
-    whether they happened); ``forbidden_subjects`` rejects produces to them with 403.
-    Introspection: ``stored`` (every accepted envelope, as sent), ``ids``, ``requests``.
+    whether they happened); ``forbidden_subjects`` rejects produces to them with 403;
+    ``fail(operation, code=, times=)`` answers the next requests to one operation with an
+    error. Introspection: ``stored`` (every accepted envelope, as sent), ``ids``,
+    ``requests``, ``received(operation)``, ``most_leased``, ``acked_seqs``, ``dead_seqs``.
+    Operations are named as the clients' methods: ``produce``, ``pull``, ``ack``, ``nack``,
+    ``subjects``, ``subject``, ``dead_letters``, ``redrive``, and ``healthz``.
     """
 
     def __init__(
@@ -156,6 +161,9 @@ class InMemoryBroker:
         self.forbidden_subjects: set[str] = set()
         self.requests = 0
         self.stored: list[dict[str, Any]] = []
+        self._received: list[tuple[str, Any]] = []
+        self._failures = PlannedFailures()
+        self._most_leased: dict[tuple[str, str], int] = {}
         self._shelves: dict[str, _Shelf] = {}
         self._groups: dict[tuple[str, str], GroupStanding] = {}
         self._delayed: dict[tuple[str, str], _Delayed] = {}
@@ -167,6 +175,48 @@ class InMemoryBroker:
         on_advance = getattr(clock, "on_advance", None)
         if on_advance is not None:
             on_advance(self._wake)
+
+    # --- test controls ----------------------------------------------------------------
+
+    def fail(self, operation: str, *, code: str = "recovering", times: int | None = 1) -> None:
+        """Answer the next ``times`` requests to ``operation`` with the error ``code``.
+
+        The status follows from the code as on the broker (``qmq_wire.ERROR_STATUS``):
+        ``"recovering"`` is 503 (the clients raise ``BrokerUnavailable``), ``"forbidden"``
+        403 and ``"unauthorized"`` 401 (``BrokerRejected``). ``times=None``: every request
+        from now on; ``times=0``: stop failing. The failed requests change nothing.
+        """
+        with self._lock:
+            self._failures.plan(_operation(operation), code, times)
+
+    def received(self, operation: str) -> list[Any]:
+        """The requests to ``operation`` so far, oldest first: each one's JSON body (the query
+        parameters of a GET; None for a body that is not JSON), failed ones included."""
+        _operation(operation)
+        with self._lock:
+            return [body for name, body in self._received if name == operation]
+
+    def most_leased(self, group: str, consumer: str) -> int:
+        """The most messages ``consumer`` of ``group`` held leased at once (over all
+        subjects): what a consumer's prefetch bound promises to keep low."""
+        with self._lock:
+            return self._most_leased.get((group, consumer), 0)
+
+    def acked_seqs(self, subject: str, group: str) -> set[int]:
+        """The seqs of ``subject`` that ``group`` acked (empty until it pulled). For a
+        broadcast group, those acked by any of its consumers."""
+        with self._lock:
+            return {seq for owner in self._owners(subject, group) for seq in owner.acked}
+
+    def dead_seqs(self, subject: str, group: str) -> set[int]:
+        """The seqs of ``subject`` that are dead letters of ``group`` now (redrive takes them
+        out again). For a broadcast group, those of any of its consumers."""
+        with self._lock:
+            return {seq for owner in self._owners(subject, group) for seq in owner.dead}
+
+    def _owners(self, subject: str, group: str) -> list[Standing]:
+        standing = self._groups.get((subject, group))
+        return [] if standing is None else list(standing.owners.values())
 
     # --- the clients' side --------------------------------------------------------------
 
@@ -229,18 +279,21 @@ class InMemoryBroker:
                 continue
             if request.method != method:
                 raise Rejected(405, "method_not_allowed", f"{request.method} is not allowed here")
+            doc = _read(request)
+            self._received.append((name, None if isinstance(doc, _Unreadable) else doc))
             if not self.available:
                 if name == "healthz":
                     return _json(503, {"status": "recovering"})
                 raise Rejected(503, "recovering", "the broker is still recovering")
+            self._failures.check(name)
+            if isinstance(doc, _Unreadable):
+                raise Rejected(400, "invalid_json", f"request body is not valid JSON: {doc.reason}")
             self._release_due()
             handler: Callable[..., Answer | _LongPoll] = getattr(self, f"_{name}")
-            if method == "POST":
-                return handler(_parse(request), *match.groups())
-            return handler(request.url.params, *match.groups())
+            return handler(doc, *match.groups())
         raise Rejected(404, "not_found", f"no route {path}")
 
-    def _healthz(self, params: httpx.QueryParams) -> Answer:
+    def _healthz(self, params: dict[str, str]) -> Answer:
         return {"status": "ok"}
 
     # --- produce ------------------------------------------------------------------------
@@ -368,7 +421,22 @@ class InMemoryBroker:
             now_us=now,
             policy=self.policy,
         )
+        if chosen:
+            self._note_leased(poll.group, poll.consumer, now)
         return [shelf.messages[seq].wire(attempt) for seq, attempt in chosen]
+
+    def _note_leased(self, group: str, consumer: str, now_us: int) -> None:
+        """Keep the peak of the live leases ``consumer`` holds in ``group``, all subjects."""
+        held = sum(
+            1
+            for (_, name), standing in self._groups.items()
+            if name == group
+            for owner in standing.owners.values()
+            for lease in owner.leases.values()
+            if lease.consumer == consumer and lease.deadline_us > now_us
+        )
+        key = (group, consumer)
+        self._most_leased[key] = max(self._most_leased.get(key, 0), held)
 
     def _wait(self, poll: _LongPoll) -> Answer:
         """Long-poll on the calling thread (the lock is held; ``wait`` releases it)."""
@@ -466,7 +534,7 @@ class InMemoryBroker:
             raise Rejected(404, "group_not_found", f"no group {name!r} on {subject!r}", "group")
         return group
 
-    def _dead(self, params: httpx.QueryParams, subject: str, name: str) -> Answer:
+    def _dead_letters(self, params: dict[str, str], subject: str, name: str) -> Answer:
         check_path_name(subject, "subject")
         check_path_name(name, "group")
         limit = int_param(
@@ -510,10 +578,10 @@ class InMemoryBroker:
             self._wake()
         return {"redriven": redriven}
 
-    def _subjects(self, params: httpx.QueryParams) -> Answer:
+    def _subjects(self, params: dict[str, str]) -> Answer:
         return {"subjects": [self._shelves[name].stats() for name in sorted(self._shelves)]}
 
-    def _subject(self, params: httpx.QueryParams, name: str) -> Answer:
+    def _subject(self, params: dict[str, str], name: str) -> Answer:
         check_path_name(name, "subject")
         delayed = [d for (subject, _), d in self._delayed.items() if subject == name]
         shelf = self._shelves.get(name)
@@ -538,7 +606,7 @@ _ROUTES: list[tuple[re.Pattern[str], str, str]] = [
     (re.compile(r"/v1/nack"), "POST", "nack"),
     (re.compile(r"/v1/subjects"), "GET", "subjects"),
     (re.compile(r"/v1/subjects/([^/]+)"), "GET", "subject"),
-    (re.compile(r"/v1/subjects/([^/]+)/groups/([^/]+)/dead"), "GET", "dead"),
+    (re.compile(r"/v1/subjects/([^/]+)/groups/([^/]+)/dead"), "GET", "dead_letters"),
     (re.compile(r"/v1/subjects/([^/]+)/groups/([^/]+)/dead/redrive"), "POST", "redrive"),
     (re.compile(r"/healthz"), "GET", "healthz"),
 ]
@@ -550,11 +618,30 @@ def _result(
     return {"id": envelope["id"], "subject": envelope["subject"], "status": status, "seq": seq}
 
 
-def _parse(request: httpx.Request) -> Any:
+OPERATIONS = tuple(name for _, _, name in _ROUTES)
+
+
+def _operation(name: str) -> str:
+    if name not in OPERATIONS:
+        raise ValueError(f"unknown operation {name!r}; one of {', '.join(OPERATIONS)}")
+    return name
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Unreadable:
+    """A POST body that is not JSON (answered 400 once the switches had their say)."""
+
+    reason: str
+
+
+def _read(request: httpx.Request) -> Any:
+    """A POST's JSON document, a GET's query parameters."""
+    if request.method != "POST":
+        return dict(request.url.params)
     try:
         return orjson.loads(request.content)
     except orjson.JSONDecodeError as exc:
-        raise Rejected(400, "invalid_json", f"request body is not valid JSON: {exc}") from None
+        return _Unreadable(str(exc))
 
 
 def _json(status: int, doc: Any) -> httpx.Response:

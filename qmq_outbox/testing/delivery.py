@@ -55,7 +55,7 @@ class Standing:
         self.leases: dict[int, Held] = {}
         self.retries: dict[int, Waiting] = {}
         self.dead: dict[int, Buried] = {}
-        self.acked = 0
+        self.acked: set[int] = set()
 
     def expire(self, *, now_us: int, policy: RetryPolicy) -> None:
         for seq, lease in sorted(self.leases.items()):
@@ -87,7 +87,7 @@ class Standing:
     def ack(self, seqs: list[int]) -> None:
         for seq in seqs:
             if self.leases.pop(seq, None) is not None or self.retries.pop(seq, None) is not None:
-                self.acked += 1
+                self.acked.add(seq)
 
     def nack(
         self,
@@ -147,5 +147,5 @@ class GroupStanding:
             "in_flight": sum(len(s.leases) for s in owners),
             "retrying": sum(len(s.retries) for s in owners),
             "dead": sum(len(s.dead) for s in owners),
-            "acked": sum(s.acked for s in owners),
+            "acked": sum(len(s.acked) for s in owners),
         }
