@@ -20,7 +20,9 @@ def free_port() -> int:
         return port
 
 
-class Broker:
+class BrokerProcess:
+    """A ``qmq broker`` subprocess on a data directory, with its log beside it."""
+
     def __init__(self, data_dir: Path, *args: str) -> None:
         self.data_dir = data_dir
         self.args = list(args)
@@ -49,6 +51,8 @@ class Broker:
                 stderr=subprocess.STDOUT,
             )
         while time.monotonic() - began < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"broker exited with {self.proc.returncode}; see {self.log}")
             try:
                 if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
                     return time.monotonic() - began
@@ -56,6 +60,16 @@ class Broker:
                 pass
             time.sleep(0.01)
         raise TimeoutError("broker did not become healthy")
+
+    def memory_mb(self) -> dict[str, float]:
+        """VmRSS and VmHWM (the peak) of the broker process, in MB."""
+        assert self.proc is not None
+        out: dict[str, float] = {}
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                out[key] = int(value.split()[0]) / 1024
+        return out
 
     def rss_mb(self) -> float:
         assert self.proc is not None

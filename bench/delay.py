@@ -22,9 +22,6 @@ import argparse
 import asyncio
 import os
 import platform
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,77 +32,13 @@ from typing import Any
 import httpx
 import orjson
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._broker import BrokerProcess
 from qmq_outbox.client import AsyncBrokerClient
 
 SUBJECT = "bench.delay"
 BODY = '{"order_id": 123456789, "action": "cancel-unpaid", "note": "' + "x" * 80 + '"}'
-
-
-# --- broker process -------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-class Broker:
-    def __init__(self, data_dir: Path, extra: list[str]) -> None:
-        self.data_dir = data_dir
-        self.port = free_port()
-        self.extra = extra
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> float:
-        cmd = [
-            sys.executable,
-            "-m",
-            "qmq_outbox",
-            "broker",
-            "--data-dir",
-            str(self.data_dir),
-            "--port",
-            str(self.port),
-            "--log-level",
-            "WARNING",
-            *self.extra,
-        ]
-        log = open(self.data_dir.parent / f"broker-{self.port}.log", "ab")  # noqa: SIM115
-        began = time.monotonic()
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        deadline = began + 300
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"broker exited with {self.proc.returncode}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return time.monotonic() - began
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        raise TimeoutError("broker not healthy")
-
-    def memory_mb(self) -> dict[str, float]:
-        assert self.proc is not None
-        out: dict[str, float] = {}
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                out[key] = int(value.split()[0]) / 1024
-        return out
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def stamp(value: datetime) -> str:
@@ -149,8 +82,8 @@ async def schedule(
 
 
 async def part_rss(work: Path, messages: int, hours: float) -> dict[str, Any]:
-    broker = Broker(work / "rss", [])
-    broker.start()
+    broker = BrokerProcess(work / "rss", "--log-level", "WARNING")
+    broker.start(timeout=300)
     try:
         idle = broker.memory_mb()
         now = datetime.now(UTC)
@@ -161,7 +94,7 @@ async def part_rss(work: Path, messages: int, hours: float) -> dict[str, Any]:
         async with httpx.AsyncClient(base_url=broker.url) as http:
             doc = (await http.get("/v1/schedule", params={"limit": 100})).json()
         broker.stop()
-        recovery_s = broker.start()
+        recovery_s = broker.start(timeout=300)
         restarted = broker.memory_mb()
         async with httpx.AsyncClient(base_url=broker.url) as http:
             after = (await http.get("/v1/schedule", params={"limit": 100})).json()
@@ -218,8 +151,8 @@ async def consume(
 async def part_lateness(
     work: Path, messages: int, window_s: float, *, name: str, consumers: int
 ) -> dict[str, Any]:
-    broker = Broker(work / name, [])
-    broker.start()
+    broker = BrokerProcess(work / name, "--log-level", "WARNING")
+    broker.start(timeout=300)
     try:
         lead = 15 + messages / 10_000  # enough to accept everything before the first is due
         first = datetime.now(UTC) + timedelta(seconds=lead)

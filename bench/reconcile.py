@@ -160,9 +160,9 @@ async def write_broker(data_dir: Path, rows: int, created: datetime) -> float:
             )
             if not pulled:
                 break
-            seqs = [m.seq for m in pulled]
+            seqs = [m["seq"] for m in pulled]
             # acked about 200 ms after the batch's last message was stored
-            last = datetime.fromisoformat(pulled[-1].stored_at.replace("Z", "+00:00"))
+            last = datetime.fromisoformat(pulled[-1]["stored_at"].replace("Z", "+00:00"))
             clock.now_us = int(last.timestamp() * 1_000_000) + 200_000
             await broker.delivery.ack(subject=subject, group="billing", consumer="c1", seqs=seqs)
     await broker.close()

@@ -9,7 +9,7 @@ from broker.errors import StorageError, Unavailable
 from broker.storage.journal import Journal
 
 
-class Status(enum.Enum):
+class BrokerStatus(enum.Enum):
     RECOVERING = "recovering"
     READY = "ready"
     STOPPING = "stopping"
@@ -20,27 +20,27 @@ class Gate:
     """recovering -> ready -> stopping | failed; writes also stop when the journal failed."""
 
     def __init__(self) -> None:
-        self.status = Status.RECOVERING
+        self.status = BrokerStatus.RECOVERING
         self._journal: Journal | None = None
 
     def open(self, journal: Journal) -> None:
         self._journal = journal
-        self.status = Status.READY
+        self.status = BrokerStatus.READY
 
     def fail(self) -> None:
-        self.status = Status.FAILED
+        self.status = BrokerStatus.FAILED
 
     def begin_stop(self) -> None:
-        if self.status is Status.READY:
-            self.status = Status.STOPPING
+        if self.status is BrokerStatus.READY:
+            self.status = BrokerStatus.STOPPING
 
     def require(self, *, write: bool = True) -> None:
         """Raise ``Unavailable`` unless the broker may serve a request (a write, by default)."""
-        if self.status is Status.RECOVERING or self._journal is None:
+        if self.status is BrokerStatus.RECOVERING or self._journal is None:
             raise Unavailable(code="recovering", message="the broker is still recovering")
-        if self.status is Status.STOPPING:
+        if self.status is BrokerStatus.STOPPING:
             raise Unavailable(code="shutting_down", message="the broker is shutting down")
-        if write and (self.status is Status.FAILED or self._journal.failed is not None):
+        if write and (self.status is BrokerStatus.FAILED or self._journal.failed is not None):
             raise Unavailable(code="read_only", message="storage failed; the broker is read-only")
 
 

@@ -28,7 +28,7 @@ class Lease:
 
 
 @dataclasses.dataclass(slots=True)
-class Retry:
+class RetryDue:
     attempts: int  # attempts made so far
     due_us: int
     error: str | None
@@ -60,7 +60,7 @@ class DeliveryState:
     def __init__(self, cursor: int) -> None:
         self.cursor = cursor
         self.leases: dict[int, Lease] = {}
-        self.retries: dict[int, Retry] = {}
+        self.retries: dict[int, RetryDue] = {}
         self.dead: dict[int, DeadLetter] = {}
         self.acked = 0
         self.lease_heap: list[tuple[int, int]] = []  # (deadline, seq), stale entries skipped
@@ -169,7 +169,7 @@ class DeliveryState:
                 lease = self.leases.pop(seq, None)
                 previous = self.retries.get(seq)
                 attempts = lease.attempt if lease else (previous.attempts if previous else 0)
-                self.retries[seq] = Retry(attempts=attempts, due_us=due, error=error)
+                self.retries[seq] = RetryDue(attempts=attempts, due_us=due, error=error)
                 heapq.heappush(self.retry_heap, (due, seq))
         elif kind is ActionType.DEAD:
             error = record.fields.get("error")
@@ -181,7 +181,7 @@ class DeliveryState:
         elif kind is ActionType.REDRIVE:
             for seq in record.seqs:
                 if self.dead.pop(seq, None) is not None:
-                    self.retries[seq] = Retry(attempts=0, due_us=record.at_us, error=None)
+                    self.retries[seq] = RetryDue(attempts=0, due_us=record.at_us, error=None)
                     heapq.heappush(self.retry_heap, (record.at_us, seq))
 
     def _apply_lease(self, record: ActionRecord) -> None:
@@ -214,7 +214,7 @@ class DeliveryState:
             state.leases[seq] = Lease(consumer=consumer, attempt=attempt, deadline_us=deadline)
             state.lease_heap.append((deadline, seq))
         for seq, attempts, due, error in doc["retries"]:
-            state.retries[seq] = Retry(attempts=attempts, due_us=due, error=error)
+            state.retries[seq] = RetryDue(attempts=attempts, due_us=due, error=error)
             state.retry_heap.append((due, seq))
         for seq, attempts, error, at in doc["dead"]:
             state.dead[seq] = DeadLetter(attempts=attempts, error=error, at_us=at)

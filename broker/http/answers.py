@@ -123,7 +123,7 @@ class ScheduleHour(_Answer):
     loaded: bool
 
 
-class LastDispatch(_Answer):
+class LastDispatchAnswer(_Answer):
     at: Timestamp
     lateness_ms: float
 
@@ -135,7 +135,7 @@ class ScheduleResponse(_Answer):
     dispatch_lag_ms: float
     wheel_messages: Count
     dispatched: Count
-    last_dispatch: LastDispatch | None
+    last_dispatch: LastDispatchAnswer | None
     hours: list[ScheduleHour]
     more_hours: bool
 

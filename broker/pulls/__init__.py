@@ -9,7 +9,7 @@ from broker.clock import Clock, ManualClock, SystemClock
 from broker.pulls.actor import PullActor
 from broker.pulls.errors import DeadlineExceeded, MailboxFull, ShuttingDown
 from broker.pulls.metrics import ActorMetrics
-from broker.pulls.request import Outcome, Processor, QueuedPull
+from broker.pulls.request import Processor, PullOutcome, QueuedPull
 from broker.pulls.scheduler import SCHEDULERS, FairScheduler, FifoScheduler, PullScheduler
 
 __all__ = [
@@ -21,9 +21,9 @@ __all__ = [
     "FifoScheduler",
     "MailboxFull",
     "ManualClock",
-    "Outcome",
     "Processor",
     "PullActor",
+    "PullOutcome",
     "PullScheduler",
     "QueuedPull",
     "ShuttingDown",

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from broker.pulls.request import QueuedPull, Status
+from broker.pulls.request import PullStatus, QueuedPull
 
 if TYPE_CHECKING:
     from broker.clock import Timer
@@ -77,7 +77,7 @@ class PullActor:
             if self.series is not None:
                 self.series.rejected.inc()
             return False
-        request.status = Status.QUEUED
+        request.status = PullStatus.QUEUED
         request.queued_at = now
         self.mailbox.append(request)
         self.pending += 1
@@ -90,17 +90,17 @@ class PullActor:
             if request.done:
                 self.retire(request)
                 continue
-            request.status = Status.RUNNING
+            request.status = PullStatus.RUNNING
             return request
         return None
 
     def retire(self, request: QueuedPull) -> None:
         """Forget an answered, failed or cancelled request (idempotent)."""
-        if request.status is Status.DONE:
+        if request.status is PullStatus.DONE:
             return
-        if request.status is Status.PARKED:
+        if request.status is PullStatus.PARKED:
             self.parked_count -= 1
-        request.status = Status.DONE
+        request.status = PullStatus.DONE
         self.pending -= 1
 
     # --- parking and waking ---------------------------------------------------------------
@@ -112,19 +112,19 @@ class PullActor:
             parked = self._parked[request.key] = deque()
         elif len(parked) > 64 and len(parked) > 4 * self.parked_count:
             parked = self._parked[request.key] = deque(
-                r for r in parked if r.status is Status.PARKED
+                r for r in parked if r.status is PullStatus.PARKED
             )
-        while parked and parked[0].status is not Status.PARKED:
+        while parked and parked[0].status is not PullStatus.PARKED:
             parked.popleft()
         if parked and request.arrived < parked[0].arrived:
             parked.appendleft(request)  # a resumed head that found nothing keeps its place
         else:
             parked.append(request)
-        request.status = Status.PARKED
+        request.status = PullStatus.PARKED
         self.parked_count += 1
         heap = self._timeouts
         if len(heap) > 64 and len(heap) > 4 * self.parked_count:
-            heap[:] = [entry for entry in heap if entry[2].status is Status.PARKED]
+            heap[:] = [entry for entry in heap if entry[2].status is PullStatus.PARKED]
             heapq.heapify(heap)
         heapq.heappush(heap, (request.wait_until, next(_ORDER), request))
 
@@ -137,9 +137,9 @@ class PullActor:
         parked = self._parked.get(key)
         while parked:
             request = parked.popleft()
-            if request.status is Status.PARKED:
+            if request.status is PullStatus.PARKED:
                 self.parked_count -= 1
-                request.status = Status.QUEUED
+                request.status = PullStatus.QUEUED
                 self.mailbox.appendleft(request)
                 return True
         return False
@@ -161,9 +161,9 @@ class PullActor:
         heap = self._timeouts
         while heap and heap[0][0] <= now:
             request = heapq.heappop(heap)[2]
-            if request.status is Status.PARKED:
+            if request.status is PullStatus.PARKED:
                 self.parked_count -= 1
-                request.status = Status.QUEUED
+                request.status = PullStatus.QUEUED
                 request.timed_out = True
                 request.queued_at = now
                 self.mailbox.appendleft(request)
@@ -175,9 +175,9 @@ class PullActor:
         moved = 0
         for parked in self._parked.values():
             for request in reversed(parked):
-                if request.status is Status.PARKED:
+                if request.status is PullStatus.PARKED:
                     self.parked_count -= 1
-                    request.status = Status.QUEUED
+                    request.status = PullStatus.QUEUED
                     request.timed_out = True
                     request.queued_at = now
                     self.mailbox.appendleft(request)
@@ -188,7 +188,7 @@ class PullActor:
     def next_timer_at(self) -> float | None:
         """When a parked request times out or the group has something due, if anything."""
         heap = self._timeouts
-        while heap and heap[0][2].status is not Status.PARKED:
+        while heap and heap[0][2].status is not PullStatus.PARKED:
             heapq.heappop(heap)
         if not heap:
             return None
@@ -202,7 +202,7 @@ class PullActor:
                 yield request
         for parked in self._parked.values():
             for request in parked:
-                if request.status is Status.PARKED:
+                if request.status is PullStatus.PARKED:
                     yield request
 
     # --- accounting -----------------------------------------------------------------------

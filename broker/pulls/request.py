@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 
-class Status(enum.Enum):
+class PullStatus(enum.Enum):
     QUEUED = "queued"  # in the actor's mailbox, waiting for a worker
     RUNNING = "running"  # being served by a worker
     PARKED = "parked"  # found nothing; long-polling until new data or its wait ends
@@ -33,17 +33,17 @@ class QueuedPull:
     wait_until: float
     deadline: float
     future: asyncio.Future[list[Any]]
-    status: Status = Status.QUEUED
+    status: PullStatus = PullStatus.QUEUED
     timed_out: bool = False  # its wait ended while parked: answer now, data or not
     queued_at: float = 0.0
 
     @property
     def done(self) -> bool:
-        return self.status is Status.DONE or self.future.done()
+        return self.status is PullStatus.DONE or self.future.done()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Outcome:
+class PullOutcome:
     """What one serving step found: messages to answer with, or nothing yet.
 
     ``wake_at`` (scheduler clock) says when the group next has something due without a new
@@ -61,4 +61,4 @@ class Processor(Protocol):
     several requests.
     """
 
-    async def __call__(self, requests: Sequence[QueuedPull]) -> list[Outcome]: ...
+    async def __call__(self, requests: Sequence[QueuedPull]) -> list[PullOutcome]: ...

@@ -42,7 +42,7 @@ from broker.errors import RequestError
 from broker.pulls.actor import PullActor
 from broker.pulls.errors import DeadlineExceeded, MailboxFull, ShuttingDown
 from broker.pulls.metrics import ActorMetrics
-from broker.pulls.request import Outcome, Processor, QueuedPull, Status
+from broker.pulls.request import Processor, PullOutcome, PullStatus, QueuedPull
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class PullScheduler:
                 self._woken(actor, actor.wake_data(now), now)
 
     def _on_future_done(self, actor: PullActor, request: QueuedPull, _: object) -> None:
-        if request.status is not Status.DONE and request.status is not Status.RUNNING:
+        if request.status is not PullStatus.DONE and request.status is not PullStatus.RUNNING:
             actor.retire(request)  # cancelled by the caller while queued or parked
             actor.settle(self._clock.now())
             self._arm(actor)
@@ -288,7 +288,7 @@ class PullScheduler:
         for request, outcome in zip(batch, outcomes, strict=True):
             self._conclude(actor, request, outcome)
 
-    def _conclude(self, actor: PullActor, request: QueuedPull, outcome: Outcome) -> None:
+    def _conclude(self, actor: PullActor, request: QueuedPull, outcome: PullOutcome) -> None:
         if outcome.messages is not None:
             self._answer(actor, request, outcome.messages)
             if actor.has_parked(request.key) and actor.promote(request.key):

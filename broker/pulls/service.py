@@ -21,7 +21,7 @@ from broker.format import ActionRecord, ActionType
 from broker.groups import DeliveryState, GroupTable, Policy
 from broker.metrics import BrokerMetrics
 from broker.pulls.reads import Batch, read_batches
-from broker.pulls.request import Outcome, QueuedPull
+from broker.pulls.request import PullOutcome, QueuedPull
 from broker.storage.segments import SegmentReader
 from broker.subjects import SubjectTable
 
@@ -54,10 +54,10 @@ class PullService:
         self._metrics = metrics
         self._read_delays = dict(read_delays or {})
 
-    async def __call__(self, requests: Sequence[QueuedPull]) -> list[Outcome]:
+    async def __call__(self, requests: Sequence[QueuedPull]) -> list[PullOutcome]:
         """Decide every request in order, read all their records in one hand-off."""
         loop = asyncio.get_running_loop()
-        outcomes: list[Outcome | None] = [None] * len(requests)
+        outcomes: list[PullOutcome | None] = [None] * len(requests)
         todo = list(range(len(requests)))
         while todo:
             reads: list[tuple[int, Batch, float]] = []
@@ -66,7 +66,7 @@ class PullService:
                 state = self._groups[(request.subject, request.group)].states[request.key]
                 batch = self._decide(request, state)
                 if batch is None:
-                    outcomes[index] = Outcome(None, wake_at=self._wake_at(state))
+                    outcomes[index] = PullOutcome(None, wake_at=self._wake_at(state))
                 else:
                     delay = self._read_delays.get((request.subject, request.group), 0.0)
                     reads.append((index, batch, delay))
@@ -81,10 +81,10 @@ class PullService:
                     self._bury(requests[index], batch.now_us, unreadable)
                 if messages:
                     self._metrics.pulled.inc(len(messages))
-                    outcomes[index] = Outcome(messages)
+                    outcomes[index] = PullOutcome(messages)
                 else:
                     todo.append(index)  # all it chose was unreadable (now dead): choose again
-        return [o if o is not None else Outcome(None) for o in outcomes]
+        return [o if o is not None else PullOutcome(None) for o in outcomes]
 
     def _decide(self, request: QueuedPull, state: DeliveryState) -> Batch | None:
         now = self._clock.wall_us()

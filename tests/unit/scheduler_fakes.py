@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from broker.pulls import ManualClock, Outcome, PullScheduler, QueuedPull
+from broker.pulls import ManualClock, PullOutcome, PullScheduler, QueuedPull
 
 
 class ScriptedProcessor:
@@ -20,25 +20,25 @@ class ScriptedProcessor:
         self.clock = clock
         self.cost: dict[str, float] = defaultdict(lambda: 0.001)  # seconds per request, by group
         self.available: dict[tuple[str, str, str], int] = defaultdict(int)
-        self.wake_at: dict[str, float] = {}  # group -> Outcome.wake_at when nothing is there
+        self.wake_at: dict[str, float] = {}  # group -> PullOutcome.wake_at when nothing is there
         self.calls: list[str] = []  # group of every call, in order
 
     def add(self, group: str, count: int, *, subject: str = "s", key: str = "") -> None:
         self.available[(subject, group, key)] += count
 
-    async def __call__(self, requests: Sequence[QueuedPull]) -> list[Outcome]:
+    async def __call__(self, requests: Sequence[QueuedPull]) -> list[PullOutcome]:
         return [self._serve(request) for request in requests]
 
-    def _serve(self, request: QueuedPull) -> Outcome:
+    def _serve(self, request: QueuedPull) -> PullOutcome:
         self.calls.append(request.group)
         self.clock.advance(self.cost[request.group])
         slot = (request.subject, request.group, request.key)
         have = self.available[slot]
         if not have:
-            return Outcome(None, wake_at=self.wake_at.get(request.group))
+            return PullOutcome(None, wake_at=self.wake_at.get(request.group))
         take = min(have, request.max_messages)
         self.available[slot] -= take
-        return Outcome([f"{request.group}-{n}" for n in range(take)])
+        return PullOutcome([f"{request.group}-{n}" for n in range(take)])
 
 
 def pull(

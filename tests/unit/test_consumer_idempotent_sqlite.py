@@ -28,7 +28,7 @@ invoices = sa.Table(
 )
 
 
-class Clock:
+class SteppingClock:
     def __init__(self) -> None:
         self.now = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -44,8 +44,8 @@ def _msg(message_id: str = "m-1") -> Message:
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> SteppingClock:
+    return SteppingClock()
 
 
 @pytest.fixture
@@ -120,7 +120,9 @@ def test_the_handlers_own_unique_violation_is_its_failure_not_a_duplicate(
     assert _count(sm, consumed_table) == 1
 
 
-def test_gc_deletes_only_rows_past_the_retention(sm: sessionmaker[Session], clock: Clock) -> None:
+def test_gc_deletes_only_rows_past_the_retention(
+    sm: sessionmaker[Session], clock: SteppingClock
+) -> None:
     store = IdempotentStore(sm, retention=timedelta(days=7), clock=clock)
     for index in range(5):
         store.process("g", _msg(f"old-{index}"), lambda m, s: None)
@@ -135,7 +137,7 @@ def test_gc_deletes_only_rows_past_the_retention(sm: sessionmaker[Session], cloc
 
 
 def test_non_transactional_records_processing_then_done(
-    sm: sessionmaker[Session], clock: Clock
+    sm: sessionmaker[Session], clock: SteppingClock
 ) -> None:
     nt = IdempotentStore(sm, clock=clock).non_transactional(lease=timedelta(seconds=30))
     states: list[tuple[str, Any]] = []
@@ -156,7 +158,7 @@ def test_non_transactional_records_processing_then_done(
 
 
 def test_non_transactional_failure_releases_the_claim(
-    sm: sessionmaker[Session], clock: Clock
+    sm: sessionmaker[Session], clock: SteppingClock
 ) -> None:
     nt = IdempotentStore(sm, clock=clock).non_transactional()
     calls = 0
@@ -174,14 +176,14 @@ def test_non_transactional_failure_releases_the_claim(
     assert calls == 2
 
 
-def _leave_claim(sm: sessionmaker[Session], clock: Clock, lease: timedelta) -> None:
+def _leave_claim(sm: sessionmaker[Session], clock: SteppingClock, lease: timedelta) -> None:
     """The state a consumer killed mid-handler leaves: a processing row with a lease."""
     with sm() as session, session.begin():
         session.execute(*rows.insert_processing("g", "m-1", now=clock.now, until=clock.now + lease))
 
 
 def test_a_live_twins_claim_means_retry_after_its_lease(
-    sm: sessionmaker[Session], clock: Clock
+    sm: sessionmaker[Session], clock: SteppingClock
 ) -> None:
     nt = IdempotentStore(sm, clock=clock).non_transactional(lease=timedelta(seconds=30))
     _leave_claim(sm, clock, timedelta(seconds=30))
@@ -192,7 +194,7 @@ def test_a_live_twins_claim_means_retry_after_its_lease(
 
 
 def test_a_dead_holders_expired_claim_is_processed_again_not_skipped(
-    sm: sessionmaker[Session], clock: Clock
+    sm: sessionmaker[Session], clock: SteppingClock
 ) -> None:
     nt = IdempotentStore(sm, clock=clock).non_transactional(lease=timedelta(seconds=30))
     _leave_claim(sm, clock, timedelta(seconds=30))
@@ -203,7 +205,7 @@ def test_a_dead_holders_expired_claim_is_processed_again_not_skipped(
 
 
 def test_a_late_failure_does_not_release_the_twin_that_took_over(
-    sm: sessionmaker[Session], clock: Clock
+    sm: sessionmaker[Session], clock: SteppingClock
 ) -> None:
     store = IdempotentStore(sm, clock=clock)
     nt = store.non_transactional(lease=timedelta(seconds=5))
@@ -267,7 +269,7 @@ async def test_async_store_dedups_and_rolls_back(
 
 
 async def test_async_non_transactional_and_gc(
-    asm: async_sessionmaker[AsyncSession], clock: Clock
+    asm: async_sessionmaker[AsyncSession], clock: SteppingClock
 ) -> None:
     store = IdempotentStore(asm, clock=clock, retention=timedelta(hours=1))
     nt = store.non_transactional(lease=timedelta(seconds=10))

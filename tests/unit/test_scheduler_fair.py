@@ -14,7 +14,7 @@ from broker.pulls import (
     FairScheduler,
     FifoScheduler,
     ManualClock,
-    Outcome,
+    PullOutcome,
     PullScheduler,
     QueuedPull,
 )
@@ -96,7 +96,7 @@ async def test_requests_are_served_in_batches_sized_by_recent_cost(
     sizes: list[int] = []
     serve = processor.__call__
 
-    async def recording(requests: Sequence[QueuedPull]) -> list[Outcome]:
+    async def recording(requests: Sequence[QueuedPull]) -> list[PullOutcome]:
         sizes.append(len(requests))
         return await serve(requests)
 

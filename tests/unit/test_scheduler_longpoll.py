@@ -8,7 +8,7 @@ import pytest
 
 from broker.errors import Unavailable
 from broker.pulls import FairScheduler, FifoScheduler, ManualClock, PullScheduler
-from broker.pulls.request import Status
+from broker.pulls.request import PullStatus
 from tests.unit.scheduler_fakes import ScriptedProcessor, pull, run_next, run_until_idle
 
 
@@ -164,7 +164,7 @@ async def test_within_one_slice_a_key_that_found_nothing_is_not_probed_again(
     assert processor.calls.count("g") == 1  # one probe, 49 parked without one
     assert scheduler.actor("s", "g").parked_count == 50
     statuses = {r.status for r in scheduler.actor("s", "g").live()}
-    assert statuses == {Status.PARKED}
+    assert statuses == {PullStatus.PARKED}
 
 
 async def test_a_suspended_group_does_not_delay_another(
