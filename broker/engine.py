@@ -122,6 +122,7 @@ class Broker:
             )
             raise
         self.recovered = recovered
+        self.metrics.recovery_problems.set(len(recovered.problems) + len(scheduled.problems))
         self._wire(recovered, scheduled)
         logger.info(
             "broker recovered",

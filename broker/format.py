@@ -28,7 +28,7 @@ import mmap
 import os
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from enum import IntEnum
 from pathlib import Path
 from typing import Any
@@ -105,38 +105,16 @@ def list_segments(data_dir: str | os.PathLike[str], kind: SegmentKind) -> list[P
     return sorted(found, key=segment_number)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class ScanResult:
-    """Where the readable part of a segment ends, and why."""
-
-    valid_end: int
-    file_size: int
-    problem: str | None
-
-
 def iter_frames(data: bytes, *, path: str, start: int = HEADER_SIZE) -> Iterator[tuple[int, bytes]]:
     """Yield ``(offset, payload)`` for every whole, CRC-valid frame from ``start``.
 
-    Stops at the first frame that is cut short or fails its CRC; use ``scan_frames`` to
-    learn where and why.
+    Stops at the first frame that is cut short or fails its CRC; ``walk_frames`` reads on
+    past it and says where and why.
     """
     for offset, payload in _frames(data, start):
         if payload is None:
             return
         yield offset, payload
-
-
-def scan_frames(data: bytes, *, start: int = HEADER_SIZE) -> ScanResult:
-    """Find the end of the last whole, CRC-valid frame (the truncation point for recovery)."""
-    end = start
-    problem: str | None = None
-    for offset, payload in _frames(data, start):
-        if payload is None:
-            problem = f"torn or corrupt frame at offset {offset}"
-            end = offset
-            break
-        end = offset + FRAME_SIZE + len(payload)
-    return ScanResult(valid_end=end, file_size=len(data), problem=problem)
 
 
 def _frames(data: bytes, start: int) -> Iterator[tuple[int, bytes | None]]:
@@ -158,6 +136,97 @@ def _frames(data: bytes, start: int) -> Iterator[tuple[int, bytes | None]]:
             return
         yield offset, payload
         offset = body_start + length
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BadRegion:
+    """Bytes of a segment that hold no readable frame: ``[start, end)``.
+
+    ``end`` is where the next valid frame starts, or the end of the data when none follows
+    (then the region is a torn tail if the segment is the last one).
+    """
+
+    start: int
+    end: int
+    torn: bool  # no valid frame follows: a torn tail, if the segment is the last one
+
+    @property
+    def reason(self) -> str:
+        if self.torn:
+            return f"torn or corrupt frame at offset {self.start}; nothing valid follows"
+        return f"corrupt bytes [{self.start}, {self.end}); valid frames follow"
+
+
+FrameCheck = Callable[[bytes], bool]
+
+
+def walk_frames(
+    data: bytes, *, start: int = HEADER_SIZE, check: FrameCheck | None = None
+) -> Iterator[tuple[int, bytes] | BadRegion]:
+    """Every valid frame from ``start`` as ``(offset, payload)``, and every bad region between.
+
+    Frames in sequence are trusted by their CRC. After a frame that is cut short or fails
+    its CRC, the walk resynchronises: it looks for the next offset where a whole frame with
+    a matching CRC starts, whose payload passes ``check`` (e.g. decodes as a record of the
+    segment's kind), and whose end is followed by another valid frame or by the end of the
+    data. So one flipped bit costs the frame it hit, not every frame after it, and a torn
+    tail is a bad region with no valid frame after it (``BadRegion.torn``).
+    """
+    size = len(data)
+    offset = start
+    while offset < size:
+        payload = _frame_at(data, offset, size)
+        if payload is not None:
+            yield offset, payload
+            offset += FRAME_SIZE + len(payload)
+            continue
+        following = _resync(data, offset + 1, size, check)
+        if following is None:
+            yield BadRegion(offset, size, torn=True)
+            return
+        yield BadRegion(offset, following, torn=False)
+        offset = following
+
+
+def _frame_at(data: bytes, offset: int, size: int) -> bytes | None:
+    if offset + FRAME_SIZE > size:
+        return None
+    length, crc = FRAME.unpack_from(data, offset)
+    body_start = offset + FRAME_SIZE
+    if length == 0 or length > MAX_PAYLOAD or body_start + length > size:
+        return None
+    payload = data[body_start : body_start + length]
+    return payload if zlib.crc32(payload) == crc else None
+
+
+def _resync(data: bytes, offset: int, size: int, check: FrameCheck | None) -> int | None:
+    """The first offset at or after ``offset`` where a valid frame starts and chains on."""
+    while offset + FRAME_SIZE <= size:
+        payload = _frame_at(data, offset, size)
+        if payload is not None and (check is None or check(payload)):
+            after = offset + FRAME_SIZE + len(payload)
+            if after == size or _frame_at(data, after, size) is not None:
+                return offset
+        offset += 1
+    return None
+
+
+def is_message_record(payload: bytes) -> bool:
+    """A frame check for message segments: the payload decodes as a message record."""
+    try:
+        MessageRecord.decode(payload)
+    except CorruptRecord:
+        return False
+    return True
+
+
+def is_action_record(payload: bytes) -> bool:
+    """A frame check for action-log segments: the payload decodes as an action record."""
+    try:
+        ActionRecord.decode(payload)
+    except CorruptRecord:
+        return False
+    return True
 
 
 def read_frame_at(data: bytes | memoryview, *, offset: int, path: str) -> bytes:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -43,6 +43,16 @@ class BrokerMetrics:
         self.acked = Counter("qmq_broker_acked_messages", "Messages acknowledged", registry=r)
         self.nacked = Counter(
             "qmq_broker_nacked_messages", "Messages negatively acknowledged", registry=r
+        )
+        self.unreadable = Counter(
+            "qmq_broker_unreadable_messages",
+            "Messages dead-lettered because their stored record could not be read",
+            registry=r,
+        )
+        self.recovery_problems = Gauge(
+            "qmq_broker_recovery_problems",
+            "Damage the last recovery found and repaired or served around (see the log)",
+            registry=r,
         )
         self.requests = Histogram(
             "qmq_broker_request_seconds",

@@ -124,6 +124,7 @@ class PullService:
                     "error": error,
                 },
             )
+        self._metrics.unreadable.inc(len(unreadable))
         seqs = [seq for seq, _ in unreadable]
         self._record(_action(ActionType.DEAD, now, request, seqs, {"error": "unreadable record"}))
 

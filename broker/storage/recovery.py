@@ -1,12 +1,18 @@
 """Recovery: bring a data directory to a consistent state and rebuild what lives in memory.
 
-1. Torn tails are truncated at the last whole, CRC-valid record (only segments at or after
-   the checkpoint can have one).
+1. Logs past the checkpoint are walked frame by frame, resynchronising past bad bytes
+   (``broker.format.walk_frames``). Bad bytes with no valid frame after them, at the end of
+   the last segment, are a torn tail and are truncated. Bad bytes followed by valid frames
+   (or in a segment that is not the last) are corruption: they stay where they are, every
+   valid frame after them is kept, and the problem is logged.
 2. Subject indexes are loaded, trimmed of entries that point past valid data, and extended
-   from the message log past the checkpoint.
+   from the message log past the checkpoint. A seq whose record sits in corrupt bytes gets
+   an index entry pointing at them: it reads as unreadable, so pulls dead-letter it
+   (``unreadable record``) and serve the rest; seqs are not reused.
 3. The dedup table is rebuilt from index entries inside the dedup window (ids are hashed in
    the index, so the log is not re-read).
-4. Group state is the checkpoint's plus a replay of the action log past it.
+4. Group state is the checkpoint's plus a replay of the action log past it; corrupt action
+   records are skipped (a lost ack means a redelivery, never a loss).
 """
 
 from __future__ import annotations
@@ -18,9 +24,10 @@ from pathlib import Path
 
 import orjson
 
-from broker.errors import CorruptRecord, StorageError
+from broker.errors import StorageError
 from broker.format import (
     FORMAT_VERSION,
+    FRAME_SIZE,
     HEADER_SIZE,
     INDEX_ENTRY,
     INDEX_ENTRY_SIZE,
@@ -28,15 +35,17 @@ from broker.format import (
     INDEX_MAGIC,
     INDEX_SUFFIX,
     ActionRecord,
+    BadRegion,
     MessageRecord,
     SegmentKind,
     id_hash,
     index_header,
-    iter_frames,
+    is_action_record,
+    is_message_record,
     list_segments,
     read_segment_header,
-    scan_frames,
     segment_number,
+    walk_frames,
 )
 from broker.groups import GroupTable
 from broker.storage.checkpoint import Checkpoint
@@ -79,7 +88,7 @@ def recover(data_dir: Path, *, dedup_window_s: float, now_us: int | None = None)
     problems: list[str] = []
 
     segments = list_segments(data_dir, SegmentKind.MESSAGES)
-    valid_ends = _repair_tails(segments, checkpoint.messages_at, SegmentKind.MESSAGES, problems)
+    valid_ends = _scan_logs(segments, checkpoint.messages_at, SegmentKind.MESSAGES, problems)
     segments = list_segments(data_dir, SegmentKind.MESSAGES)
     oldest = segment_number(segments[0]) if segments else 0
     entries = _load_indexes(data_dir, segments, valid_ends, problems)
@@ -93,9 +102,7 @@ def recover(data_dir: Path, *, dedup_window_s: float, now_us: int | None = None)
     )
 
     action_segments = list_segments(data_dir, SegmentKind.ACTIONS)
-    action_ends = _repair_tails(
-        action_segments, checkpoint.actions_at, SegmentKind.ACTIONS, problems
-    )
+    action_ends = _scan_logs(action_segments, checkpoint.actions_at, SegmentKind.ACTIONS, problems)
     action_segments = list_segments(data_dir, SegmentKind.ACTIONS)
     groups = GroupTable.restore(checkpoint.groups)
     _replay_actions(action_segments, checkpoint.actions_at, groups)
@@ -114,10 +121,13 @@ def recover(data_dir: Path, *, dedup_window_s: float, now_us: int | None = None)
     return recovered
 
 
-def _repair_tails(
+_CHECKS = {SegmentKind.MESSAGES: is_message_record, SegmentKind.ACTIONS: is_action_record}
+
+
+def _scan_logs(
     segments: list[Path], checkpointed: tuple[int, int], kind: SegmentKind, problems: list[str]
 ) -> dict[int, int]:
-    """Truncate torn tails past the checkpoint; return each scanned segment's valid end.
+    """Truncate torn tails past the checkpoint, note corruption; each scanned segment's end.
 
     Records before the checkpoint position were fsynced and indexed, so they are trusted
     here; damage to them is caught by the CRC when they are read and never served.
@@ -135,17 +145,25 @@ def _repair_tails(
             continue
         if read_segment_header(data, path=str(path)) is not kind:
             raise StorageError(f"{path} is not a {kind.name} segment")
-        start = checkpointed[1] if number == checkpointed[0] else HEADER_SIZE
-        scan = scan_frames(data, start=min(start, len(data)))
-        if scan.problem is not None:
-            if not last:
-                raise CorruptRecord(path=str(path), offset=scan.valid_end, reason=scan.problem)
-            problems.append(
-                f"{path}: {scan.problem}; truncated {scan.file_size - scan.valid_end} bytes"
-            )
-            truncate_file(path, scan.valid_end)
-        ends[number] = scan.valid_end
+        start = min(checkpointed[1] if number == checkpointed[0] else HEADER_SIZE, len(data))
+        end = start
+        for item in walk_frames(data, start=start, check=_CHECKS[kind]):
+            if not isinstance(item, BadRegion):
+                end = item[0] + FRAME_SIZE + len(item[1])
+            elif item.torn and last:
+                problems.append(f"{path}: {item.reason}; truncated {len(data) - item.start} bytes")
+                truncate_file(path, item.start)
+            else:
+                problems.append(f"{path}: {item.reason}; {_cost(kind)}")
+                end = item.end
+        ends[number] = end
     return ends
+
+
+def _cost(kind: SegmentKind) -> str:
+    if kind is SegmentKind.MESSAGES:
+        return "the messages in them are unreadable (dead-lettered when pulled); kept the rest"
+    return "the group changes in them are lost (their messages may be delivered again)"
 
 
 def _load_indexes(
@@ -186,24 +204,39 @@ def _index_tail(
     valid_ends: dict[int, int],
     subjects: dict[str, bytearray],
 ) -> None:
-    """Add index entries for records past the checkpoint that the index files lack."""
+    """Add index entries for records past the checkpoint that the index files lack.
+
+    Seqs missing before a record (their records sat in corrupt bytes) get entries that
+    point at the corrupt bytes, so they read as unreadable and are never reused.
+    """
+    damaged: tuple[int, BadRegion] | None = None  # the latest corrupt region seen
     for path in segments:
         number = segment_number(path)
         if number < scan_from[0]:
             continue
         data = path.read_bytes()[: valid_ends.get(number)]
         start = scan_from[1] if number == scan_from[0] else HEADER_SIZE
-        for offset, payload in iter_frames(data, path=str(path), start=start):
+        for item in walk_frames(data, start=start, check=is_message_record):
+            if isinstance(item, BadRegion):
+                damaged = (number, item)
+                continue
+            offset, payload = item
             record = MessageRecord.decode(payload, path=str(path), offset=offset)
             entries = subjects.setdefault(record.subject, bytearray())
             next_seq = len(entries) // INDEX_ENTRY_SIZE
             if record.seq < next_seq:
                 continue
             if record.seq > next_seq:
-                raise StorageError(
-                    f"{path} at {offset}: {record.subject} seq {record.seq} follows "
-                    f"{next_seq - 1}; the index lost entries before the checkpoint"
+                if damaged is None:
+                    raise StorageError(
+                        f"{path} at {offset}: {record.subject} seq {record.seq} follows "
+                        f"{next_seq - 1}; the index lost entries before the checkpoint"
+                    )
+                segment, region = damaged
+                unreadable = INDEX_ENTRY.pack(
+                    segment, region.end - region.start, region.start, record.stored_at_us, 0
                 )
+                entries += unreadable * (record.seq - next_seq)
             entries += INDEX_ENTRY.pack(
                 number, len(payload) + 8, offset, record.stored_at_us, id_hash(record.id)
             )
@@ -228,8 +261,10 @@ def _replay_actions(segments: list[Path], start: tuple[int, int], groups: GroupT
             continue
         data = path.read_bytes()
         offset = start[1] if number == start[0] else HEADER_SIZE
-        for at, payload in iter_frames(data, path=str(path), start=offset):
-            groups.apply(ActionRecord.decode(payload, path=str(path), offset=at))
+        for item in walk_frames(data, start=offset, check=is_action_record):
+            if not isinstance(item, BadRegion):  # noted by _scan_logs
+                at, payload = item
+                groups.apply(ActionRecord.decode(payload, path=str(path), offset=at))
 
 
 def _end_position(segments: list[Path], ends: dict[int, int]) -> tuple[int, int]:

@@ -15,16 +15,19 @@ from broker.format import (
     HEADER_SIZE,
     ActionRecord,
     ActionType,
+    BadRegion,
     IndexEntry,
     MessageRecord,
     SegmentKind,
+    encode_message,
     frame,
+    is_message_record,
     iter_frames,
     iter_message_records,
     read_frame_at,
     read_segment_header,
-    scan_frames,
     segment_header,
+    walk_frames,
 )
 
 texts = st.text(min_size=0, max_size=50)
@@ -113,22 +116,69 @@ def test_frame_crc_detects_a_flipped_bit() -> None:
         read_frame_at(bytes(framed), offset=0, path="x")
 
 
-def test_scan_stops_at_a_torn_tail() -> None:
+def message_frame(seq: int, body: bytes = b"x" * 40) -> bytes:
+    return frame(
+        encode_message(
+            seq=seq,
+            message_id=f"m-{seq}",
+            subject="s",
+            key=None,
+            headers={},
+            body=body,
+            body_base64=False,
+            producer=None,
+            created_at_us=1,
+            stored_at_us=2,
+            deliver_at_us=0,
+        )
+    )
+
+
+def walk(data: bytes) -> list[tuple[int, bytes] | BadRegion]:
+    return list(walk_frames(data, check=is_message_record))
+
+
+def test_a_torn_tail_is_a_bad_region_that_nothing_valid_follows() -> None:
     whole = segment_header(SegmentKind.MESSAGES) + frame(b"a" * 10) + frame(b"b" * 20)
     torn = whole + frame(b"c" * 30)[:-5]
-    result = scan_frames(torn)
-    assert result.valid_end == len(whole)
-    assert result.problem is not None
+    items = list(walk_frames(torn))
+    assert [i[1] for i in items if not isinstance(i, BadRegion)] == [b"a" * 10, b"b" * 20]
+    assert items[-1] == BadRegion(len(whole), len(torn), torn=True)
     assert [p for _, p in iter_frames(torn, path="t")] == [b"a" * 10, b"b" * 20]
 
 
-def test_scan_stops_at_a_bad_crc_and_never_yields_it() -> None:
+def test_a_bad_crc_is_never_yielded() -> None:
     good = frame(b"x" * 8)
     bad = bytearray(frame(b"y" * 8))
     bad[4:8] = (zlib.crc32(b"z") & 0xFFFFFFFF).to_bytes(4, "little")
     data = segment_header(SegmentKind.MESSAGES) + good + bytes(bad)
     assert [p for _, p in iter_frames(data, path="t")] == [b"x" * 8]
-    assert scan_frames(data).valid_end == HEADER_SIZE + len(good)
+    assert list(walk_frames(data))[1] == BadRegion(HEADER_SIZE + len(good), len(data), torn=True)
+
+
+@pytest.mark.parametrize("where", ["length", "crc", "payload"])
+def test_a_flipped_bit_costs_only_the_frame_it_hit(where: str) -> None:
+    frames = [message_frame(seq) for seq in range(6)]
+    data = bytearray(segment_header(SegmentKind.MESSAGES) + b"".join(frames))
+    hit = HEADER_SIZE + sum(len(f) for f in frames[:2])  # frame of seq 2
+    data[hit + {"length": 1, "crc": 5, "payload": FRAME_SIZE + 20}[where]] ^= 0x10
+    items = walk(bytes(data))
+    seqs = [MessageRecord.decode(i[1]).seq for i in items if not isinstance(i, BadRegion)]
+    assert seqs == [0, 1, 3, 4, 5]
+    (bad,) = [i for i in items if isinstance(i, BadRegion)]
+    assert (bad.start, bad.end, bad.torn) == (hit, hit + len(frames[2]), False)
+
+
+def test_resync_needs_a_frame_that_decodes_and_chains_on() -> None:
+    # A body that holds a whole framed record: after damage just before it, the walk must
+    # not take the embedded frame for the next record (it does not chain on to another).
+    inner = message_frame(99, b"inner")
+    frames = [message_frame(0), message_frame(1, b"<" + inner + b">"), message_frame(2)]
+    data = bytearray(segment_header(SegmentKind.MESSAGES) + b"".join(frames))
+    data[HEADER_SIZE + len(frames[0]) + 6] ^= 0x01  # the CRC of seq 1's frame
+    items = walk(bytes(data))
+    seqs = [MessageRecord.decode(i[1]).seq for i in items if not isinstance(i, BadRegion)]
+    assert seqs == [0, 2]
 
 
 def test_segment_header_is_checked() -> None:

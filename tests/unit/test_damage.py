@@ -1,0 +1,226 @@
+"""Damaged files on a real data directory: a flipped bit costs the record it hit, nothing more.
+
+A broker writes real files; the test removes the checkpoint (so everything is "after the
+checkpoint", as after a crash), flips one bit, restarts the broker and drains the subject
+with a new group. Property: every message whose frame is intact is served exactly once, the
+damaged one is dead-lettered as ``unreadable record`` and never served, and seqs are not
+reused. Action-log damage costs only the group changes in the damaged record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.config import BrokerConfig, FsyncPolicy
+from broker.engine import Broker
+from broker.format import (
+    ActionType,
+    SegmentKind,
+    iter_action_records,
+    list_segments,
+    segment_number,
+)
+from broker.messages import IncomingMessage
+from broker.metrics import BrokerMetrics
+from broker.storage.recovery import recover
+from broker.storage.segments import segment_path
+
+MESSAGES = 300
+BATCH = 50
+
+
+def message(i: int) -> IncomingMessage:
+    return IncomingMessage(
+        id=f"m-{i}",
+        subject="orders",
+        key=None,
+        headers={},
+        body=f"body {i}".ljust(120, ".").encode(),
+        body_base64=False,
+        producer="test",
+        created_at_us=None,
+        deliver_at_us=0,
+    )
+
+
+def run_broker(data_dir: Path, script: Any, **config: Any) -> Any:
+    async def main() -> Any:
+        broker = Broker(
+            BrokerConfig(
+                data_dir=data_dir,
+                fsync=FsyncPolicy(mode="always"),
+                segment_bytes=8192,
+                **config,
+            ),
+            metrics=BrokerMetrics(),
+        )
+        await broker.start()
+        try:
+            return await script(broker)
+        finally:
+            await broker.close()
+
+    return asyncio.run(main())
+
+
+async def produce_all(broker: Broker) -> None:
+    for start in range(0, MESSAGES, BATCH):
+        results = await broker.producer.produce([message(i) for i in range(start, start + BATCH)])
+        assert {r["status"] for r in results} == {"stored"}
+
+
+async def pull(broker: Broker, group: str) -> list[dict[str, Any]]:
+    messages = await broker.delivery.pull(
+        subject="orders",
+        group=group,
+        consumer="c",
+        max_messages=BATCH,
+        wait_ms=0,
+        mode="shared",
+        start="earliest",
+    )
+    return list(messages)
+
+
+async def drain(broker: Broker, group: str) -> list[dict[str, Any]]:
+    """Pull and ack everything a new group can get."""
+    served: list[dict[str, Any]] = []
+    while batch := await pull(broker, group):
+        served.extend(batch)
+        seqs = [m["seq"] for m in batch]
+        await broker.delivery.ack(subject="orders", group=group, consumer="c", seqs=seqs)
+    return served
+
+
+def crash_before_checkpoint(data_dir: Path, *, keep_index: bool) -> None:
+    """As if the broker died before its first checkpoint (and, optionally, its index)."""
+    (data_dir / "checkpoint.json").unlink()
+    if not keep_index:
+        shutil.rmtree(data_dir / "index")
+
+
+def flip(path: Path, offset: int, bit: int = 0) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 1 << bit
+    path.write_bytes(bytes(data))
+
+
+def frame_of(data_dir: Path, seq: int) -> tuple[Path, int, int]:
+    """(segment file, frame offset, frame length) of a stored seq, from the index."""
+    segment, length, offset, _, _ = (
+        recover(data_dir, dedup_window_s=3600).subjects["orders"].raw(seq)
+    )
+    return segment_path(data_dir, SegmentKind.MESSAGES, segment), offset, length
+
+
+def check_served_around(data_dir: Path, damaged: set[int]) -> None:
+    async def after(broker: Broker) -> tuple[list[dict[str, Any]], Any, list[dict[str, Any]]]:
+        served = await drain(broker, "fresh")
+        dead = broker.delivery.dead_letters(
+            subject="orders", group="fresh", limit=1000, after_seq=None
+        )
+        again = await broker.producer.produce([message(MESSAGES)])
+        registry = broker.metrics.registry
+        assert registry.get_sample_value("qmq_broker_unreadable_messages_total") == len(damaged)
+        assert registry.get_sample_value("qmq_broker_recovery_problems") == len(damaged)
+        return served, dead, list(again)
+
+    served, dead, again = run_broker(data_dir, after)
+    ids = [m["id"] for m in served]
+    assert len(ids) == len(set(ids)), "a message was served twice"
+    assert set(ids) == {f"m-{i}" for i in range(MESSAGES)} - {f"m-{i}" for i in damaged}
+    assert all(m["body"] == f"body {m['seq']}".ljust(120, ".") for m in served)
+    assert {d.seq for d in dead.dead} == damaged
+    assert {d.error for d in dead.dead} <= {"unreadable record"}
+    assert again[0]["seq"] == MESSAGES, "a seq was reused"
+
+
+@pytest.mark.parametrize("keep_index", [True, False], ids=["index kept", "index rebuilt"])
+@pytest.mark.parametrize("where", ["last segment", "earlier segment"])
+def test_a_flipped_bit_costs_only_the_message_it_hit(
+    tmp_path: Path, where: str, keep_index: bool
+) -> None:
+    run_broker(tmp_path, produce_all)
+    victim = MESSAGES - 3 if where == "last segment" else 40
+    path, offset, length = frame_of(tmp_path, victim)
+    last = list_segments(tmp_path, SegmentKind.MESSAGES)[-1]
+    assert (path == last) == (where == "last segment")
+    crash_before_checkpoint(tmp_path, keep_index=keep_index)
+    flip(path, offset + length // 2)
+    check_served_around(tmp_path, {victim})
+
+
+def test_a_flipped_length_field_is_resynchronised_past(tmp_path: Path) -> None:
+    run_broker(tmp_path, produce_all)
+    path, offset, _ = frame_of(tmp_path, 150)
+    crash_before_checkpoint(tmp_path, keep_index=False)
+    flip(path, offset + 1, bit=3)  # the frame now claims to be 2 KiB longer
+    check_served_around(tmp_path, {150})
+
+
+def test_a_torn_tail_is_still_truncated(tmp_path: Path) -> None:
+    run_broker(tmp_path, produce_all)
+    last = list_segments(tmp_path, SegmentKind.MESSAGES)[-1]
+    path, offset, _ = frame_of(tmp_path, MESSAGES - 1)
+    assert path == last
+    crash_before_checkpoint(tmp_path, keep_index=False)
+    with open(last, "r+b") as handle:
+        handle.truncate(offset + 10)  # the last frame was half written
+    recovered = recover(tmp_path, dedup_window_s=3600)
+    assert recovered.subjects["orders"].next_seq == MESSAGES - 1
+    assert last.stat().st_size == offset
+    assert any("truncated" in problem for problem in recovered.problems)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_bit_flips_in_message_segments(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    run_broker(tmp_path, produce_all)
+    crash_before_checkpoint(tmp_path, keep_index=rng.random() < 0.5)
+    segments = list_segments(tmp_path, SegmentKind.MESSAGES)
+    path = rng.choice(segments)
+    offset = rng.randrange(16, path.stat().st_size)  # past the segment header
+    flip(path, offset, bit=rng.randrange(8))
+    recovered = recover(tmp_path, dedup_window_s=3600)
+    subject = recovered.subjects["orders"]
+    number = segment_number(path)
+    damaged = {
+        seq
+        for seq in range(subject.next_seq)
+        if subject.raw(seq)[0] == number
+        and subject.raw(seq)[2] <= offset < subject.raw(seq)[2] + subject.raw(seq)[1]
+    }
+    print(f"seed {seed}: bit flipped in {path.name} at {offset}; damaged seqs {damaged}")
+    check_served_around(tmp_path, damaged)
+
+
+def test_a_damaged_ack_record_costs_only_its_own_acks(tmp_path: Path) -> None:
+    async def consume(broker: Broker) -> None:
+        await produce_all(broker)
+        await drain(broker, "g")  # six lease records and six ack records of 50 seqs
+
+    run_broker(tmp_path, consume, ack_timeout_s=0.2)
+    crash_before_checkpoint(tmp_path, keep_index=True)
+    acks = [
+        (path, offset, record)
+        for path in list_segments(tmp_path, SegmentKind.ACTIONS)
+        for offset, record in iter_action_records(path)
+        if record.type is ActionType.ACK
+    ]
+    assert len(acks) == MESSAGES // BATCH
+    path, offset, record = acks[1]
+    flip(path, offset + 12)
+    lost = set(record.seqs)
+
+    async def after(broker: Broker) -> list[dict[str, Any]]:
+        await asyncio.sleep(0.3)  # the leases of the lost acks run out
+        return await drain(broker, "g")
+
+    redelivered = run_broker(tmp_path, after, ack_timeout_s=0.2)
+    assert {m["seq"] for m in redelivered} == lost
