@@ -50,6 +50,7 @@ from broker.format import (
 from broker.groups import GroupTable
 from broker.storage.checkpoint import Checkpoint
 from broker.storage.fsync import rewrite_file, truncate_file
+from broker.storage.segments import segment_path
 from broker.subjects import SubjectTable
 
 logger = logging.getLogger(__name__)
@@ -87,12 +88,14 @@ def recover(data_dir: Path, *, dedup_window_s: float, now_us: int | None = None)
     checkpoint = Checkpoint.load(data_dir)
     problems: list[str] = []
 
+    messages_from = _checked(data_dir, SegmentKind.MESSAGES, checkpoint.messages_at, problems)
+    actions_from = _checked(data_dir, SegmentKind.ACTIONS, checkpoint.actions_at, problems)
     segments = list_segments(data_dir, SegmentKind.MESSAGES)
-    valid_ends = _scan_logs(segments, checkpoint.messages_at, SegmentKind.MESSAGES, problems)
+    valid_ends = _scan_logs(segments, messages_from, SegmentKind.MESSAGES, problems)
     segments = list_segments(data_dir, SegmentKind.MESSAGES)
     oldest = segment_number(segments[0]) if segments else 0
-    entries = _load_indexes(data_dir, segments, valid_ends, problems)
-    scan_from = max(checkpoint.messages_at, (oldest, HEADER_SIZE))
+    entries = _load_indexes(data_dir, segments, valid_ends, checkpoint.messages_at, problems)
+    scan_from = max(messages_from, (oldest, HEADER_SIZE))
     _index_tail(segments, scan_from, valid_ends, entries)
     _save_indexes(data_dir, entries)
     subjects = SubjectTable.recovered(
@@ -102,10 +105,10 @@ def recover(data_dir: Path, *, dedup_window_s: float, now_us: int | None = None)
     )
 
     action_segments = list_segments(data_dir, SegmentKind.ACTIONS)
-    action_ends = _scan_logs(action_segments, checkpoint.actions_at, SegmentKind.ACTIONS, problems)
+    action_ends = _scan_logs(action_segments, actions_from, SegmentKind.ACTIONS, problems)
     action_segments = list_segments(data_dir, SegmentKind.ACTIONS)
     groups = GroupTable.restore(checkpoint.groups)
-    _replay_actions(action_segments, checkpoint.actions_at, groups)
+    _replay_actions(action_segments, actions_from, groups)
 
     recovered = Recovered(
         subjects=subjects,
@@ -119,6 +122,23 @@ def recover(data_dir: Path, *, dedup_window_s: float, now_us: int | None = None)
     for problem in problems:
         logger.warning(problem, extra={"action": "broker.recovery_problem"})
     return recovered
+
+
+def _checked(
+    data_dir: Path, kind: SegmentKind, position: tuple[int, int], problems: list[str]
+) -> tuple[int, int]:
+    """Where to scan a log from: the checkpoint's position, or the start of its segment
+    when the segment is now shorter than the checkpoint says (cut or restored from an older
+    copy): never from a stale offset past the end."""
+    segment, offset = position
+    path = segment_path(data_dir, kind, segment)
+    if path.exists() and path.stat().st_size < offset:
+        problems.append(
+            f"{path}: {path.stat().st_size} bytes, shorter than the checkpoint's {offset}; "
+            "rescanned from the segment's start; what was past its end is unreadable"
+        )
+        return (segment, HEADER_SIZE)
+    return position
 
 
 _CHECKS = {SegmentKind.MESSAGES: is_message_record, SegmentKind.ACTIONS: is_action_record}
@@ -167,14 +187,31 @@ def _cost(kind: SegmentKind) -> str:
 
 
 def _load_indexes(
-    data_dir: Path, segments: list[Path], valid_ends: dict[int, int], problems: list[str]
+    data_dir: Path,
+    segments: list[Path],
+    valid_ends: dict[int, int],
+    checkpointed: tuple[int, int],
+    problems: list[str],
 ) -> dict[str, bytearray]:
-    """Each subject's packed index entries, trimmed of entries past valid data."""
+    """Each subject's packed index entries, checked against what the log still holds.
+
+    Entries past valid data and past the checkpoint are a torn batch (never acknowledged):
+    they are trimmed. Entries past valid data but covered by the checkpoint were durable
+    (their log was cut or replaced since): they keep their seqs, so no seq is reused, and
+    point at the segment header, where no frame can ever be, so they read as unreadable.
+    """
     last_segment = segment_number(segments[-1]) if segments else -1
     subjects: dict[str, bytearray] = {}
     folder = data_dir / "index"
     if not folder.is_dir():
         return subjects
+
+    def gone(entries: bytearray, seq: int) -> tuple[bool, bool]:
+        segment, length, offset, _, _ = INDEX_ENTRY.unpack_from(entries, seq * INDEX_ENTRY_SIZE)
+        end = valid_ends.get(segment)
+        lost = segment > last_segment or (end is not None and offset + length > end)
+        return lost, (segment, offset + length) <= checkpointed
+
     for path in sorted(folder.glob(f"*{INDEX_SUFFIX}")):
         name = path.name[: -len(INDEX_SUFFIX)]
         data = path.read_bytes()
@@ -186,14 +223,22 @@ def _load_indexes(
             entries = bytearray(
                 data[INDEX_HEADER.size : INDEX_HEADER.size + count * INDEX_ENTRY_SIZE]
             )
-        while entries:
-            segment, length, offset, _, _ = INDEX_ENTRY.unpack_from(
-                entries, len(entries) - INDEX_ENTRY_SIZE
+        keep = len(entries) // INDEX_ENTRY_SIZE
+        while keep and gone(entries, keep - 1) == (True, False):
+            keep -= 1
+        del entries[keep * INDEX_ENTRY_SIZE :]
+        seq = keep - 1
+        while seq >= 0 and gone(entries, seq)[0]:
+            segment, _, _, stored, _ = INDEX_ENTRY.unpack_from(entries, seq * INDEX_ENTRY_SIZE)
+            INDEX_ENTRY.pack_into(
+                entries, seq * INDEX_ENTRY_SIZE, segment, FRAME_SIZE, 0, stored, 0
             )
-            end = valid_ends.get(segment)
-            if segment <= last_segment and (end is None or offset + length <= end):
-                break
-            del entries[-INDEX_ENTRY_SIZE:]
+            seq -= 1
+        if seq < keep - 1:
+            problems.append(
+                f"{path}: seqs {seq + 1}..{keep - 1} were checkpointed but their "
+                "records are gone; they stay allocated and read as unreadable"
+            )
         subjects[name] = entries
     return subjects
 

@@ -224,3 +224,31 @@ def test_a_damaged_ack_record_costs_only_its_own_acks(tmp_path: Path) -> None:
 
     redelivered = run_broker(tmp_path, after, ack_timeout_s=0.2)
     assert {m["seq"] for m in redelivered} == lost
+
+
+def test_a_segment_cut_below_the_checkpoint_reuses_no_seq(tmp_path: Path) -> None:
+    async def consume(broker: Broker) -> None:
+        await produce_all(broker)
+        await drain(broker, "g")  # the group's cursor is past every seq
+
+    run_broker(tmp_path, consume)  # closing writes a checkpoint past everything
+    last = list_segments(tmp_path, SegmentKind.MESSAGES)[-1]
+    first_cut, offset, _ = frame_of(tmp_path, MESSAGES - 2)
+    assert first_cut == last
+    with open(last, "r+b") as handle:
+        handle.truncate(offset)  # the last two records are gone (say, an older backup)
+
+    async def after(broker: Broker) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Any]:
+        stored = await broker.producer.produce([message(MESSAGES)])
+        new = await drain(broker, "g")
+        fresh = await drain(broker, "fresh")
+        dead = broker.delivery.dead_letters(
+            subject="orders", group="fresh", limit=1000, after_seq=None
+        )
+        return list(stored), new, (fresh, dead)
+
+    stored, new, (fresh, dead) = run_broker(tmp_path, after)
+    assert stored[0]["seq"] == MESSAGES  # not MESSAGES - 2: no seq is reused
+    assert [m["id"] for m in new] == [f"m-{MESSAGES}"]  # the old group sees the new message
+    assert {m["seq"] for m in fresh} == set(range(MESSAGES + 1)) - {MESSAGES - 2, MESSAGES - 1}
+    assert {d.seq for d in dead.dead} == {MESSAGES - 2, MESSAGES - 1}
