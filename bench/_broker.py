@@ -20,7 +20,7 @@ def free_port() -> int:
         return port
 
 
-class BrokerProcess:
+class BenchBroker:
     """A ``qmq broker`` subprocess on a data directory, with its log beside it."""
 
     def __init__(self, data_dir: Path, *args: str) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._broker import BrokerProcess
+from bench._broker import BenchBroker
 from qmq_outbox.client import AsyncBrokerClient
 from qmq_outbox.envelope import OutgoingMessage
 
@@ -116,7 +116,7 @@ def main() -> None:
     args = parser.parse_args()
     rows: list[tuple[str, str, str, str]] = []
     with tempfile.TemporaryDirectory(dir=os.environ.get("QMQ_BENCH_DIR")) as tmp:
-        broker = BrokerProcess(Path(tmp) / "data")
+        broker = BenchBroker(Path(tmp) / "data")
         broker.start()
         try:
             cpu0 = broker.cpu_seconds()
@@ -160,7 +160,7 @@ def main() -> None:
             broker.stop()
 
     with tempfile.TemporaryDirectory(dir=os.environ.get("QMQ_BENCH_DIR")) as tmp:
-        broker = BrokerProcess(Path(tmp) / "data", "--fsync", "interval:50")
+        broker = BenchBroker(Path(tmp) / "data", "--fsync", "interval:50")
         broker.start()
         try:
             began = time.monotonic()

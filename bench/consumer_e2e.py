@@ -50,7 +50,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._broker import BrokerProcess
+from bench._broker import BenchBroker
 from qmq_outbox import BrokerClient, Consumer, IdempotentStore, Message
 from qmq_outbox.envelope import OutgoingMessage
 from qmq_outbox.outbox import Outbox
@@ -305,7 +305,7 @@ def preload(broker_url: str, subject: str, count: int) -> None:
 
 
 def drain(
-    broker: BrokerProcess, db_url: str | None, count: int, processes: int = 1, **settings: Any
+    broker: BenchBroker, db_url: str | None, count: int, processes: int = 1, **settings: Any
 ) -> dict[str, float]:
     broker_url = broker.url
     subject = f"bench.drain.{uuid.uuid4().hex[:6]}"
@@ -359,7 +359,7 @@ def main() -> None:
     date = subprocess.run(["date", "-u"], capture_output=True, text=True).stdout.strip()
     where = machine()
     data = Path(tempfile.mkdtemp(prefix="qmq-bench-consumer-"))
-    broker = BrokerProcess(data / "broker", "--log-level", "warning")
+    broker = BenchBroker(data / "broker", "--log-level", "warning")
     broker.start()
     try:
         with fresh_database(args.admin_url) as db_url:

@@ -34,7 +34,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._broker import BrokerProcess
+from bench._broker import BenchBroker
 from qmq_outbox.client import AsyncBrokerClient
 
 SUBJECT = "bench.delay"
@@ -82,7 +82,7 @@ async def schedule(
 
 
 async def part_rss(work: Path, messages: int, hours: float) -> dict[str, Any]:
-    broker = BrokerProcess(work / "rss", "--log-level", "WARNING")
+    broker = BenchBroker(work / "rss", "--log-level", "WARNING")
     broker.start(timeout=300)
     try:
         idle = broker.memory_mb()
@@ -151,7 +151,7 @@ async def consume(
 async def part_lateness(
     work: Path, messages: int, window_s: float, *, name: str, consumers: int
 ) -> dict[str, Any]:
-    broker = BrokerProcess(work / name, "--log-level", "WARNING")
+    broker = BenchBroker(work / name, "--log-level", "WARNING")
     broker.start(timeout=300)
     try:
         lead = 15 + messages / 10_000  # enough to accept everything before the first is due

@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
 
-from bench._broker import BrokerProcess
+from bench._broker import BenchBroker
 from qmq_outbox.client import AsyncBrokerClient
 from qmq_outbox.errors import BrokerUnavailable
 
@@ -143,7 +143,7 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 def run_loads(
-    broker: BrokerProcess, loads: list[GroupLoad], seconds: float, pullgen: Path | None
+    broker: BenchBroker, loads: list[GroupLoad], seconds: float, pullgen: Path | None
 ) -> dict[str, Any]:
     """Run one load-generator process per group; per-group results and the broker's CPU.
 
@@ -176,7 +176,7 @@ def run_loads(
 
 
 def _run_pullgen(
-    binary: Path, broker: BrokerProcess, loads: list[GroupLoad], seconds: float
+    binary: Path, broker: BenchBroker, loads: list[GroupLoad], seconds: float
 ) -> dict[str, Any]:
     begin = time.time() + 0.5 + WARMUP_S
     end = begin + seconds
@@ -207,7 +207,7 @@ def _run_pullgen(
     return {"groups": results, "broker_cpu_share": cpu}
 
 
-def _broker_cpu(broker: BrokerProcess, begin: float, end: float) -> float:
+def _broker_cpu(broker: BenchBroker, begin: float, end: float) -> float:
     """CPU seconds per second the broker process used in [begin, end)."""
     time.sleep(max(begin - time.time(), 0))
     cpu_begin = broker.cpu_seconds()
@@ -254,9 +254,7 @@ def jain(values: list[float]) -> float:
 
 
 def skewed(data: Path, scheduler: str, label: str, args: argparse.Namespace) -> dict[str, Any]:
-    broker = BrokerProcess(
-        data, "--scheduler", scheduler, "--fsync", "never", "--ack-timeout", "1h"
-    )
+    broker = BenchBroker(data, "--scheduler", scheduler, "--fsync", "never", "--ack-timeout", "1h")
     broker.start()
     loads = [
         GroupLoad("skew", f"A-{label}", 100, args.batch),
@@ -296,7 +294,7 @@ def isolation(data: Path, scheduler: str, label: str, args: argparse.Namespace) 
     latencies of each condition are pooled before taking percentiles.
     """
     cold_group = f"C-{label}"
-    broker = BrokerProcess(
+    broker = BenchBroker(
         data,
         "--scheduler",
         scheduler,
@@ -417,7 +415,7 @@ def main() -> None:
         data = Path(tmp) / "data"
         if args.client == "c":
             args.pullgen = compile_pullgen(Path(tmp))
-        filler = BrokerProcess(data, "--fsync", "never")
+        filler = BenchBroker(data, "--fsync", "never")
         filler.start()
         try:
             began = time.monotonic()

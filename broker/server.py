@@ -1,7 +1,9 @@
 """Run a broker under uvicorn: recovery in the background, graceful shutdown on SIGTERM.
 
 On SIGTERM or SIGINT the broker stops taking new requests (503), wakes long polls so they
-answer at once, lets in-flight requests finish, writes a checkpoint and exits 0.
+answer at once, lets in-flight requests finish, writes a checkpoint and exits 0. A recovery
+that fails stops the server too: the process exits 1 with one line on stderr, instead of
+listening while it cannot serve.
 """
 
 from __future__ import annotations
@@ -9,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterator
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import uvicorn
@@ -25,15 +28,30 @@ logger = logging.getLogger(__name__)
 
 
 def build(
-    config: BrokerConfig, *, authorizer: Authorizer | None = None
+    config: BrokerConfig,
+    *,
+    authorizer: Authorizer | None = None,
+    on_start_failure: Callable[[BaseException], None] | None = None,
 ) -> tuple[Broker, Starlette]:
+    """The broker and its app; ``on_start_failure`` hears of a recovery that failed."""
     metrics = BrokerMetrics()
     broker = Broker(config, metrics=metrics)
+
+    def started(task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        failure = task.exception()
+        assert failure is not None
+        logger.critical(
+            "broker failed to start", extra={"action": "broker.start_failed"}, exc_info=failure
+        )
+        if on_start_failure is not None:
+            on_start_failure(failure)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         starting = asyncio.create_task(broker.start(), name="qmq-recovery")
-        starting.add_done_callback(_report_start_failure)
+        starting.add_done_callback(started)
         try:
             yield
         finally:
@@ -45,15 +63,6 @@ def build(
                 await broker.close()
 
     return broker, create_app(broker, authorizer=authorizer, lifespan=lifespan)
-
-
-def _report_start_failure(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        logger.critical(
-            "broker failed to start",
-            extra={"action": "broker.start_failed"},
-            exc_info=task.exception(),
-        )
 
 
 class _Server(uvicorn.Server):
@@ -80,7 +89,14 @@ class _Server(uvicorn.Server):
 def serve(
     config: BrokerConfig, *, host: str, port: int, authorizer: Authorizer | None = None
 ) -> None:
-    broker, app = build(config, authorizer=authorizer)
+    failures: list[BaseException] = []
+
+    def stop_serving(failure: BaseException) -> None:
+        # Never listen while failed: a supervisor must see the process die.
+        failures.append(failure)
+        server.should_exit = True
+
+    broker, app = build(config, authorizer=authorizer, on_start_failure=stop_serving)
     server_config = uvicorn.Config(
         app,
         host=host,
@@ -105,5 +121,12 @@ def serve(
         },
     )
     server.run()
+    if failures:
+        print(
+            f"qmq broker: recovery of {config.data_dir} failed: {failures[0]}. "
+            "It exits rather than listen while it cannot serve; see docs/broker.md, Recovery.",
+            file=sys.stderr,
+        )
+        raise SystemExit(1)
     if broker.status == "failed":
         raise SystemExit(1)

@@ -1,0 +1,49 @@
+"""A broker whose recovery fails exits non-zero with one line: it never listens while failed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.broker_process import free_port
+
+
+def start_broker(data_dir: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "qmq_outbox",
+            "broker",
+            "--data-dir",
+            str(data_dir),
+            "--port",
+            str(free_port()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("checkpoint.json", b"{not json"),
+        ("messages/00000000000000000000.seg", b"NOTASEGMENTHEADER-and-then-some-bytes"),
+    ],
+    ids=["checkpoint not JSON", "segment header unreadable"],
+)
+def test_a_failed_recovery_exits_1_with_one_line(tmp_path: Path, name: str, content: bytes) -> None:
+    data_dir = tmp_path / "data"
+    (data_dir / "messages").mkdir(parents=True)
+    (data_dir / name).write_bytes(content)
+    done = start_broker(data_dir)
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"qmq broker: recovery of {data_dir} failed: ")
+    assert name.rsplit("/", 1)[-1] in last
