@@ -10,11 +10,12 @@ Layout of a data directory (format 1)::
                                 (the number is the hour since the Unix epoch), whole messages
     dispatch/<20 digits>.seg    which records of the same-numbered schedule segment went out
     checkpoint.json             positions up to which index and group state are saved
+    checkpoint.prev.json        the checkpoint before it (both carry a CRC)
 
 Every segment starts with a 16-byte header (magic, kind, format version) and then holds
 frames ``[u32 payload length][u32 crc32(payload)][payload]``. A frame that is cut short
-or whose CRC does not match ends the readable part of a segment: recovery truncates a torn
-tail there, and readers never return such bytes as a record.
+or whose CRC does not match is never returned as a record; ``walk_frames`` reads on past
+it (recovery truncates it only when nothing valid follows at the end of the last segment).
 
 This module is shared by the broker and by ``spark_reconcile``; it imports nothing from the
 server side.

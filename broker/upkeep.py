@@ -94,7 +94,7 @@ class Upkeep:
             for path in list_segments(self._data_dir, SegmentKind.MESSAGES)
             if segment_number(path) < active and path.stat().st_mtime < horizon_s
         ]
-        checkpointed_actions = Checkpoint.load(self._data_dir).actions_at[0]
+        checkpointed_actions = Checkpoint.oldest_actions_segment(self._data_dir)
         doomed_actions = [
             path
             for path in list_segments(self._data_dir, SegmentKind.ACTIONS)

@@ -1,8 +1,9 @@
 """Every place the broker forces data to disk: fsync, fdatasync and the file recipes on them.
 
 The journal's group commit calls ``sync_data`` on the log and index descriptors it wrote;
-new segment files call ``sync_new_file``; checkpoints use ``replace_file``; recovery uses
-``truncate_file`` and ``rewrite_file``. Nothing else in the broker calls ``os.fsync``.
+new segment files call ``sync_new_file``; checkpoints use ``replace_keeping_previous``;
+recovery uses ``truncate_file`` and ``rewrite_file``. Nothing else in the broker calls
+``os.fsync``.
 """
 
 from __future__ import annotations
@@ -36,13 +37,20 @@ def sync_new_file(fd: int, path: Path) -> None:
     sync_dir(path.parent)
 
 
-def replace_file(path: Path, data: bytes) -> None:
-    """Atomically replace ``path`` with ``data``: write a temporary, fsync, rename, fsync dir."""
+def replace_keeping_previous(path: Path, previous: Path, data: bytes) -> None:
+    """Atomically replace ``path`` with ``data``, the replaced file becoming ``previous``.
+
+    Write a temporary, fsync, rename, rename, fsync the directory. Each rename is atomic;
+    a crash between the two leaves ``previous`` and no ``path``, which readers handle by
+    taking ``previous``.
+    """
     tmp = path.with_suffix(".tmp")
     with open(tmp, "wb") as handle:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
+    if path.exists():
+        os.replace(path, previous)
     os.replace(tmp, path)
     sync_dir(path.parent)
 

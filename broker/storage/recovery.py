@@ -85,8 +85,8 @@ def recover(data_dir: Path, *, dedup_window_s: float, now_us: int | None = None)
     began = time.perf_counter()
     check_format(data_dir)
     now_us = now_us if now_us is not None else time.time_ns() // 1000
-    checkpoint = Checkpoint.load(data_dir)
     problems: list[str] = []
+    checkpoint = Checkpoint.load(data_dir, problems)
 
     messages_from = _checked(data_dir, SegmentKind.MESSAGES, checkpoint.messages_at, problems)
     actions_from = _checked(data_dir, SegmentKind.ACTIONS, checkpoint.actions_at, problems)

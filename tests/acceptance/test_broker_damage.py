@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from broker.format import SegmentKind, segment_header
 from tests.support.broker_process import free_port
 
 
@@ -33,10 +34,10 @@ def start_broker(data_dir: Path) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(
     ("name", "content"),
     [
-        ("checkpoint.json", b"{not json"),
+        ("messages/00000000000000000000.seg", segment_header(SegmentKind.ACTIONS)),
         ("messages/00000000000000000000.seg", b"NOTASEGMENTHEADER-and-then-some-bytes"),
     ],
-    ids=["checkpoint not JSON", "segment header unreadable"],
+    ids=["segment of another kind", "segment header unreadable"],
 )
 def test_a_failed_recovery_exits_1_with_one_line(tmp_path: Path, name: str, content: bytes) -> None:
     data_dir = tmp_path / "data"
