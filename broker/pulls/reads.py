@@ -31,13 +31,29 @@ def read_message(reader: SegmentReader, log: SubjectLog, seq: int) -> MessageRec
     """One stored message by seq (on the loop: dedup checks and dead-letter listings)."""
     segment, length, offset, _, _ = log.raw(seq)
     payload = reader.read(segment, offset, length)
-    return MessageRecord.decode(payload, path=f"messages/{segment}", offset=offset)
+    record = MessageRecord.decode(payload, path=f"messages/{segment}", offset=offset)
+    _check_indexed(record, log.name, seq, segment, offset)
+    return record
+
+
+def _check_indexed(
+    record: MessageRecord, subject: str, seq: int, segment: int, offset: int
+) -> None:
+    """A record read through the index must be the one indexed: never serve another."""
+    if record.seq != seq or record.subject != subject:
+        raise CorruptRecord(
+            path=f"messages/{segment}",
+            offset=offset,
+            reason=f"the index entry of {subject} seq {seq} points at "
+            f"{record.subject} seq {record.seq}",
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Batch:
     """What a decision leased: seqs, their attempt numbers and where they are stored."""
 
+    subject: str
     seqs: list[int]
     attempts: list[int]
     positions: list[tuple[int, int, int]]  # (segment, offset, length)
@@ -63,6 +79,7 @@ def _read_batch(reader: SegmentReader, batch: Batch, delay_s: float) -> Read:
             continue
         try:
             record = MessageRecord.decode(payload, path=f"messages/{segment}", offset=offset)
+            _check_indexed(record, batch.subject, seq, segment, offset)
         except CorruptRecord as exc:
             unreadable.append((seq, str(exc)))
             continue

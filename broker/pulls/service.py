@@ -111,7 +111,9 @@ class PullService:
         deadline = now + self._policy.ack_timeout_us
         fields = {"consumer": request.consumer, "deadline": deadline, "attempts": attempts}
         self._record(_action(ActionType.LEASE, now, request, seqs, fields))
-        return Batch(seqs=seqs, attempts=attempts, positions=positions, now_us=now)
+        return Batch(
+            subject=request.subject, seqs=seqs, attempts=attempts, positions=positions, now_us=now
+        )
 
     def _bury(self, request: QueuedPull, now: int, unreadable: list[tuple[int, str]]) -> None:
         for seq, error in unreadable:

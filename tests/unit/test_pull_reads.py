@@ -43,9 +43,13 @@ def stored(tmp_path: Path) -> tuple[SegmentReader, list[tuple[int, int, int]]]:
     return SegmentReader(tmp_path, SegmentKind.MESSAGES), positions
 
 
-def batch(positions: list[tuple[int, int, int]], seqs: list[int]) -> Batch:
+def batch(positions: list[tuple[int, int, int]], seqs: list[int], subject: str = "orders") -> Batch:
     return Batch(
-        seqs=seqs, attempts=[1] * len(seqs), positions=[positions[s] for s in seqs], now_us=0
+        subject=subject,
+        seqs=seqs,
+        attempts=[1] * len(seqs),
+        positions=[positions[s] for s in seqs],
+        now_us=0,
     )
 
 
@@ -91,3 +95,17 @@ def test_a_frame_past_the_end_of_the_segment_is_unreadable(
     [(messages, unreadable)] = read_batches(reader, [(batch(beyond, [5, 6, 7]), 0.0)])
     assert [m["seq"] for m in messages] == [5]
     assert [seq for seq, _ in unreadable] == [6, 7]
+
+
+def test_an_index_entry_pointing_at_another_record_never_serves_it(
+    stored: tuple[SegmentReader, list[tuple[int, int, int]]],
+) -> None:
+    reader, positions = stored
+    crossed = [positions[0], positions[3], positions[2]]  # seq 1 points at seq 3's frame
+    [(messages, unreadable)] = read_batches(reader, [(batch(crossed, [0, 1, 2]), 0.0)])
+    assert [m["seq"] for m in messages] == [0, 2]
+    assert [seq for seq, _ in unreadable] == [1]
+    assert "points at orders seq 3" in unreadable[0][1]
+    [(messages, unreadable)] = read_batches(reader, [(batch(positions, [0], "payments"), 0.0)])
+    assert messages == []
+    assert [seq for seq, _ in unreadable] == [0]
