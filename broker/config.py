@@ -72,6 +72,13 @@ class BrokerConfig:
         "always | interval:<ms> | never. With always, a produce is answered after fsync.",
         "fsync",
     )
+    on_damage: str = _option(
+        "fail",
+        "Damage recovery cannot make consistent (a segment missing between two others): "
+        "fail (exit 1, naming it) or skip (serve around it; its messages read as unreadable).",
+        "choice",
+        choices=("fail", "skip"),
+    )
     segment_bytes: int = _option(
         64 * MIB, "Roll log segments at this many bytes.", "bytes", min=MIB, max=2**31
     )

@@ -113,6 +113,7 @@ class Broker:
                 self.config.data_dir,
                 dedup_window_s=self.config.dedup_window_s,
                 now_us=self.clock.wall_us(),
+                on_damage=self.config.on_damage,
             )
             scheduled = await asyncio.to_thread(recover_schedule, self.config.data_dir)
         except QmqBrokerError:

@@ -81,7 +81,19 @@ def check_format(data_dir: Path) -> None:
         path.write_bytes(orjson.dumps({"format": FORMAT_VERSION}))
 
 
-def recover(data_dir: Path, *, dedup_window_s: float, now_us: int | None = None) -> Recovered:
+def recover(
+    data_dir: Path,
+    *,
+    dedup_window_s: float,
+    now_us: int | None = None,
+    on_damage: str = "fail",
+) -> Recovered:
+    """Bring ``data_dir`` to a consistent state and rebuild what lives in memory.
+
+    Damage that cannot be made consistent (a segment missing between two others) raises
+    ``StorageError`` naming it, unless ``on_damage`` is ``"skip"``: then it is served
+    around (its messages read as unreadable, its group changes are lost) and noted.
+    """
     began = time.perf_counter()
     check_format(data_dir)
     now_us = now_us if now_us is not None else time.time_ns() // 1000
@@ -90,6 +102,8 @@ def recover(data_dir: Path, *, dedup_window_s: float, now_us: int | None = None)
 
     messages_from = _checked(data_dir, SegmentKind.MESSAGES, checkpoint.messages_at, problems)
     actions_from = _checked(data_dir, SegmentKind.ACTIONS, checkpoint.actions_at, problems)
+    for kind in (SegmentKind.MESSAGES, SegmentKind.ACTIONS):
+        _check_contiguous(list_segments(data_dir, kind), kind, on_damage, problems)
     segments = list_segments(data_dir, SegmentKind.MESSAGES)
     valid_ends = _scan_logs(segments, messages_from, SegmentKind.MESSAGES, problems)
     segments = list_segments(data_dir, SegmentKind.MESSAGES)
@@ -139,6 +153,21 @@ def _checked(
         )
         return (segment, HEADER_SIZE)
     return position
+
+
+def _check_contiguous(
+    segments: list[Path], kind: SegmentKind, on_damage: str, problems: list[str]
+) -> None:
+    """Retention removes segments from the front only: a gap is damage."""
+    numbers = [segment_number(path) for path in segments]
+    missing = sorted(set(range(numbers[0], numbers[-1])) - set(numbers)) if numbers else []
+    if not missing:
+        return
+    where = segments[0].parent
+    what = f"{where}: segment(s) {', '.join(map(str, missing))} missing between others"
+    if on_damage != "skip":
+        raise StorageError(f"{what}; restore them, or start with --on-damage skip")
+    problems.append(f"{what}; skipped: {_cost(kind)}")
 
 
 _CHECKS = {SegmentKind.MESSAGES: is_message_record, SegmentKind.ACTIONS: is_action_record}
@@ -255,8 +284,12 @@ def _index_tail(
     point at the corrupt bytes, so they read as unreadable and are never reused.
     """
     damaged: tuple[int, BadRegion] | None = None  # the latest corrupt region seen
+    previous: int | None = None
     for path in segments:
         number = segment_number(path)
+        if previous is not None and number > previous + 1:  # skipped: a missing segment
+            damaged = (previous + 1, BadRegion(0, FRAME_SIZE, torn=False))
+        previous = number
         if number < scan_from[0]:
             continue
         data = path.read_bytes()[: valid_ends.get(number)]
