@@ -104,6 +104,12 @@ def recover(
     actions_from = _checked(data_dir, SegmentKind.ACTIONS, checkpoint.actions_at, problems)
     for kind in (SegmentKind.MESSAGES, SegmentKind.ACTIONS):
         _check_contiguous(list_segments(data_dir, kind), kind, on_damage, problems)
+    action_segments = list_segments(data_dir, SegmentKind.ACTIONS)
+    action_ends = _scan_logs(action_segments, actions_from, SegmentKind.ACTIONS, problems)
+    action_segments = list_segments(data_dir, SegmentKind.ACTIONS)
+    groups = GroupTable.restore(checkpoint.groups)
+    _replay_actions(action_segments, actions_from, groups)
+
     segments = list_segments(data_dir, SegmentKind.MESSAGES)
     valid_ends = _scan_logs(segments, messages_from, SegmentKind.MESSAGES, problems)
     segments = list_segments(data_dir, SegmentKind.MESSAGES)
@@ -111,18 +117,14 @@ def recover(
     entries = _load_indexes(data_dir, segments, valid_ends, checkpoint.messages_at, problems)
     scan_from = max(messages_from, (oldest, HEADER_SIZE))
     _index_tail(segments, scan_from, valid_ends, entries)
+    newest = segment_number(segments[-1]) if segments else 0
+    _keep_seqs_groups_saw(entries, groups, newest, problems)
     _save_indexes(data_dir, entries)
     subjects = SubjectTable.recovered(
         entries,
         oldest_segment=oldest,
         dedup_horizon_us=now_us - int(dedup_window_s * 1_000_000),
     )
-
-    action_segments = list_segments(data_dir, SegmentKind.ACTIONS)
-    action_ends = _scan_logs(action_segments, actions_from, SegmentKind.ACTIONS, problems)
-    action_segments = list_segments(data_dir, SegmentKind.ACTIONS)
-    groups = GroupTable.restore(checkpoint.groups)
-    _replay_actions(action_segments, actions_from, groups)
 
     recovered = Recovered(
         subjects=subjects,
@@ -317,6 +319,28 @@ def _index_tail(
                 entries += unreadable * (record.seq - next_seq)
             entries += INDEX_ENTRY.pack(
                 number, len(payload) + 8, offset, record.stored_at_us, id_hash(record.id)
+            )
+
+
+def _keep_seqs_groups_saw(
+    subjects: dict[str, bytearray], groups: GroupTable, segment: int, problems: list[str]
+) -> None:
+    """Seqs a group already read must never be handed out again, even when the log lost them
+    (a tail cut past the checkpoint): they stay allocated and read as unreadable (their
+    entries point at a segment header, where no frame can be)."""
+    seen: dict[str, int] = {}
+    for (subject, _), group in groups.items():
+        for state in group.states.values():
+            top = max((state.cursor - 1, *state.leases, *state.retries, *state.dead))
+            seen[subject] = max(seen.get(subject, -1), top)
+    for subject, top in seen.items():
+        entries = subjects.setdefault(subject, bytearray())
+        count = len(entries) // INDEX_ENTRY_SIZE
+        if top >= count:
+            entries += INDEX_ENTRY.pack(segment, FRAME_SIZE, 0, 0, 0) * (top + 1 - count)
+            problems.append(
+                f"{subject}: seqs {count}..{top} were read by a group but are gone from the "
+                "log; they stay allocated and read as unreadable"
             )
 
 
