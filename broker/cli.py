@@ -1,6 +1,7 @@
-"""``qmq broker``: run the broker. Its options come from ``BrokerConfig`` and ``BrokerListener``.
+"""``qmq broker``: run the broker; ``qmq broker verify``: check a data directory offline.
 
-Each option is also read from ``QMQ_BROKER_<OPTION>`` (shown in ``--help``).
+The broker's options come from ``BrokerConfig`` and ``BrokerListener``; each is also read
+from ``QMQ_BROKER_<OPTION>`` (shown in ``--help``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ from broker import logs
 from broker.config import BrokerConfig, FsyncPolicy
 from broker.errors import ConfigError, QmqBrokerError
 from broker.http.auth import Authorizer
+from broker.repair import repair as repair_derived
 from broker.server import serve
+from broker.verify import NotADataDir, Report
+from broker.verify import verify as check
 from qmq_outbox.cli.options import (
     Parsed,
     Unit,
@@ -86,15 +90,33 @@ UNITS = {
 }
 
 
-@click.command()
+class RunOrSubcommand(click.Group):
+    """Runs its own callback when no subcommand is named; a named subcommand parses its own
+    options, so the broker's (``--data-dir`` is required) are not demanded before it."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args or args[0] not in self.commands:
+            return super().parse_args(ctx, args)
+        resilient, ctx.resilient_parsing = ctx.resilient_parsing, True
+        try:
+            return super().parse_args(ctx, args)
+        finally:
+            ctx.resilient_parsing = resilient
+
+
+@click.group(cls=RunOrSubcommand, invoke_without_command=True)
 @options_from(BrokerListener, envvar_prefix=ENVVAR_PREFIX)
 @options_from(BrokerConfig, envvar_prefix=ENVVAR_PREFIX, units=UNITS)
-def broker(**values: Any) -> None:
+@click.pass_context
+def broker(ctx: click.Context, /, **values: Any) -> None:
     """Run the broker: durable logs served over HTTP API v1.
 
     Produce, pull, ack, nack, dead letters and stats on --host:--port; /healthz, /metrics
-    and /openapi.json beside them. See docs/broker.md.
+    and /openapi.json beside them. `qmq broker verify --data-dir DIR` checks a data
+    directory offline. See docs/broker.md.
     """
+    if ctx.invoked_subcommand is not None:
+        return
     config = take(BrokerConfig, values)
     listen = take(BrokerListener, values)
     try:
@@ -103,3 +125,45 @@ def broker(**values: Any) -> None:
         raise click.BadParameter(str(exc), param_hint="--auth-file") from exc
     logs.configure(listen.log_level)
     serve(config, host=listen.host, port=listen.port, authorizer=authorizer)
+
+
+@broker.command()
+@click.option(
+    "--data-dir",
+    required=True,
+    type=click.Path(path_type=Path, file_okay=False),
+    envvar=f"{ENVVAR_PREFIX}_DATA_DIR",
+    show_envvar=True,
+    help="Data directory to check; no broker may be using it.",
+)
+@click.option(
+    "--repair",
+    is_flag=True,
+    help="Rewrite the derived files (indexes, checkpoints) from the logs; never a segment.",
+)
+@click.pass_context
+def verify(ctx: click.Context, data_dir: Path, repair: bool) -> None:
+    """Check every segment, index entry and checkpoint of a data directory, offline.
+
+    Prints one line per damage found, with what it costs, and a summary line. Exits 0 when
+    clean, 1 when damage is found (after --repair: damage left), 2 for a missing or
+    unreadable data directory. Without --repair nothing is written.
+    """
+    try:
+        report = check(data_dir)
+        _print(report)
+        if repair and not report.clean:
+            for line in repair_derived(data_dir, report).done:
+                click.echo(f"repaired: {line}")
+            report = check(data_dir)
+            _print(report)
+    except NotADataDir as exc:
+        click.echo(f"qmq broker verify: {exc}", err=True)
+        ctx.exit(2)
+    ctx.exit(0 if report.clean else 1)
+
+
+def _print(report: Report) -> None:
+    for finding in report.findings:
+        click.echo(finding.line())
+    click.echo(report.summary())

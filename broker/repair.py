@@ -1,0 +1,146 @@
+"""Rewrite a data directory's derived files (indexes, checkpoints) from its logs.
+
+Never writes a segment. Each subject's index is rebuilt from the message log and rewritten
+only when it differs; seqs are never given back: a seq whose record is gone points at its
+segment's header, as recovery marks it, so it reads as unreadable. A checkpoint that does
+not check out is removed and, when recovery would leave every segment as it is (no torn
+tail or bad header in the message or action log), written anew from a recovery run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from broker.errors import CorruptRecord, StorageError
+from broker.format import (
+    FRAME_SIZE,
+    INDEX_ENTRY,
+    INDEX_SUFFIX,
+    KIND_DIRS,
+    BadRegion,
+    IndexEntry,
+    MessageRecord,
+    SegmentKind,
+    id_hash,
+    index_header,
+    index_path,
+    is_message_record,
+    list_segments,
+    read_segment_header,
+    segment_number,
+    walk_frames,
+)
+from broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE, Checkpoint
+from broker.storage.fsync import rewrite_file
+from broker.storage.recovery import recover
+from broker.verify import Report, check_data_dir, index_files, read_index
+
+CHECKPOINTS = (CHECKPOINT_FILE, PREVIOUS_FILE)
+LOGS = (KIND_DIRS[SegmentKind.MESSAGES], KIND_DIRS[SegmentKind.ACTIONS])
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Repaired:
+    """What ``repair`` rewrote or removed, one line each."""
+
+    done: tuple[str, ...]
+
+
+def repair(data_dir: Path, report: Report) -> Repaired:
+    """Rebuild the derived files ``report`` found damaged (and any index that differs)."""
+    check_data_dir(data_dir)
+    done: list[str] = []
+    bad_checkpoints = [f.path for f in report.findings if f.derived and f.path.name in CHECKPOINTS]
+    for path in bad_checkpoints:
+        path.unlink()
+        done.append(f"removed {path} (did not check out)")
+    done += rebuild_indexes(data_dir)
+    if bad_checkpoints:
+        done.append(_checkpoint_anew(data_dir, report))
+    return Repaired(done=tuple(done))
+
+
+def rebuild_indexes(data_dir: Path) -> list[str]:
+    """Rewrite each subject's index that differs from what the message log holds."""
+    segments = list_segments(data_dir, SegmentKind.MESSAGES)
+    oldest = segment_number(segments[0]) if segments else 0
+    found = _entries_in_log(segments)
+    subjects = set(found) | {path.name[: -len(INDEX_SUFFIX)] for path in index_files(data_dir)}
+    done = []
+    for subject in sorted(subjects):
+        path = index_path(data_dir, subject)
+        old = (read_index(path) if path.exists() else None) or []
+        entries = _rebuilt(found.get(subject, {}), old, oldest)
+        if path.exists() and path.read_bytes() == index_header() + entries:
+            continue
+        path.parent.mkdir(exist_ok=True)
+        rewrite_file(path, index_header(), entries)
+        done.append(f"rewrote {path} ({len(entries) // INDEX_ENTRY.size} entries)")
+    return done
+
+
+def _entries_in_log(segments: list[Path]) -> dict[str, dict[int, bytes]]:
+    """``{subject: {seq: packed index entry}}`` for every readable message record."""
+    found: dict[str, dict[int, bytes]] = defaultdict(dict)
+    for path in segments:
+        data = path.read_bytes()
+        try:
+            if read_segment_header(data, path=str(path)) is not SegmentKind.MESSAGES:
+                continue
+        except CorruptRecord:
+            continue
+        number = segment_number(path)
+        for item in walk_frames(data, check=is_message_record):
+            if isinstance(item, BadRegion):
+                continue
+            offset, payload = item
+            record = MessageRecord.decode(payload, path=str(path), offset=offset)
+            found[record.subject][record.seq] = INDEX_ENTRY.pack(
+                number, FRAME_SIZE + len(payload), offset, record.stored_at_us, id_hash(record.id)
+            )
+    return found
+
+
+def _rebuilt(found: dict[int, bytes], old: list[IndexEntry], oldest: int) -> bytearray:
+    """A subject's entries: from the log where it holds the record; else the old entry when
+    it cannot be checked (retention removed its segment) or is already marked unreadable;
+    else a mark pointing at the header of the segment before it (seqs stay allocated)."""
+    count = max(len(old), max(found, default=-1) + 1)
+    out = bytearray()
+    segment, stored = max(oldest - 1, 0), 0  # before any record: removed by retention
+    for seq in range(count):
+        packed = found.get(seq)
+        if packed is None and seq < len(old) and _unverifiable_or_marked(old[seq], oldest):
+            packed = old[seq].encode()
+        if packed is None:
+            packed = INDEX_ENTRY.pack(segment, FRAME_SIZE, 0, stored, 0)
+        segment, _, _, stored, _ = INDEX_ENTRY.unpack(packed)
+        out += packed
+    return out
+
+
+def _unverifiable_or_marked(entry: IndexEntry, oldest: int) -> bool:
+    return entry.segment < oldest or (entry.offset == 0 and entry.length == FRAME_SIZE)
+
+
+def _checkpoint_anew(data_dir: Path, report: Report) -> str:
+    touched = [f.path for f in report.findings if not f.derived and f.path.parent.name in LOGS]
+    if touched:  # recovery may cut a torn tail there: leave that to the broker
+        return (
+            f"no new checkpoint written: recovery would change {touched[0]}; the broker "
+            "writes one after its next start"
+        )
+    try:
+        recovered = recover(data_dir, dedup_window_s=0.0)
+    except StorageError as exc:
+        return f"no new checkpoint written: recovery failed ({exc})"
+    Checkpoint(
+        messages_at=recovered.messages_at,
+        actions_at=recovered.actions_at,
+        groups=recovered.groups.snapshot(),
+        written_at_us=time.time_ns() // 1000,
+    ).write(data_dir)
+    return f"wrote {data_dir / CHECKPOINT_FILE} from a recovery of the logs"

@@ -1,0 +1,405 @@
+"""Offline check of a broker data directory (like ``fsck``): what is damaged, what it costs.
+
+Reads every segment (message, action, schedule, dispatch), every index entry and both
+checkpoints, opening each file read-only, and returns a ``Report`` of ``Finding``s. It
+never writes; ``broker.repair`` rewrites the derived files. Run it while no broker
+uses the directory (``qmq broker verify``, see docs/broker.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import orjson
+
+from broker.errors import CorruptRecord, QmqBrokerError, StorageError
+from broker.format import (
+    FORMAT_VERSION,
+    FRAME_SIZE,
+    INDEX_ENTRY_SIZE,
+    INDEX_HEADER,
+    INDEX_MAGIC,
+    INDEX_SUFFIX,
+    KIND_DIRS,
+    BadRegion,
+    DispatchRecord,
+    IndexEntry,
+    MessageRecord,
+    ScheduleRecord,
+    SegmentKind,
+    id_hash,
+    is_action_record,
+    is_message_record,
+    list_segments,
+    read_segment_header,
+    segment_name,
+    segment_number,
+    walk_frames,
+)
+from broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE, Checkpoint
+from broker.storage.recovery import FORMAT_FILE
+
+DERIVED = "derived file: --repair rebuilds it"
+
+
+class NotADataDir(QmqBrokerError):
+    """The path is not a readable broker data directory."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Finding:
+    """One piece of damage: where it is, what it is, and what it costs."""
+
+    path: Path
+    offset: int
+    damage: str
+    cost: str
+    derived: bool = False  # in an index or checkpoint: --repair rebuilds it from the logs
+
+    def line(self) -> str:
+        return f"{self.path} at {self.offset}: {self.damage}; {self.cost}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Report:
+    """What ``verify`` read and found."""
+
+    data_dir: Path
+    findings: tuple[Finding, ...]
+    segments: int
+    index_entries: int
+    known_unreadable: int  # index entries recovery already marked unreadable on purpose
+
+    @property
+    def clean(self) -> bool:
+        return not self.findings
+
+    def summary(self) -> str:
+        verdict = "clean" if self.clean else f"{len(self.findings)} damaged"
+        return (
+            f"{self.data_dir}: {verdict} ({self.segments} segments, "
+            f"{self.index_entries} index entries, {self.known_unreadable} known unreadable)"
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Indexed:
+    """One index entry with the subject and seq it belongs to."""
+
+    subject: str
+    seq: int
+    entry: IndexEntry
+    path: Path
+
+    @property
+    def position(self) -> int:
+        return INDEX_HEADER.size + self.seq * INDEX_ENTRY_SIZE
+
+    @property
+    def marked_unreadable(self) -> bool:
+        """Recovery points a seq whose record is gone at the segment header on purpose."""
+        return self.entry.offset == 0 and self.entry.length == FRAME_SIZE
+
+
+def check_data_dir(data_dir: Path) -> None:
+    """Raise ``NotADataDir`` unless ``data_dir`` holds a readable data directory of ours."""
+    if not data_dir.is_dir():
+        raise NotADataDir(f"{data_dir} is not a directory")
+    try:
+        version = orjson.loads((data_dir / FORMAT_FILE).read_bytes()).get("format")
+    except (OSError, orjson.JSONDecodeError, AttributeError) as exc:
+        raise NotADataDir(f"{data_dir} is not a broker data directory ({exc})") from exc
+    if version != FORMAT_VERSION:
+        raise NotADataDir(f"{data_dir} holds format {version}; this tool reads {FORMAT_VERSION}")
+
+
+def verify(data_dir: Path) -> Report:
+    """Check every file of a data directory; raise ``NotADataDir`` when it is not one."""
+    check_data_dir(data_dir)
+    try:
+        return _verify(data_dir)
+    except OSError as exc:
+        raise NotADataDir(f"{data_dir} could not be read: {exc}") from exc
+
+
+def _verify(data_dir: Path) -> Report:
+    findings: list[Finding] = []
+    findings += check_checkpoints(data_dir)
+    indexed, index_findings = read_indexes(data_dir)
+    findings += index_findings
+    by_segment: dict[int, list[Indexed]] = defaultdict(list)
+    for item in indexed:
+        by_segment[item.entry.segment].append(item)
+    messages = list_segments(data_dir, SegmentKind.MESSAGES)
+    findings += _missing_segments(data_dir, SegmentKind.MESSAGES, by_segment)
+    findings += _missing_segments(data_dir, SegmentKind.ACTIONS, by_segment)
+    subjects: set[str] = set()
+    for path in messages:
+        found, seen = check_message_segment(path, by_segment.get(segment_number(path), []))
+        findings += found
+        subjects |= seen
+    findings += _beyond_the_log(messages, by_segment)
+    findings += _unindexed_subjects(data_dir, subjects, {item.subject for item in indexed})
+    for kind in (SegmentKind.ACTIONS, SegmentKind.SCHEDULE, SegmentKind.DISPATCH):
+        segments = list_segments(data_dir, kind)
+        for index, path in enumerate(segments):
+            findings += check_other_segment(path, kind, last=index == len(segments) - 1)
+    return Report(
+        data_dir=data_dir,
+        findings=tuple(findings),
+        segments=sum(len(list_segments(data_dir, kind)) for kind in SegmentKind),
+        index_entries=len(indexed),
+        known_unreadable=sum(1 for item in indexed if item.marked_unreadable),
+    )
+
+
+# --- checkpoints -------------------------------------------------------------------------
+
+
+def check_checkpoints(data_dir: Path) -> list[Finding]:
+    bad: list[tuple[Path, str]] = []
+    good = 0
+    for name in (CHECKPOINT_FILE, PREVIOUS_FILE):
+        path = data_dir / name
+        if not path.exists():
+            continue
+        try:
+            Checkpoint.decode(path.read_bytes(), path=str(path))
+            good += 1
+        except StorageError as exc:
+            bad.append((path, str(exc).rpartition(" is unreadable: ")[2]))
+    meanwhile = (
+        "the broker starts from the other checkpoint meanwhile"
+        if good
+        else "the broker rebuilds from the logs meanwhile (longer start; redeliveries where "
+        "retention removed early action segments)"
+    )
+    return [
+        Finding(
+            path=path,
+            offset=0,
+            damage=f"checkpoint does not check out ({why})",
+            cost=f"{DERIVED}; {meanwhile}",
+            derived=True,
+        )
+        for path, why in bad
+    ]
+
+
+# --- indexes -----------------------------------------------------------------------------
+
+
+def index_files(data_dir: Path) -> list[Path]:
+    folder = data_dir / "index"
+    return sorted(folder.glob(f"*{INDEX_SUFFIX}")) if folder.is_dir() else []
+
+
+def read_index(path: Path) -> list[IndexEntry] | None:
+    """A subject's index entries, or ``None`` when its header is unreadable."""
+    data = path.read_bytes()
+    if len(data) < INDEX_HEADER.size:
+        return None
+    magic, version, entry_size, _ = INDEX_HEADER.unpack_from(data, 0)
+    if magic != INDEX_MAGIC or version != FORMAT_VERSION or entry_size != INDEX_ENTRY_SIZE:
+        return None
+    count = (len(data) - INDEX_HEADER.size) // INDEX_ENTRY_SIZE
+    return [
+        IndexEntry.decode(data, INDEX_HEADER.size + seq * INDEX_ENTRY_SIZE) for seq in range(count)
+    ]
+
+
+def read_indexes(data_dir: Path) -> tuple[list[Indexed], list[Finding]]:
+    indexed: list[Indexed] = []
+    findings: list[Finding] = []
+    for path in index_files(data_dir):
+        subject = path.name[: -len(INDEX_SUFFIX)]
+        entries = read_index(path)
+        if entries is None:
+            findings.append(_derived(path, 0, "index header unreadable", "every seq of it"))
+            continue
+        loose = (path.stat().st_size - INDEX_HEADER.size) % INDEX_ENTRY_SIZE
+        if loose:
+            at = INDEX_HEADER.size + len(entries) * INDEX_ENTRY_SIZE
+            findings.append(_derived(path, at, f"{loose} bytes past the last whole entry", ""))
+        indexed += (Indexed(subject, seq, entry, path) for seq, entry in enumerate(entries))
+    return indexed, findings
+
+
+def _derived(path: Path, offset: int, damage: str, unreadable: str) -> Finding:
+    cost = f"{unreadable} reads as unreadable until then; {DERIVED}" if unreadable else DERIVED
+    return Finding(path=path, offset=offset, damage=damage, cost=cost, derived=True)
+
+
+def _unindexed_subjects(data_dir: Path, in_log: set[str], indexed: set[str]) -> list[Finding]:
+    return [
+        _derived(
+            data_dir / "index" / f"{subject}{INDEX_SUFFIX}",
+            0,
+            "index file missing for a subject in the message log",
+            f"every seq of {subject}",
+        )
+        for subject in sorted(in_log - indexed)
+    ]
+
+
+# --- message segments ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Framed:
+    length: int
+    record: MessageRecord
+
+
+def check_message_segment(path: Path, entries: list[Indexed]) -> tuple[list[Finding], set[str]]:
+    """Damage in a message segment and in the index entries that point into it."""
+    data = path.read_bytes()
+    header = _header_finding(path, data, SegmentKind.MESSAGES, len(entries))
+    if header is not None:
+        return [header], set()
+    frames: dict[int, _Framed] = {}
+    regions: list[BadRegion] = []
+    for item in walk_frames(data, check=is_message_record):
+        if isinstance(item, BadRegion):
+            regions.append(item)
+        else:
+            offset, payload = item
+            record = MessageRecord.decode(payload, path=str(path), offset=offset)
+            frames[offset] = _Framed(FRAME_SIZE + len(payload), record)
+    findings = []
+    for region in regions:
+        inside = [e for e in entries if region.start <= e.entry.offset < region.end]
+        lost = f"{len(inside)} messages unreadable" if inside else "messages in it unreadable"
+        findings.append(
+            Finding(path=path, offset=region.start, damage=region.reason, cost=_region_cost(lost))
+        )
+    for indexed in entries:
+        at = indexed.entry.offset
+        if indexed.marked_unreadable or any(r.start <= at < r.end for r in regions):
+            continue
+        wrong = _mismatch(indexed, frames.get(at))
+        if wrong:
+            seq = indexed.seq
+            damage = f"entry for seq {seq} does not match the log ({wrong})"
+            findings.append(_derived(indexed.path, indexed.position, damage, f"seq {seq}"))
+    return findings, {framed.record.subject for framed in frames.values()}
+
+
+def _region_cost(lost: str) -> str:
+    return f"{lost} (dead-lettered when pulled); the rest of the segment is kept"
+
+
+def _mismatch(item: Indexed, framed: _Framed | None) -> str:
+    entry = item.entry
+    if framed is None:
+        return f"no frame starts at offset {entry.offset}"
+    record = framed.record
+    checks = [
+        (entry.length == framed.length, f"length {entry.length}, the frame has {framed.length}"),
+        (record.seq == item.seq, f"the frame holds seq {record.seq}"),
+        (record.subject == item.subject, f"the frame holds subject {record.subject}"),
+        (entry.id_hash == id_hash(record.id), "id hash differs"),
+        (entry.stored_at_us == record.stored_at_us, "stored time differs"),
+    ]
+    return "; ".join(why for ok, why in checks if not ok)
+
+
+def _missing_segments(
+    data_dir: Path, kind: SegmentKind, by_segment: dict[int, list[Indexed]]
+) -> list[Finding]:
+    """Numbers missing between two existing segments (retention removes only the oldest)."""
+    numbers = [segment_number(path) for path in list_segments(data_dir, kind)]
+    findings = []
+    for low, high in itertools.pairwise(numbers):
+        for number in range(low + 1, high):
+            if kind is SegmentKind.MESSAGES:
+                lost = f"{len(by_segment.get(number, []))} messages unreadable"
+            else:
+                lost = "the group changes in it are lost (acks in it lost: redelivery)"
+            cost = f"{lost}; the broker starts only with --on-damage skip"
+            path = data_dir / KIND_DIRS[kind] / segment_name(number)
+            findings.append(Finding(path=path, offset=0, damage="segment missing", cost=cost))
+    return findings
+
+
+def _beyond_the_log(messages: list[Path], by_segment: dict[int, list[Indexed]]) -> list[Finding]:
+    """Index entries pointing past the newest message segment (its file is gone)."""
+    newest = segment_number(messages[-1]) if messages else -1
+    findings = []
+    for number in sorted(n for n in by_segment if n > newest):
+        items = by_segment[number]
+        lost = _region_cost(f"{len(items)} messages unreadable")
+        damage = f"{len(items)} entries point at message segment {number}, which is missing"
+        findings.append(
+            Finding(path=items[0].path, offset=items[0].position, damage=damage, cost=lost)
+        )
+    return findings
+
+
+# --- action, schedule and dispatch segments -------------------------------------------------
+
+
+def _decodes(decode: Callable[[bytes], object]) -> Callable[[bytes], bool]:
+    def check(payload: bytes) -> bool:
+        try:
+            decode(payload)
+        except CorruptRecord:
+            return False
+        return True
+
+    return check
+
+
+FRAME_CHECKS = {
+    SegmentKind.ACTIONS: is_action_record,
+    SegmentKind.SCHEDULE: _decodes(ScheduleRecord.decode),
+    SegmentKind.DISPATCH: _decodes(DispatchRecord.decode),
+}
+COSTS = {
+    SegmentKind.ACTIONS: "the group changes in it are lost (acks in it lost: redelivery)",
+    SegmentKind.SCHEDULE: "the broker cuts the segment here at its next start: the delayed "
+    "messages from this offset on are lost",
+    SegmentKind.DISPATCH: "the broker cuts the segment here at its next start: the delayed "
+    "messages it dispatched go out again (answered as duplicates within the dedup window)",
+}
+
+
+def check_other_segment(path: Path, kind: SegmentKind, *, last: bool) -> list[Finding]:
+    data = path.read_bytes()
+    header = _header_finding(path, data, kind, None)
+    if header is not None:
+        return [header]
+    findings = []
+    for item in _regions(walk_frames(data, check=FRAME_CHECKS[kind])):
+        cost = COSTS[kind]
+        if kind is SegmentKind.ACTIONS and item.torn and last:
+            cost += "; the broker cuts this torn tail at its next start"
+        findings.append(Finding(path=path, offset=item.start, damage=item.reason, cost=cost))
+    return findings
+
+
+def _regions(walk: Iterator[tuple[int, bytes] | BadRegion]) -> Iterator[BadRegion]:
+    return (item for item in walk if isinstance(item, BadRegion))
+
+
+def _header_finding(
+    path: Path, data: bytes, kind: SegmentKind, indexed: int | None
+) -> Finding | None:
+    try:
+        found = read_segment_header(data, path=str(path))
+    except CorruptRecord as exc:
+        damage = exc.reason
+    else:
+        if found is kind:
+            return None
+        damage = f"a {found.name} segment in the {KIND_DIRS[kind]} directory"
+    if kind is SegmentKind.MESSAGES:
+        lost = f"{indexed} messages" if indexed else "every message in it"
+        cost = f"{lost} unreadable"
+    else:
+        cost = f"every record in it unreadable; {COSTS[kind]}"
+    return Finding(path=path, offset=0, damage=damage, cost=cost)
