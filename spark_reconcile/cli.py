@@ -129,7 +129,8 @@ def reconcile(**values: Any) -> None:
 
     Every message lands in one category (delivered, missing_in_broker, stuck_pending,
     pending_but_stored, dead_in_outbox, orphan_in_broker, body_mismatch,
-    duplicate_in_broker). Exit 0 clean, 1 critical findings, 2 bad input.
+    duplicate_in_broker); unreadable regions of broker segments are counted apart
+    (unreadable_in_broker, a warning). Exit 0 clean, 1 critical findings, 2 bad input.
     """
     args = take(ReconcileArgs, values)
     given = {field.name: getattr(args, field.name) for field in dataclasses.fields(args)}

@@ -5,11 +5,13 @@
     spark.read.format("qmq-log").option("kind", "actions")
         .option("paths", json.dumps([dir_a, dir_b])).load()
 
-One input partition per segment file; each partition decodes its segment with the broker's
-own format module (``broker.format``) and yields Arrow record batches. A torn tail (the
-active segment of a running or killed broker) ends a segment's readable part: readers stop
-at the last whole record, as the broker's recovery does. The executors must see the data
-directories at the same paths as the driver (local mode, or a shared filesystem).
+One input partition per segment file; each partition walks its segment with the broker's
+own format module (``spark_reconcile.scan`` over ``broker.format.walk_frames``) and yields
+Arrow record batches. An unreadable region (a flipped byte, a torn write) costs the records
+in it and no more: the walk resynchronises on the next valid frame. With the option
+``unreadable=true`` each region that is damage (not the torn tail of a log's last segment)
+also gives one row (``with_unreadable``). The executors must see the data directories at
+the same paths as the driver (local mode, or a shared filesystem).
 """
 
 from __future__ import annotations
@@ -31,18 +33,15 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from broker.errors import CorruptRecord
 from broker.format import (
     ActionRecord,
     ActionType,
+    BadRegion,
     SegmentKind,
-    iter_action_records,
-    iter_frames,
-    iter_message_records,
     list_segments,
-    read_segment,
     segment_number,
 )
+from spark_reconcile.scan import scan_actions, scan_messages
 
 FORMAT_NAME = "qmq-log"
 DEFAULT_BATCH_ROWS = 8192
@@ -81,7 +80,33 @@ ACTION_SCHEMA = StructType(
     ]
 )
 
+# With ``unreadable=true``: one more column, null on record rows; a row per unreadable
+# region carries ``broker`` and this column only (every other column null).
+UNREADABLE_FIELD = StructField(
+    "unreadable",
+    StructType(
+        [
+            StructField("segment", LongType(), False),
+            StructField("offset", LongType(), False),
+            StructField("length", LongType(), False),
+        ]
+    ),
+    True,
+)
+
 START_SEQ_FIELDS = ("cursor", "start_seq")  # the broker writes "cursor"
+
+
+def with_unreadable(schema: StructType) -> StructType:
+    """``schema`` as read with ``unreadable=true``: every column nullable (a region row
+    has no record), plus ``UNREADABLE_FIELD``."""
+    fields = [StructField(f.name, f.dataType, True) for f in schema.fields]
+    return StructType([*fields, UNREADABLE_FIELD])
+
+
+def _region_row(broker: str, segment: int, region: BadRegion, width: int) -> tuple[Any, ...]:
+    where = {"segment": segment, "offset": region.start, "length": region.end - region.start}
+    return (broker, *([None] * (width - 1)), where)
 
 
 def _us_or_none(value: int) -> int | None:
@@ -120,13 +145,17 @@ def _to_batch(rows: list[tuple[Any, ...]], schema: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def message_batches(
-    broker: str, path: Path, *, batch_rows: int = DEFAULT_BATCH_ROWS
-) -> Iterator[pa.RecordBatch]:
-    """Arrow batches (``MESSAGE_SCHEMA``) of every whole message record of one segment."""
+def _message_rows(
+    broker: str, path: Path, *, last_segment: bool, unreadable: bool
+) -> Iterator[tuple[Any, ...]]:
     segment = segment_number(path)
-    rows = (
-        (
+    for item in scan_messages(path, last_segment=last_segment):
+        if isinstance(item, BadRegion):
+            if unreadable:
+                yield _region_row(broker, segment, item, len(MESSAGE_SCHEMA.fields))
+            continue
+        offset, rec = item
+        row = (
             broker,
             segment,
             offset,
@@ -140,34 +169,51 @@ def message_batches(
             _us_or_none(rec.stored_at_us),
             _us_or_none(rec.deliver_at_us),
         )
-        for offset, rec in iter_message_records(path)
-    )
-    return _batches(rows, to_arrow_schema(MESSAGE_SCHEMA, timezone="UTC"), batch_rows)
+        yield (*row, None) if unreadable else row
 
 
-def _action_records(path: Path, types: frozenset[ActionType] | None) -> Iterator[ActionRecord]:
-    """Whole action records of a segment; with ``types``, others are skipped undecoded (by
-    their type byte), which spares decoding the bulky lease records nobody reads."""
-    if types is None:
-        for _, rec in iter_action_records(path):
-            yield rec
-        return
-    data, kind = read_segment(path)
-    if kind is not SegmentKind.ACTIONS:
-        raise CorruptRecord(path=str(path), offset=0, reason=f"a {kind.name} segment")
-    wanted = bytes(int(t) for t in types)
-    for offset, payload in iter_frames(data, path=str(path)):
-        if payload[:1] in wanted:
-            yield ActionRecord.decode(payload, path=str(path), offset=offset)
+def message_batches(
+    broker: str,
+    path: Path,
+    *,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+    last_segment: bool = True,
+    unreadable: bool = False,
+) -> Iterator[pa.RecordBatch]:
+    """Arrow batches (``MESSAGE_SCHEMA``) of every readable message record of one segment;
+    with ``unreadable``, ``with_unreadable(MESSAGE_SCHEMA)`` and a row per damaged region.
+    ``last_segment``: the segment is its log's last, whose torn tail is not damage."""
+    rows = _message_rows(broker, path, last_segment=last_segment, unreadable=unreadable)
+    schema = with_unreadable(MESSAGE_SCHEMA) if unreadable else MESSAGE_SCHEMA
+    return _batches(rows, to_arrow_schema(schema, timezone="UTC"), batch_rows)
 
 
 def _action_rows(
-    broker: str, path: Path, types: frozenset[ActionType] | None
+    broker: str,
+    path: Path,
+    *,
+    types: frozenset[ActionType] | None,
+    last_segment: bool,
+    unreadable: bool,
 ) -> Iterator[tuple[Any, ...]]:
-    for rec in _action_records(path, types):
+    for item in scan_actions(path, last_segment=last_segment):
+        if isinstance(item, BadRegion):
+            if unreadable:
+                width = len(ACTION_SCHEMA.fields)
+                yield _region_row(broker, segment_number(path), item, width)
+            continue
+        rec: ActionRecord = item[1]
+        if types is not None and rec.type not in types:
+            continue
         error = rec.fields.get("error")
         head = (broker, rec.subject, rec.group, rec.state, rec.type.name.lower())
-        tail = (_us_or_none(rec.at_us), None if error is None else str(error), _start_seq(rec))
+        tail: tuple[Any, ...] = (
+            _us_or_none(rec.at_us),
+            None if error is None else str(error),
+            _start_seq(rec),
+        )
+        if unreadable:
+            tail = (*tail, None)
         for seq in rec.seqs or (None,):
             yield (*head, seq, *tail)
 
@@ -178,11 +224,14 @@ def action_batches(
     *,
     batch_rows: int = DEFAULT_BATCH_ROWS,
     types: frozenset[ActionType] | None = None,
+    last_segment: bool = True,
+    unreadable: bool = False,
 ) -> Iterator[pa.RecordBatch]:
     """Arrow batches (``ACTION_SCHEMA``) of the action records (of ``types``, default all),
-    one row per seq."""
-    rows = _action_rows(broker, path, types)
-    return _batches(rows, to_arrow_schema(ACTION_SCHEMA, timezone="UTC"), batch_rows)
+    one row per seq; ``last_segment`` and ``unreadable`` as for ``message_batches``."""
+    rows = _action_rows(broker, path, types=types, last_segment=last_segment, unreadable=unreadable)
+    schema = with_unreadable(ACTION_SCHEMA) if unreadable else ACTION_SCHEMA
+    return _batches(rows, to_arrow_schema(schema, timezone="UTC"), batch_rows)
 
 
 def action_types(option: str | None) -> frozenset[ActionType] | None:
@@ -211,38 +260,56 @@ def broker_dirs(options: dict[str, str]) -> list[str]:
     return dirs
 
 
-def segment_partitions(dirs: Sequence[str], kind: SegmentKind) -> list[tuple[str, str]]:
-    """``(broker label, segment path)`` for every segment of ``kind``, one per partition."""
-    return [(d, str(p)) for d in dirs for p in list_segments(d, kind)]
+def segment_partitions(dirs: Sequence[str], kind: SegmentKind) -> list[tuple[str, str, bool]]:
+    """``(broker label, segment path, last)`` for every segment of ``kind``, one per
+    partition; ``last``: the newest segment of its log in that directory."""
+    found = []
+    for folder in dirs:
+        segments = list_segments(folder, kind)
+        found += [(folder, str(p), p == segments[-1]) for p in segments]
+    return found
+
+
+def flag(options: dict[str, str], name: str) -> bool:
+    """A ``true``/``false`` option (default false)."""
+    value = options.get(name, "false").strip().lower()
+    if value not in ("true", "false"):
+        raise ValueError(f"qmq-log option {name}={value!r}: use true or false")
+    return value == "true"
 
 
 class QmqLogDataSource(DataSource):
     """``spark.read.format("qmq-log")``: options ``kind`` (messages|actions), ``path`` or
     ``paths`` (JSON list of data directories; each row's ``broker`` column is its
     directory as given), ``types`` (actions only: comma-separated record types to read,
-    e.g. ``group,ack,dead,redrive``; default all), ``batchRows`` (Arrow batch size)."""
+    e.g. ``group,ack,dead,redrive``; default all), ``unreadable`` (``true``: a row per
+    damaged region, see ``with_unreadable``), ``batchRows`` (Arrow batch size)."""
 
     @classmethod
     def name(cls) -> str:
         return FORMAT_NAME
 
+    def _options(self) -> dict[str, str]:
+        return {str(k).lower(): str(v) for k, v in self.options.items()}
+
     def _kind(self) -> str:
-        kind = str(self.options.get("kind", "messages")).lower()
+        kind = self._options().get("kind", "messages").lower()
         if kind not in KINDS:
             raise ValueError(f"qmq-log option kind={kind!r}: use messages or actions")
         return kind
 
     def schema(self) -> StructType:
-        return MESSAGE_SCHEMA if self._kind() == "messages" else ACTION_SCHEMA
+        records = MESSAGE_SCHEMA if self._kind() == "messages" else ACTION_SCHEMA
+        return with_unreadable(records) if flag(self._options(), "unreadable") else records
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        options = {str(k).lower(): str(v) for k, v in self.options.items()}
-        batch_rows = int(options.get("batchrows", DEFAULT_BATCH_ROWS))
+        options = self._options()
         return QmqLogReader(
             kind=self._kind(),
             dirs=broker_dirs(options),
-            batch_rows=batch_rows,
+            batch_rows=int(options.get("batchrows", DEFAULT_BATCH_ROWS)),
             types=action_types(options.get("types")),
+            unreadable=flag(options, "unreadable"),
         )
 
 
@@ -256,11 +323,13 @@ class QmqLogReader(DataSourceReader):
         dirs: list[str],
         batch_rows: int,
         types: frozenset[ActionType] | None = None,
+        unreadable: bool = False,
     ) -> None:
         self.kind = kind
         self.dirs = dirs
         self.batch_rows = batch_rows
         self.types = types
+        self.unreadable = unreadable
 
     def partitions(self) -> Sequence[InputPartition]:
         found = segment_partitions(self.dirs, KINDS[self.kind])
@@ -270,7 +339,20 @@ class QmqLogReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if partition.value is None:
             return iter(())
-        broker, path = partition.value
+        broker, path, last = partition.value
         if self.kind == "messages":
-            return message_batches(broker, Path(path), batch_rows=self.batch_rows)
-        return action_batches(broker, Path(path), batch_rows=self.batch_rows, types=self.types)
+            return message_batches(
+                broker,
+                Path(path),
+                batch_rows=self.batch_rows,
+                last_segment=last,
+                unreadable=self.unreadable,
+            )
+        return action_batches(
+            broker,
+            Path(path),
+            batch_rows=self.batch_rows,
+            types=self.types,
+            last_segment=last,
+            unreadable=self.unreadable,
+        )

@@ -5,9 +5,10 @@ Inputs are checked before Spark starts, so a bad path or URL fails fast with a
 same snapshot of the outbox tables and broker files.
 
 Stages (timed in ``Result.timings``): ``read_broker`` and ``read_outbox`` (read and
-cache), ``classify`` (the categories, computed once and staged as Parquet partitioned by
-category, then group stats and latency), ``write_outputs`` (category folders moved into
-place, ``summary.json``, ``report.txt``, ``report.html``).
+cache; the broker's records and the unreadable regions of its segments in one pass),
+``classify`` (the categories, computed once and staged as Parquet partitioned by category,
+then group stats and latency), ``write_outputs`` (category folders moved into place, the
+unreadable regions, ``summary.json``, ``report.txt``, ``report.html``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
-from spark_reconcile import readers, report, transforms
+from spark_reconcile import readers, report, transforms, unreadable
 from spark_reconcile.errors import (
     BadInput,
     BrokerDataUnreadable,
@@ -73,11 +74,11 @@ def reconcile(
 ) -> dict[str, Any]:
     """Reconcile outbox tables (SQLAlchemy URLs) with broker data directories.
 
-    Writes ``summary.json``, ``report.txt``, ``report.html`` and one Parquet folder per
-    non-empty category under ``out``, and returns the summary. Raises ``BadInput`` for an
-    unreadable path or a bad URL. Runs in ``spark`` when given (left running), else in a
-    new session on ``master`` with the JDBC driver ``jars`` (default: Debian's) and extra
-    Spark ``conf`` (stopped at the end).
+    Writes ``summary.json``, ``report.txt``, ``report.html``, one Parquet folder per
+    non-empty category and one of unreadable regions (if any) under ``out``, and returns
+    the summary. Raises ``BadInput`` for an unreadable path or a bad URL. Runs in
+    ``spark`` when given (left running), else in a new session on ``master`` with the JDBC
+    driver ``jars`` (default: Debian's) and extra Spark ``conf`` (stopped at the end).
     """
     return run(
         outboxes=outboxes,
@@ -139,9 +140,12 @@ def run(
     cached: list[DataFrame] = []
     try:
         with _stage(timings, "read_broker"):
-            messages = _cache(readers.read_broker(session, dirs, "messages"), cached)
-            actions = _cache(readers.read_broker(session, dirs, "actions"), cached)
-            _materialise_broker(messages, actions)
+            read_messages = _cache(readers.read_broker(session, dirs, "messages"), cached)
+            read_actions = _cache(readers.read_broker(session, dirs, "actions"), cached)
+            _materialise_broker(read_messages, read_actions)
+            messages = unreadable.records(read_messages)
+            actions = unreadable.records(read_actions)
+            regions = unreadable.regions(read_messages, read_actions)
         with _stage(timings, "read_outbox"):
             outbox = _cache(
                 readers.read_outboxes(session, sources, partitions=partitions, fetchsize=fetchsize),
@@ -166,8 +170,9 @@ def run(
             latency = transforms.latency_stats(samples).collect()
             histogram = _histogram(transforms.latency_histogram(samples).collect())
         with _stage(timings, "write_outputs"):
+            damage = report.write_unreadable(regions, out_dir)
             doc = report.summary(
-                counts, [r.asDict() for r in groups], [r.asDict() for r in latency]
+                counts, [r.asDict() for r in groups], [r.asDict() for r in latency], damage
             )
             text = report.render_text(doc, info)
             report.publish_categories(out_dir)

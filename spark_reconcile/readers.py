@@ -261,13 +261,15 @@ def check_broker_dir(path: str) -> str:
     return path
 
 
-# The action records the transforms use; leases and retries are skipped undecoded.
+# The action records the transforms use; leases and retries give no rows.
 ACTION_TYPES = "group,ack,dead,redrive"
 
 
 def read_broker(spark: SparkSession, dirs: Sequence[str], kind: str) -> DataFrame:
-    """Message or action records of the data directories (``qmq-log`` data source)."""
-    reader = spark.read.format(FORMAT_NAME).option("kind", kind)
+    """Message or action records of the data directories (``qmq-log`` data source), with a
+    row per unreadable region (``unreadable=true``; ``unreadable.records`` and
+    ``unreadable.regions`` part them)."""
+    reader = spark.read.format(FORMAT_NAME).option("kind", kind).option("unreadable", "true")
     if kind == "actions":
         reader = reader.option("types", ACTION_TYPES)
     return reader.option("paths", json.dumps(list(dirs))).load()

@@ -2,9 +2,10 @@
 
 ``summary`` builds the ``summary.json`` document (docs/architecture.md, section 7) from collected
 results; ``render_text`` and ``render_html`` are pure; ``prepare_out``,
-``stage_categories``, ``publish_categories`` and ``write_reports`` are the only functions
-that touch the output directory. The classified messages are written in one pass,
-partitioned by category, into ``out/_categories`` and then moved to ``out/<category>/``.
+``stage_categories``, ``publish_categories``, ``write_unreadable`` and ``write_reports`` are
+the only functions that touch the output directory. The classified messages are written in
+one pass, partitioned by category, into ``out/_categories`` and then moved to
+``out/<category>/``; unreadable regions of broker segments go to ``out/unreadable_in_broker/``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 import orjson
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from spark_reconcile.transforms import (
     CATEGORIES,
@@ -27,6 +29,8 @@ from spark_reconcile.transforms import (
     LATENCY_METRICS,
     category_counts,
 )
+from spark_reconcile.unreadable import NAME as UNREADABLE
+from spark_reconcile.unreadable import REGION_COLUMNS
 
 EXIT_CLEAN = 0
 EXIT_CRITICAL = 1
@@ -51,6 +55,13 @@ MEANING = {
     "body_mismatch": "same id, different body",
     "duplicate_in_broker": "same id stored more than once",
 }
+# Not a category (a region is not a message): a counter with its own section.
+UNREADABLE_SEVERITY = "warning"
+UNREADABLE_MEANING = (
+    "regions of broker segments that cannot be read (damage; the broker cannot serve "
+    "the messages in them, which show up by id in their own categories)"
+)
+LISTED_REGIONS = 100  # in summary.json and the reports; the Parquet folder has them all
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,13 +83,25 @@ def exit_code(categories: Mapping[str, int]) -> int:
     return EXIT_CRITICAL if any(categories.get(c, 0) for c in CRITICAL) else EXIT_CLEAN
 
 
+def unreadable_entry(
+    count: int, total_bytes: int, listed: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """``summary.json``'s ``unreadable_in_broker``: how many regions, how many bytes, and
+    the first ``LISTED_REGIONS`` by broker, log, segment and offset."""
+    regions = [{name: r[name] for name in REGION_COLUMNS} for r in listed[:LISTED_REGIONS]]
+    return {"count": count, "bytes": total_bytes, "regions": regions}
+
+
 def summary(
     counts: Mapping[str, int],
     groups: Iterable[Mapping[str, Any]],
     latency: Iterable[Mapping[str, Any]],
+    unreadable: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The ``summary.json`` document: every category (zeros included), groups nested by
-    subject then group, latency per metric, and the exit code."""
+    """The ``summary.json`` document: every category (zeros included), the unreadable
+    regions of broker data (``unreadable_entry``), groups nested by subject then group,
+    latency per metric, and the exit code (unreadable regions are a warning: they do not
+    change it)."""
     categories = {name: int(counts.get(name, 0)) for name in CATEGORIES}
     nested: dict[str, dict[str, dict[str, Any]]] = {}
     for row in sorted(groups, key=lambda r: (r["subject"], r["group"])):
@@ -93,6 +116,7 @@ def summary(
     latency_ms = {metric: _latency_entry(stats.get(metric)) for metric in LATENCY_METRICS}
     return {
         "categories": categories,
+        UNREADABLE: dict(unreadable or unreadable_entry(0, 0, [])),
         "groups": nested,
         "latency_ms": latency_ms,
         "exit_code": exit_code(categories),
@@ -134,6 +158,7 @@ def render_text(doc: Mapping[str, Any], info: RunInfo) -> str:
         count = doc["categories"][name]
         severity = SEVERITY[name].upper() if count and name in CRITICAL else SEVERITY[name]
         lines.append(f"{name:<22}{count:>12,}  {severity}")
+    lines += ["", *_unreadable_lines(doc[UNREADABLE])]
     lines += ["", f"consumer groups (unacked past {info.ack_threshold_s:g}s)"]
     lines.append(f"{'subject/group':<40}{'mode':>10}{'acked':>10}{'unacked':>10}{'dead':>8}")
     for subject, groups in doc["groups"].items():
@@ -151,8 +176,27 @@ def render_text(doc: Mapping[str, Any], info: RunInfo) -> str:
         lines.append(f"{metric:<22}{s['count']:>10,}{cells}")
     critical = sum(doc["categories"][c] for c in CRITICAL)
     verdict = f"{critical:,} critical finding(s)" if critical else "clean"
+    if doc[UNREADABLE]["count"]:
+        verdict += f"; {doc[UNREADABLE]['count']:,} unreadable region(s) in broker data"
     lines += ["", f"result: {verdict} -> exit {doc['exit_code']}"]
     return "\n".join(lines) + "\n"
+
+
+def _unreadable_lines(entry: Mapping[str, Any]) -> list[str]:
+    count = entry["count"]
+    severity = UNREADABLE_SEVERITY.upper() if count else UNREADABLE_SEVERITY
+    lines = [f"{UNREADABLE:<22}{count:>12,}  {severity}  ({entry['bytes']:,} bytes)"]
+    lines += [f"  {_region_text(r)}" for r in entry["regions"]]
+    if count > len(entry["regions"]):
+        lines.append(f"  ... {count - len(entry['regions']):,} more in {UNREADABLE}/")
+    return lines
+
+
+def _region_text(region: Mapping[str, Any]) -> str:
+    return (
+        f"{region['broker']} {region['log']} segment {region['segment']} "
+        f"offset {region['offset']} length {region['length']}"
+    )
 
 
 # --- HTML -----------------------------------------------------------------------------------
@@ -238,6 +282,8 @@ until {e(_fmt_time(info.until))}, settled before {e(_fmt_time(info.settled_befor
 <h2>Categories</h2>
 <table><tr><th>category</th><th>count</th><th>severity</th><th>meaning</th></tr>
 {"".join(rows)}</table>
+<h2>Unreadable in broker data</h2>
+{_unreadable_html(doc[UNREADABLE])}
 <h2>Consumer groups</h2>
 <table><tr><th>subject</th><th>group</th><th>mode</th><th>acked</th>
 <th>unacked past {info.ack_threshold_s:g}s</th><th>dead letters</th><th>never acked</th></tr>
@@ -251,6 +297,24 @@ until {e(_fmt_time(info.until))}, settled before {e(_fmt_time(info.settled_befor
 """
 
 
+def _unreadable_html(entry: Mapping[str, Any]) -> str:
+    if not entry["count"]:
+        return "<p>none</p>"
+    rows = "".join(
+        "<tr>"
+        + "".join(f"<td>{html.escape(str(r[name]))}</td>" for name in REGION_COLUMNS)
+        + "</tr>"
+        for r in entry["regions"]
+    )
+    head = "".join(f"<th>{name}</th>" for name in REGION_COLUMNS)
+    return (
+        f'<p class="{UNREADABLE_SEVERITY}">{entry["count"]:,} region(s), {entry["bytes"]:,} '
+        f"bytes ({UNREADABLE_SEVERITY}): {html.escape(UNREADABLE_MEANING)}. Listed: the first "
+        f"{len(entry['regions']):,}; all are in {UNREADABLE}/.</p>"
+        f"<table><tr>{head}</tr>{rows}</table>"
+    )
+
+
 # --- writing ----------------------------------------------------------------------------------
 
 
@@ -260,7 +324,7 @@ STAGING = "_categories"
 def prepare_out(out: Path) -> None:
     """Create the output directory and drop category folders left by an earlier run."""
     out.mkdir(parents=True, exist_ok=True)
-    for name in (*CATEGORIES, STAGING):
+    for name in (*CATEGORIES, STAGING, UNREADABLE):
         folder = out / name
         if folder.exists():
             shutil.rmtree(folder)
@@ -288,6 +352,20 @@ def publish_categories(out: Path) -> list[str]:
             published.append(name)
     shutil.rmtree(staging, ignore_errors=True)
     return published
+
+
+def write_unreadable(regions: DataFrame, out: Path) -> dict[str, Any]:
+    """Count the unreadable regions and, when there are any, write them all to
+    ``out/unreadable_in_broker/``; returns their ``unreadable_entry``."""
+    totals = regions.agg(F.count(F.lit(1)).alias("count"), F.sum("length").alias("bytes"))
+    count, total_bytes = totals.collect()[0]
+    if not count:
+        return unreadable_entry(0, 0, [])
+    folder = out / UNREADABLE
+    regions.write.mode("overwrite").parquet(str(folder))
+    written = regions.sparkSession.read.parquet(str(folder))
+    listed = written.orderBy(*REGION_COLUMNS[:4]).limit(LISTED_REGIONS).collect()
+    return unreadable_entry(int(count), int(total_bytes), [r.asDict() for r in listed])
 
 
 def write_reports(out: Path, doc: Mapping[str, Any], text: str, page: str) -> None:

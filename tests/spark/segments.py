@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from broker.format import (
+    FRAME_SIZE,
+    HEADER_SIZE,
     ActionRecord,
     MessageRecord,
     SegmentKind,
@@ -51,3 +53,20 @@ def write_segment(
     path.write_bytes(segment_header(kind) + frames + tail)
     (data_dir / "FORMAT").write_text('{"format": 1}')
     return path
+
+
+def frame_offsets(records: Sequence[MessageRecord | ActionRecord]) -> list[tuple[int, int]]:
+    """``(offset, length)`` of each record's frame in a segment written by ``write_segment``."""
+    found, offset = [], HEADER_SIZE
+    for record in records:
+        length = FRAME_SIZE + len(record.encode())
+        found.append((offset, length))
+        offset += length
+    return found
+
+
+def flip_byte(path: Path, at: int) -> None:
+    """Damage one byte of a file in place (all its bits inverted)."""
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))

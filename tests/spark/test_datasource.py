@@ -17,8 +17,9 @@ from spark_reconcile.datasource import (
     action_batches,
     action_types,
     message_batches,
+    with_unreadable,
 )
-from tests.spark.segments import T0, message, write_segment
+from tests.spark.segments import T0, flip_byte, frame_offsets, message, write_segment
 
 pytestmark = pytest.mark.spark
 
@@ -43,13 +44,72 @@ def test_message_batches_decode_with_the_format_module(tmp_path: Path) -> None:
     assert batches[0].schema.names == MESSAGE_SCHEMA.fieldNames()
 
 
+def torn_frame(seq: int) -> bytes:
+    """The first bytes of a message frame whose write was cut short."""
+    payload = message(seq).encode()
+    return len(payload).to_bytes(4, "little") + b"\x00\x00\x00\x00" + payload[:5]
+
+
 def test_a_torn_tail_ends_the_segment(tmp_path: Path) -> None:
     whole = [message(0), message(1)]
-    torn = message(2).encode()
-    tail = len(torn).to_bytes(4, "little") + b"\x00\x00\x00\x00" + torn[:5]
-    path = write_segment(tmp_path, SegmentKind.MESSAGES, 0, whole, tail=tail)
+    path = write_segment(tmp_path, SegmentKind.MESSAGES, 0, whole, tail=torn_frame(2))
     rows = [r for b in message_batches("b1", path) for r in b.to_pylist()]
     assert [r["seq"] for r in rows] == [0, 1]
+
+
+def test_a_flipped_byte_costs_one_record_and_gives_one_region(tmp_path: Path) -> None:
+    records = [message(i, body=b"body-%d" % i) for i in range(10)]
+    path = write_segment(tmp_path, SegmentKind.MESSAGES, 3, records)
+    offset, length = frame_offsets(records)[4]
+    flip_byte(path, offset + length - 2)  # inside message 4's body: its CRC fails
+    plain = [r for b in message_batches("b1", path) for r in b.to_pylist()]
+    assert [r["seq"] for r in plain] == [0, 1, 2, 3, 5, 6, 7, 8, 9]
+    batches = list(message_batches("b1", path, unreadable=True, batch_rows=4))
+    assert batches[0].schema.names == [*MESSAGE_SCHEMA.fieldNames(), "unreadable"]
+    rows = [r for b in batches for r in b.to_pylist()]
+    region = {"segment": 3, "offset": offset, "length": length}
+    assert [r["unreadable"] for r in rows] == [None] * 4 + [region] + [None] * 5
+    assert {k: v for k, v in rows[4].items() if v is not None} == {
+        "broker": "b1",
+        "unreadable": region,
+    }
+    assert [r["seq"] for r in rows if r["unreadable"] is None] == [r["seq"] for r in plain]
+
+
+def test_a_torn_tail_is_damage_only_before_the_last_segment(tmp_path: Path) -> None:
+    records = [message(0), message(1)]
+    path = write_segment(tmp_path, SegmentKind.MESSAGES, 0, records, tail=torn_frame(2))
+    end = sum(frame_offsets(records)[-1])
+
+    def regions(*, last_segment: bool) -> list[object]:
+        batches = message_batches("b1", path, unreadable=True, last_segment=last_segment)
+        return [r["unreadable"] for b in batches for r in b.to_pylist() if r["unreadable"]]
+
+    assert regions(last_segment=True) == []
+    assert regions(last_segment=False) == [
+        {"segment": 0, "offset": end, "length": len(torn_frame(2))}
+    ]
+
+
+def test_a_damaged_action_record_gives_one_region(tmp_path: Path) -> None:
+    acks = [
+        ActionRecord(type=ActionType.ACK, at_us=T0 + n, subject="orders", group="g", seqs=(n,))
+        for n in range(4)
+    ]
+    path = write_segment(tmp_path, SegmentKind.ACTIONS, 2, acks)
+    offset, length = frame_offsets(acks)[1]
+    flip_byte(path, offset + 3)  # the frame's length field
+    rows = [
+        r
+        for b in action_batches("b1", path, types=action_types("ack"), unreadable=True)
+        for r in b.to_pylist()
+    ]
+    assert [(r["seq"], r["unreadable"]) for r in rows] == [
+        (0, None),
+        (None, {"segment": 2, "offset": offset, "length": length}),
+        (2, None),
+        (3, None),
+    ]
 
 
 def test_action_batches_explode_seqs(tmp_path: Path) -> None:
@@ -109,7 +169,28 @@ def test_spark_reads_one_partition_per_segment(spark: SparkSession, tmp_path: Pa
     assert [(r["type"], r["seq"]) for r in acked] == [("ack", 0)]
 
 
-def test_action_types_skip_other_records_undecoded(tmp_path: Path) -> None:
+def test_spark_reads_regions_with_the_unreadable_option(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    write_segment(tmp_path, SegmentKind.MESSAGES, 0, [message(0)], tail=torn_frame(1))
+    write_segment(tmp_path, SegmentKind.MESSAGES, 1, [message(2)], tail=torn_frame(3))
+    frame = (
+        spark.read.format("qmq-log").option("kind", "messages").option("unreadable", "true")
+    ).load(str(tmp_path))
+    assert frame.schema == with_unreadable(MESSAGE_SCHEMA)
+    rows = sorted(frame.collect(), key=lambda r: r["seq"] if r["seq"] is not None else -1)
+    # Segment 0's torn tail is damage (segment 1 follows it); segment 1's is a torn write.
+    assert [(r["seq"], r["unreadable"] and r["unreadable"]["segment"]) for r in rows] == [
+        (None, 0),
+        (0, None),
+        (2, None),
+    ]
+    plain = spark.read.format("qmq-log").option("kind", "messages").load(str(tmp_path))
+    assert plain.schema == MESSAGE_SCHEMA
+    assert sorted(r["seq"] for r in plain.collect()) == [0, 2]
+
+
+def test_action_types_read_only_those_types(tmp_path: Path) -> None:
     lease = ActionRecord(
         type=ActionType.LEASE,
         at_us=T0,

@@ -7,7 +7,15 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from spark_reconcile.report import RunInfo, exit_code, render_html, render_text, summary
+from spark_reconcile.report import (
+    LISTED_REGIONS,
+    RunInfo,
+    exit_code,
+    render_html,
+    render_text,
+    summary,
+    unreadable_entry,
+)
 from spark_reconcile.transforms import CATEGORIES
 
 pytestmark = pytest.mark.spark
@@ -41,8 +49,15 @@ LATENCY = [
 
 def test_summary_has_every_category_and_the_exit_code() -> None:
     doc = summary({"delivered": 7, "stuck_pending": 1}, GROUPS, LATENCY)
-    assert list(doc) == ["categories", "groups", "latency_ms", "exit_code"]
+    assert list(doc) == [
+        "categories",
+        "unreadable_in_broker",
+        "groups",
+        "latency_ms",
+        "exit_code",
+    ]
     assert list(doc["categories"]) == list(CATEGORIES)
+    assert doc["unreadable_in_broker"] == {"count": 0, "bytes": 0, "regions": []}
     assert doc["categories"]["delivered"] == 7
     assert doc["categories"]["orphan_in_broker"] == 0
     assert doc["exit_code"] == 0
@@ -93,3 +108,28 @@ def test_html_report_is_self_contained_and_escaped() -> None:
     assert "< 5 ms" not in page  # labels are escaped too
     assert "&lt; 5 ms" in page
     assert page.count('<div style="width:') == 3  # buckets 1..3, the empty one included
+    assert "<h2>Unreadable in broker data</h2>\n<p>none</p>" in page
+
+
+REGION = {"broker": "/data/<b1>", "log": "messages", "segment": 4, "offset": 1234, "length": 97}
+
+
+def test_unreadable_regions_are_a_warning_with_their_place() -> None:
+    damage = unreadable_entry(1, 97, [REGION])
+    doc = summary({"delivered": 3}, GROUPS, LATENCY, damage)
+    assert doc["unreadable_in_broker"] == {"count": 1, "bytes": 97, "regions": [REGION]}
+    assert doc["exit_code"] == 0
+    text = render_text(doc, INFO)
+    assert re.search(r"unreadable_in_broker\s+1\s+WARNING\s+\(97 bytes\)", text)
+    assert "/data/<b1> messages segment 4 offset 1234 length 97" in text
+    assert "result: clean; 1 unreadable region(s) in broker data -> exit 0" in text
+    page = render_html(doc, INFO, {})
+    assert "<td>/data/&lt;b1&gt;</td><td>messages</td><td>4</td><td>1234</td><td>97</td>" in page
+
+
+def test_unreadable_regions_listed_are_capped() -> None:
+    regions = [{**REGION, "offset": n} for n in range(LISTED_REGIONS + 5)]
+    damage = unreadable_entry(len(regions), 97 * len(regions), regions)
+    assert len(damage["regions"]) == LISTED_REGIONS
+    text = render_text(summary({}, [], [], damage), INFO)
+    assert "... 5 more in unreadable_in_broker/" in text
