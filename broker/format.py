@@ -181,7 +181,7 @@ def walk_frames(
             yield offset, payload
             offset += FRAME_SIZE + len(payload)
             continue
-        following = _resync(data, offset + 1, size, check)
+        following = next_valid_frame(data, offset + 1, size, check)
         if following is None:
             yield BadRegion(offset, size, torn=True)
             return
@@ -189,7 +189,7 @@ def walk_frames(
         offset = following
 
 
-def _frame_at(data: bytes, offset: int, size: int) -> bytes | None:
+def _frame_at(data: bytes | mmap.mmap, offset: int, size: int) -> bytes | None:
     if offset + FRAME_SIZE > size:
         return None
     length, crc = FRAME.unpack_from(data, offset)
@@ -200,8 +200,11 @@ def _frame_at(data: bytes, offset: int, size: int) -> bytes | None:
     return payload if zlib.crc32(payload) == crc else None
 
 
-def _resync(data: bytes, offset: int, size: int, check: FrameCheck | None) -> int | None:
-    """The first offset at or after ``offset`` where a valid frame starts and chains on."""
+def next_valid_frame(
+    data: bytes | mmap.mmap, offset: int, size: int, check: FrameCheck | None
+) -> int | None:
+    """The first offset in ``[offset, size)`` where a whole, CRC-valid frame starts whose
+    payload passes ``check`` and which is followed by another valid frame or ``size``."""
     while offset + FRAME_SIZE <= size:
         payload = _frame_at(data, offset, size)
         if payload is not None and (check is None or check(payload)):
@@ -216,6 +219,24 @@ def is_message_record(payload: bytes) -> bool:
     """A frame check for message segments: the payload decodes as a message record."""
     try:
         MessageRecord.decode(payload)
+    except CorruptRecord:
+        return False
+    return True
+
+
+def is_schedule_record(payload: bytes) -> bool:
+    """A frame check for schedule segments: the payload decodes as a schedule record."""
+    try:
+        ScheduleRecord.decode(payload)
+    except CorruptRecord:
+        return False
+    return True
+
+
+def is_dispatch_record(payload: bytes) -> bool:
+    """A frame check for dispatch segments: the payload decodes as a dispatch record."""
+    try:
+        DispatchRecord.decode(payload)
     except CorruptRecord:
         return False
     return True

@@ -26,6 +26,8 @@ from broker.format import (
     DispatchRecord,
     ScheduleRecord,
     SegmentKind,
+    is_dispatch_record,
+    is_schedule_record,
     list_segments,
     segment_number,
 )
@@ -98,7 +100,7 @@ def _scan_dispatch(path: Path, problems: list[str]) -> tuple[int, set[int]] | No
         return None
     offsets: set[int] = set()
     with mapped(path, SegmentKind.DISPATCH) as buf:
-        walk = FrameWalk(buf)
+        walk = FrameWalk(buf, check=is_dispatch_record)
         for at, body, length in walk:
             record = DispatchRecord.decode(buf[body : body + length], path=str(path), offset=at)
             offsets.update(record.offsets)
@@ -116,7 +118,7 @@ def _scan_schedule(
     subjects = into.subjects
     name = str(path)
     with mapped(path, SegmentKind.SCHEDULE) as buf:
-        walk = FrameWalk(buf)
+        walk = FrameWalk(buf, check=is_schedule_record)
         for offset, body, length in walk:
             if offset in done:
                 continue
@@ -145,7 +147,13 @@ def _too_short(path: Path, problems: list[str]) -> bool:
 
 
 def _cut(path: Path, walk: FrameWalk, problems: list[str]) -> None:
-    """Truncate a bucket segment at the end of its last whole record, if anything follows."""
+    """Note corrupt bytes walked past; truncate a torn tail at the last whole record."""
+    for start, end in walk.skipped:
+        problems.append(
+            f"{path}: corrupt bytes [{start}, {end}); the records in them are lost "
+            "(a schedule record: that delayed message; a dispatch record: its messages are "
+            "dispatched again and deduplicated by id); kept the rest"
+        )
     if walk.problem is None:
         return
     size = path.stat().st_size

@@ -1,7 +1,9 @@
 """Reading bucket segments without decoding whole messages (recovery and bucket loads).
 
-Runs on worker threads. Files are memory-mapped and walked frame by frame; a frame that is
-cut short or fails its CRC ends the readable part, like everywhere else in the broker.
+Runs on worker threads. Files are memory-mapped and walked frame by frame. After a frame
+that is cut short or fails its CRC the walk resynchronises on the next valid record, as the
+message log's does (``broker.format.next_valid_frame``): corrupt bytes in the middle cost the
+records in them, and only bad bytes with nothing valid after them are a torn tail.
 """
 
 from __future__ import annotations
@@ -20,8 +22,12 @@ from broker.format import (
     HEADER_SIZE,
     MAX_PAYLOAD,
     DispatchRecord,
+    FrameCheck,
     ScheduleRecord,
     SegmentKind,
+    is_dispatch_record,
+    is_schedule_record,
+    next_valid_frame,
     read_segment_header,
 )
 from broker.storage.segments import segment_path
@@ -30,37 +36,55 @@ from broker.storage.segments import segment_path
 class FrameWalk:
     """Iterates ``(offset, body_at, length)`` of whole frames of ``buf``.
 
-    Afterwards ``valid_end`` and ``problem`` say where the readable part ended and why.
+    Afterwards ``valid_end`` and ``problem`` say where the readable part ended and why (a
+    torn tail), and ``skipped`` lists the ``(start, end)`` of corrupt bytes walked past.
     Yields positions, not slices, so no view of a mapped file outlives the mapping.
     """
 
     def __init__(
-        self, buf: bytes | mmap.mmap, *, start: int = HEADER_SIZE, end: int | None = None
+        self,
+        buf: bytes | mmap.mmap,
+        *,
+        start: int = HEADER_SIZE,
+        end: int | None = None,
+        check: FrameCheck | None = None,
     ) -> None:
         self._buf = buf
         self._start = start
         self._end = len(buf) if end is None else min(end, len(buf))
+        self._check = check
         self.valid_end = start
         self.problem: str | None = None
+        self.skipped: list[tuple[int, int]] = []
 
     def __iter__(self) -> Iterator[tuple[int, int, int]]:
         buf = self._buf
         offset, end = self._start, self._end
         while offset < end:
-            if offset + FRAME_SIZE > end:
-                self.problem = f"frame header cut short at offset {offset}"
-                return
-            length, crc = FRAME.unpack_from(buf, offset)
-            body = offset + FRAME_SIZE
-            if length == 0 or length > MAX_PAYLOAD or body + length > end:
-                self.problem = f"torn frame at offset {offset}"
-                return
-            if zlib.crc32(buf[body : body + length]) != crc:  # a bytes copy: no view escapes
-                self.problem = f"CRC mismatch at offset {offset}"
-                return
-            yield offset, body, length
-            offset = body + length
+            length = self._whole_frame(offset, end)
+            if length is None:
+                following = next_valid_frame(buf, offset + 1, end, self._check)
+                if following is None:
+                    self.problem = f"torn or corrupt frame at offset {offset}"
+                    return
+                self.skipped.append((offset, following))
+                offset = following
+                continue
+            yield offset, offset + FRAME_SIZE, length
+            offset += FRAME_SIZE + length
             self.valid_end = offset
+
+    def _whole_frame(self, offset: int, end: int) -> int | None:
+        """The payload length of a whole, CRC-valid frame at ``offset``, else None."""
+        if offset + FRAME_SIZE > end:
+            return None
+        length, crc = FRAME.unpack_from(self._buf, offset)
+        body = offset + FRAME_SIZE
+        if length == 0 or length > MAX_PAYLOAD or body + length > end:
+            return None
+        if zlib.crc32(self._buf[body : body + length]) != crc:  # a bytes copy: no view escapes
+            return None
+        return int(length)
 
 
 @contextlib.contextmanager
@@ -88,7 +112,7 @@ def dispatched_offsets(data_dir: Path, bucket: int, *, end: int | None = None) -
         return set()
     done: set[int] = set()
     with mapped(path, SegmentKind.DISPATCH) as buf:
-        for offset, body, length in FrameWalk(buf, end=end):
+        for offset, body, length in FrameWalk(buf, end=end, check=is_dispatch_record):
             payload = bytes(buf[body : body + length])
             done.update(DispatchRecord.decode(payload, path=str(path), offset=offset).offsets)
     return done
@@ -102,7 +126,7 @@ def pending_entries(data_dir: Path, bucket: int, *, end: int, dispatched: set[in
     if not path.exists():
         return out
     with mapped(path, SegmentKind.SCHEDULE) as buf:
-        for offset, body, length in FrameWalk(buf, end=end):
+        for offset, body, length in FrameWalk(buf, end=end, check=is_schedule_record):
             if offset in dispatched:
                 continue
             deliver, _ = ScheduleRecord.peek(buf, body, path=str(path), offset=offset)

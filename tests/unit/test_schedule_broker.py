@@ -23,6 +23,7 @@ from broker.format import (
     SegmentKind,
     hour_bucket,
     iter_dispatch_records,
+    iter_frames,
     iter_message_records,
     list_segments,
     segment_number,
@@ -300,3 +301,29 @@ def test_finished_hours_are_deleted_and_a_torn_schedule_tail_is_cut(tmp_path: Pa
         assert [m["id"] for m in await pull_all(broker)] == ["m-2"]
 
     run(tmp_path, clock, restart)
+
+
+def test_a_flipped_bit_in_a_schedule_segment_costs_only_its_record(tmp_path: Path) -> None:
+    clock = FakeClock(T0)
+    due = T0 + 20 * MINUTE
+
+    async def script(broker: Broker) -> None:
+        await broker.producer.produce([delayed(i, due) for i in range(20)])
+
+    run(tmp_path, clock, script)
+    path = segment_path(tmp_path, SegmentKind.SCHEDULE, hour_bucket(due))
+    offsets = [offset for offset, _ in iter_frames(path.read_bytes(), path=str(path))]
+    assert len(offsets) == 20
+    data = bytearray(path.read_bytes())
+    data[offsets[7] + 30] ^= 0x08  # inside the record of m-7
+    path.write_bytes(bytes(data))
+    recovered = recover_schedule(tmp_path)
+    assert sum(counts.pending for counts in recovered.buckets.values()) == 19
+    assert [p for p in recovered.problems if "corrupt bytes" in p] != []
+    assert path.stat().st_size == len(data)  # nothing truncated
+
+    async def when_due(broker: Broker) -> list[str]:
+        await advance(broker, clock, due + SECOND)
+        return sorted(m["id"] for m in await pull_all(broker))
+
+    assert run(tmp_path, clock, when_due) == sorted(f"m-{i}" for i in range(20) if i != 7)
