@@ -24,7 +24,7 @@ from pathlib import Path
 
 import orjson
 
-from broker.errors import StorageError
+from broker.errors import CorruptRecord, StorageError
 from broker.format import (
     FORMAT_VERSION,
     FRAME_SIZE,
@@ -105,13 +105,17 @@ def recover(
     for kind in (SegmentKind.MESSAGES, SegmentKind.ACTIONS):
         _check_contiguous(list_segments(data_dir, kind), kind, on_damage, problems)
     action_segments = list_segments(data_dir, SegmentKind.ACTIONS)
-    action_ends = _scan_logs(action_segments, actions_from, SegmentKind.ACTIONS, problems)
+    action_ends = _scan_logs(
+        action_segments, actions_from, SegmentKind.ACTIONS, problems, on_damage=on_damage
+    )
     action_segments = list_segments(data_dir, SegmentKind.ACTIONS)
     groups = GroupTable.restore(checkpoint.groups)
     _replay_actions(action_segments, actions_from, groups)
 
     segments = list_segments(data_dir, SegmentKind.MESSAGES)
-    valid_ends = _scan_logs(segments, messages_from, SegmentKind.MESSAGES, problems)
+    valid_ends = _scan_logs(
+        segments, messages_from, SegmentKind.MESSAGES, problems, on_damage=on_damage
+    )
     segments = list_segments(data_dir, SegmentKind.MESSAGES)
     oldest = segment_number(segments[0]) if segments else 0
     entries = _load_indexes(data_dir, segments, valid_ends, checkpoint.messages_at, problems)
@@ -176,7 +180,12 @@ _CHECKS = {SegmentKind.MESSAGES: is_message_record, SegmentKind.ACTIONS: is_acti
 
 
 def _scan_logs(
-    segments: list[Path], checkpointed: tuple[int, int], kind: SegmentKind, problems: list[str]
+    segments: list[Path],
+    checkpointed: tuple[int, int],
+    kind: SegmentKind,
+    problems: list[str],
+    *,
+    on_damage: str = "fail",
 ) -> dict[int, int]:
     """Truncate torn tails past the checkpoint, note corruption; each scanned segment's end.
 
@@ -194,8 +203,7 @@ def _scan_logs(
             problems.append(f"{path}: header cut short; segment emptied")
             path.unlink()
             continue
-        if read_segment_header(data, path=str(path)) is not kind:
-            raise StorageError(f"{path} is not a {kind.name} segment")
+        _check_header(data, path, kind, on_damage, problems)
         start = min(checkpointed[1] if number == checkpointed[0] else HEADER_SIZE, len(data))
         end = start
         for item in walk_frames(data, start=start, check=_CHECKS[kind]):
@@ -209,6 +217,21 @@ def _scan_logs(
                 end = item.end
         ends[number] = end
     return ends
+
+
+def _check_header(
+    data: bytes, path: Path, kind: SegmentKind, on_damage: str, problems: list[str]
+) -> None:
+    """A segment header that is not ours fails recovery, or with ``skip`` is read past (its
+    frames still carry their own CRCs)."""
+    try:
+        found = read_segment_header(data, path=str(path))
+        if found is not kind:
+            raise StorageError(f"{path} is not a {kind.name} segment")
+    except (CorruptRecord, StorageError) as exc:
+        if on_damage != "skip":
+            raise StorageError(f"{exc}; fix or remove it, or start with --on-damage skip") from exc
+        problems.append(f"{exc}; skipped: its frames are read as {kind.name.lower()} records")
 
 
 def _cost(kind: SegmentKind) -> str:

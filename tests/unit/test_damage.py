@@ -271,3 +271,15 @@ def test_a_missing_middle_segment_fails_recovery_unless_skipped(
         recover(tmp_path, dedup_window_s=3600)
     assert lost
     check_served_around(tmp_path, lost, on_damage="skip")
+
+
+def test_an_unreadable_segment_header_fails_recovery_unless_skipped(tmp_path: Path) -> None:
+    run_broker(tmp_path, produce_all)
+    crash_before_checkpoint(tmp_path, keep_index=True)
+    middle = list_segments(tmp_path, SegmentKind.MESSAGES)[2]
+    data = bytearray(middle.read_bytes())
+    data[0:6] = b"BROKEN"  # the magic; every frame after it is intact
+    middle.write_bytes(bytes(data))
+    with pytest.raises(StorageError, match=r"bad magic.*start with --on-damage skip"):
+        recover(tmp_path, dedup_window_s=3600)
+    check_served_around(tmp_path, set(), on_damage="skip")
