@@ -9,6 +9,7 @@ Everyone else reads a ``SubjectLog`` through its properties.
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from collections.abc import Iterator, Mapping
 
 from broker.format import INDEX_ENTRY, INDEX_ENTRY_SIZE, IndexEntry
@@ -26,7 +27,7 @@ class SubjectStats:
 class SubjectLog:
     """One subject's index entries, held in memory as the packed bytes of its index file."""
 
-    __slots__ = ("_bytes", "_dedup", "_end_seq", "_entries", "_first_seq", "name")
+    __slots__ = ("_bytes", "_crc", "_dedup", "_end_seq", "_entries", "_first_seq", "name")
 
     def __init__(self, name: str, entries: bytearray | None = None) -> None:
         self.name = name
@@ -35,6 +36,7 @@ class SubjectLog:
         self._end_seq = self.next_seq
         self._dedup: dict[int, int] = {}  # id hash -> seq, oldest first
         self._bytes = 0
+        self._crc = zlib.crc32(self._entries)  # of the packed entries from seq 0
 
     @property
     def first_seq(self) -> int:
@@ -97,6 +99,10 @@ class SubjectTable(Mapping[str, SubjectLog]):
     def messages(self) -> int:
         return sum(s.end_seq - s.first_seq for s in self._subjects.values())
 
+    def index_digests(self) -> dict[str, tuple[int, int]]:
+        """Per subject: how many index entries, and the CRC-32 of them (for checkpoints)."""
+        return {name: (s.next_seq, s._crc) for name, s in self._subjects.items()}
+
     # --- live changes ----------------------------------------------------------------------
 
     def append(self, name: str, packed_entry: bytes, hashed_id: int) -> int:
@@ -106,6 +112,7 @@ class SubjectTable(Mapping[str, SubjectLog]):
             subject = self._subjects[name] = SubjectLog(name)
         seq = subject.next_seq
         subject._entries += packed_entry
+        subject._crc = zlib.crc32(packed_entry, subject._crc)
         subject._bytes += INDEX_ENTRY.unpack(packed_entry)[1]
         subject._dedup[hashed_id] = seq
         return seq

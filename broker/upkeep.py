@@ -61,6 +61,7 @@ class Upkeep:
             actions_at=journal.actions.tell(),
             groups=self._groups.snapshot(),
             written_at_us=self._clock.wall_us(),
+            indexes=self._subjects.index_digests(),
         )
         data_dir = self._data_dir
 

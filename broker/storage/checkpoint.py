@@ -35,6 +35,8 @@ class Checkpoint:
     actions_at: tuple[int, int] = (0, HEADER_SIZE)
     groups: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     written_at_us: int = 0
+    # per subject: (index entries covered, CRC-32 of those entries); {} in older files
+    indexes: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
 
     def encode(self) -> bytes:
         body = orjson.dumps(
@@ -44,6 +46,7 @@ class Checkpoint:
                 "actions_at": list(self.actions_at),
                 "groups": self.groups,
                 "written_at_us": self.written_at_us,
+                "indexes": {name: list(digest) for name, digest in self.indexes.items()},
             },
             option=orjson.OPT_SORT_KEYS,
         )
@@ -66,6 +69,10 @@ class Checkpoint:
                 actions_at=(int(doc["actions_at"][0]), int(doc["actions_at"][1])),
                 groups=dict(doc["groups"]),
                 written_at_us=int(doc["written_at_us"]),
+                indexes={
+                    str(name): (int(count), int(crc))
+                    for name, (count, crc) in doc.get("indexes", {}).items()
+                },
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, IndexError, ValueError) as exc:
             raise StorageError(f"{path} is unreadable: {exc}") from exc

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import zlib
 from pathlib import Path
 
 import orjson
@@ -118,12 +119,17 @@ def recover(
     )
     segments = list_segments(data_dir, SegmentKind.MESSAGES)
     oldest = segment_number(segments[0]) if segments else 0
-    entries = _load_indexes(data_dir, segments, valid_ends, checkpoint.messages_at, problems)
-    scan_from = max(messages_from, (oldest, HEADER_SIZE))
-    _index_tail(segments, scan_from, valid_ends, entries)
+    rewrite: set[str] = set()  # subjects whose index file must be written anew
+    entries = _load_indexes(
+        data_dir, segments, valid_ends, checkpoint.messages_at, problems, rewrite
+    )
+    rebuild = _check_digests(entries, checkpoint.indexes, problems)
+    rewrite |= rebuild
+    scan_from = (oldest, HEADER_SIZE) if rebuild else max(messages_from, (oldest, HEADER_SIZE))
+    _index_tail(segments, scan_from, valid_ends, entries, rebuild, problems, rewrite)
     newest = segment_number(segments[-1]) if segments else 0
-    _keep_seqs_groups_saw(entries, groups, newest, problems)
-    _save_indexes(data_dir, entries)
+    _keep_seqs_groups_saw(entries, groups, newest, problems, rewrite)
+    _save_indexes(data_dir, entries, rewrite)
     subjects = SubjectTable.recovered(
         entries,
         oldest_segment=oldest,
@@ -246,6 +252,7 @@ def _load_indexes(
     valid_ends: dict[int, int],
     checkpointed: tuple[int, int],
     problems: list[str],
+    rewrite: set[str],
 ) -> dict[str, bytearray]:
     """Each subject's packed index entries, checked against what the log still holds.
 
@@ -289,6 +296,7 @@ def _load_indexes(
             )
             seq -= 1
         if seq < keep - 1:
+            rewrite.add(name)
             problems.append(
                 f"{path}: seqs {seq + 1}..{keep - 1} were checkpointed but their "
                 "records are gone; they stay allocated and read as unreadable"
@@ -297,19 +305,45 @@ def _load_indexes(
     return subjects
 
 
+def _check_digests(
+    subjects: dict[str, bytearray],
+    digests: dict[str, tuple[int, int]],
+    problems: list[str],
+) -> set[str]:
+    """Subjects whose index does not match the checkpoint's digest: emptied, to be rebuilt
+    from the log (the index is derived data)."""
+    rebuild: set[str] = set()
+    for name, (count, crc) in digests.items():
+        entries = subjects.get(name, bytearray())
+        covered = bytes(entries[: count * INDEX_ENTRY_SIZE])
+        if len(covered) == count * INDEX_ENTRY_SIZE and zlib.crc32(covered) == crc:
+            continue
+        problems.append(f"index of {name}: does not match the checkpoint; rebuilt from the log")
+        subjects[name] = bytearray()
+        rebuild.add(name)
+    return rebuild
+
+
 def _index_tail(
     segments: list[Path],
     scan_from: tuple[int, int],
     valid_ends: dict[int, int],
     subjects: dict[str, bytearray],
+    rebuild: set[str],
+    problems: list[str],
+    rewrite: set[str],
 ) -> None:
-    """Add index entries for records past the checkpoint that the index files lack.
+    """Add index entries for records past ``scan_from`` that the index files lack, and
+    correct entries that disagree with the record they index.
 
-    Seqs missing before a record (their records sat in corrupt bytes) get entries that
-    point at the corrupt bytes, so they read as unreadable and are never reused.
+    Seqs missing before a record get entries that read as unreadable, so they are never
+    reused: pointing at the corrupt bytes they sat in, or, for a subject whose index is
+    being rebuilt, at a segment before the oldest (removed by retention) or at a segment
+    header (where no frame can be).
     """
     damaged: tuple[int, BadRegion] | None = None  # the latest corrupt region seen
     previous: int | None = None
+    oldest = segment_number(segments[0]) if segments else 0
     for path in segments:
         number = segment_number(path)
         if previous is not None and number > previous + 1:  # skipped: a missing segment
@@ -325,28 +359,43 @@ def _index_tail(
                 continue
             offset, payload = item
             record = MessageRecord.decode(payload, path=str(path), offset=offset)
-            entries = subjects.setdefault(record.subject, bytearray())
+            name = record.subject
+            entries = subjects.setdefault(name, bytearray())
             next_seq = len(entries) // INDEX_ENTRY_SIZE
-            if record.seq < next_seq:
-                continue
-            if record.seq > next_seq:
-                if damaged is None:
-                    raise StorageError(
-                        f"{path} at {offset}: {record.subject} seq {record.seq} follows "
-                        f"{next_seq - 1}; the index lost entries before the checkpoint"
-                    )
-                segment, region = damaged
-                unreadable = INDEX_ENTRY.pack(
-                    segment, region.end - region.start, region.start, record.stored_at_us, 0
-                )
-                entries += unreadable * (record.seq - next_seq)
-            entries += INDEX_ENTRY.pack(
+            entry = INDEX_ENTRY.pack(
                 number, len(payload) + 8, offset, record.stored_at_us, id_hash(record.id)
             )
+            if record.seq < next_seq:
+                at = record.seq * INDEX_ENTRY_SIZE
+                if entries[at : at + INDEX_ENTRY_SIZE] != entry:
+                    entries[at : at + INDEX_ENTRY_SIZE] = entry
+                    rewrite.add(name)
+                    problems.append(f"index of {name}: seq {record.seq} corrected from the log")
+                continue
+            if record.seq > next_seq:
+                gap = record.seq - next_seq
+                if name in rebuild and next_seq == 0 and oldest > 0:
+                    entries += INDEX_ENTRY.pack(oldest - 1, FRAME_SIZE, 0, 0, 0) * gap
+                elif damaged is not None:
+                    segment, region = damaged
+                    length = region.end - region.start
+                    entries += INDEX_ENTRY.pack(segment, length, region.start, 0, 0) * gap
+                elif name in rebuild:
+                    entries += INDEX_ENTRY.pack(number, FRAME_SIZE, 0, 0, 0) * gap
+                else:
+                    raise StorageError(
+                        f"{path} at {offset}: {name} seq {record.seq} follows "
+                        f"{next_seq - 1}; the index lost entries before the checkpoint"
+                    )
+            entries += entry
 
 
 def _keep_seqs_groups_saw(
-    subjects: dict[str, bytearray], groups: GroupTable, segment: int, problems: list[str]
+    subjects: dict[str, bytearray],
+    groups: GroupTable,
+    segment: int,
+    problems: list[str],
+    rewrite: set[str],
 ) -> None:
     """Seqs a group already read must never be handed out again, even when the log lost them
     (a tail cut past the checkpoint): they stay allocated and read as unreadable (their
@@ -361,20 +410,21 @@ def _keep_seqs_groups_saw(
         count = len(entries) // INDEX_ENTRY_SIZE
         if top >= count:
             entries += INDEX_ENTRY.pack(segment, FRAME_SIZE, 0, 0, 0) * (top + 1 - count)
+            rewrite.add(subject)
             problems.append(
                 f"{subject}: seqs {count}..{top} were read by a group but are gone from the "
                 "log; they stay allocated and read as unreadable"
             )
 
 
-def _save_indexes(data_dir: Path, subjects: dict[str, bytearray]) -> None:
+def _save_indexes(data_dir: Path, subjects: dict[str, bytearray], rewrite: set[str]) -> None:
     folder = data_dir / "index"
     folder.mkdir(parents=True, exist_ok=True)
     for name, entries in subjects.items():
         path = folder / f"{name}{INDEX_SUFFIX}"
         wanted = INDEX_HEADER.size + len(entries)
         current = path.stat().st_size if path.exists() else -1
-        if current == wanted:
+        if current == wanted and name not in rewrite:
             continue
         rewrite_file(path, index_header(), entries)
 

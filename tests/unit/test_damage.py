@@ -120,7 +120,12 @@ def frame_of(data_dir: Path, seq: int) -> tuple[Path, int, int]:
     return segment_path(data_dir, SegmentKind.MESSAGES, segment), offset, length
 
 
-def check_served_around(data_dir: Path, damaged: set[int], **config: Any) -> None:
+def check_served_around(
+    data_dir: Path, damaged: set[int], *, repaired: bool = False, **config: Any
+) -> None:
+    """Drain a new group after a restart and check the damage cost only ``damaged``;
+    ``repaired``: an earlier ``recover()`` already fixed what this start would report."""
+
     async def after(broker: Broker) -> tuple[list[dict[str, Any]], Any, list[dict[str, Any]]]:
         served = await drain(broker, "fresh")
         dead = broker.delivery.dead_letters(
@@ -129,7 +134,7 @@ def check_served_around(data_dir: Path, damaged: set[int], **config: Any) -> Non
         again = await broker.producer.produce([message(MESSAGES)])
         registry = broker.metrics.registry
         assert registry.get_sample_value("qmq_broker_unreadable_messages_total") == len(damaged)
-        assert registry.get_sample_value("qmq_broker_recovery_problems") >= 1
+        assert registry.get_sample_value("qmq_broker_recovery_problems") >= (0 if repaired else 1)
         return served, dead, list(again)
 
     served, dead, again = run_broker(data_dir, after, **config)
@@ -283,3 +288,34 @@ def test_an_unreadable_segment_header_fails_recovery_unless_skipped(tmp_path: Pa
     with pytest.raises(StorageError, match=r"bad magic.*start with --on-damage skip"):
         recover(tmp_path, dedup_window_s=3600)
     check_served_around(tmp_path, set(), on_damage="skip")
+
+
+@pytest.mark.parametrize("field", ["segment", "offset", "id hash"])
+def test_a_damaged_index_is_rebuilt_from_the_log(tmp_path: Path, field: str) -> None:
+    run_broker(tmp_path, produce_all)  # closing writes a checkpoint with the index digests
+    index = tmp_path / "index" / "orders.idx"
+    entry = 16 + 123 * 32  # seq 123's entry, past the 16-byte header
+    flip(index, entry + {"segment": 0, "offset": 8, "id hash": 24}[field], bit=2)
+    problems = recover(tmp_path, dedup_window_s=3600).problems
+    assert [p for p in problems if "rebuilt from the log" in p] != []
+    check_served_around(tmp_path, set(), repaired=True)
+
+    async def resend(broker: Broker) -> list[dict[str, Any]]:
+        return list(await broker.producer.produce([message(123)]))
+
+    assert run_broker(tmp_path, resend)[0]["status"] == "duplicate"
+
+
+def test_an_index_entry_past_the_checkpoint_is_corrected_from_the_log(tmp_path: Path) -> None:
+    run_broker(tmp_path, produce_all)
+    crash_before_checkpoint(tmp_path, keep_index=True)
+    index = tmp_path / "index" / "orders.idx"
+    flip(index, 16 + 200 * 32 + 24, bit=5)  # seq 200's id hash
+    problems = recover(tmp_path, dedup_window_s=3600).problems
+    assert [p for p in problems if "seq 200 corrected from the log" in p] != []
+
+    async def resend(broker: Broker) -> list[dict[str, Any]]:
+        return list(await broker.producer.produce([message(200)]))
+
+    assert run_broker(tmp_path, resend)[0]["status"] == "duplicate"
+    check_served_around(tmp_path, set(), repaired=True)

@@ -6,6 +6,7 @@ random way, restarts and checks:
 - every message whose frame is intact is served to a new group exactly once, with its body;
 - the old group gets again only what it never acked, or what a damaged action record held;
 - a seq any group already read is never handed out again;
+- a resend of an intact stored message is answered ``duplicate``, never stored again;
 - recovery either succeeds or the damage is one it must refuse (then ``on_damage=skip``).
 Reproduce a failure with its seed: ``pytest tests/unit/test_damage_trials.py -k "seed-17"``.
 """
@@ -33,7 +34,14 @@ from broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE
 from broker.storage.recovery import recover
 from tests.unit.test_damage import BATCH, drain, flip, message, pull, run_broker
 
-KINDS = ("message bit", "action bit", "truncate messages", "checkpoint bit", "lost segment")
+KINDS = (
+    "message bit",
+    "action bit",
+    "index bit",
+    "truncate messages",
+    "checkpoint bit",
+    "lost segment",
+)
 FIRST = 300  # messages of the first session; the second adds SECOND more
 SECOND = 100
 
@@ -115,6 +123,10 @@ def damage(data_dir: Path, kind: str, rng: random.Random) -> tuple[set[int], set
         path = messages[rng.randrange(1, len(messages) - 1)]
         path.unlink()
         return seqs_in(segment_number(path), 0, 10**12), set()
+    if kind == "index bit":
+        path = data_dir / "index" / "orders.idx"
+        flip(path, rng.randrange(path.stat().st_size), rng.randrange(8))
+        return set(), set()
     if kind == "checkpoint bit":
         path = data_dir / CHECKPOINT_FILE
         flip(path, rng.randrange(path.stat().st_size), rng.randrange(8))
@@ -132,15 +144,23 @@ def damage(data_dir: Path, kind: str, rng: random.Random) -> tuple[set[int], set
 
 
 def check(data_dir: Path, acked: set[int], broken: set[int], lost_changes: set[int]) -> None:
+    total = FIRST + SECOND
+
     async def after(broker: Broker) -> dict[str, Any]:
         seen_before = max(broker.stats.subject("orders").groups[0].backlog, 0)
         again = await drain(broker, "g")
         fresh = await drain(broker, "fresh")
         stored = await broker.producer.produce([message(10**6)])
-        return {"again": again, "fresh": fresh, "stored": stored, "backlog": seen_before}
+        resent = await broker.producer.produce([message(i) for i in range(0, total, 7)])
+        return {
+            "again": again,
+            "fresh": fresh,
+            "stored": stored,
+            "resent": resent,
+            "backlog": seen_before,
+        }
 
     result = run_broker(data_dir, after, on_damage="skip")
-    total = FIRST + SECOND
     fresh_ids = [m["id"] for m in result["fresh"]]
     assert len(fresh_ids) == len(set(fresh_ids)), "served twice"
     for m in result["fresh"] + result["again"]:
@@ -149,6 +169,10 @@ def check(data_dir: Path, acked: set[int], broken: set[int], lost_changes: set[i
     assert intact <= set(fresh_ids), f"intact messages not served: {intact - set(fresh_ids)}"
     again = {m["seq"] for m in result["again"]}
     assert not (again & acked - lost_changes), f"acked messages redelivered: {again & acked}"
+    stored_twice = [
+        r["id"] for r in result["resent"] if r["status"] == "stored" and r["id"] in intact
+    ]
+    assert not stored_twice, f"a resend of a stored message was stored again: {stored_twice}"
     read_by_g = max(acked | again, default=-1)
     assert result["stored"][0]["seq"] > read_by_g, "a seq a group read was handed out again"
 
