@@ -8,6 +8,9 @@ random way, restarts and checks:
 - a seq any group already read is never handed out again;
 - a resend of an intact stored message is answered ``duplicate``, never stored again;
 - recovery either succeeds or the damage is one it must refuse (then ``on_damage=skip``).
+Kinds: bit flips in message, action and index files and in the checkpoint; the last message
+segment cut at a random offset; a middle segment removed; a segment replaced by an older
+copy of itself (a restored backup).
 Reproduce a failure with its seed: ``pytest tests/unit/test_damage_trials.py -k "seed-17"``.
 """
 
@@ -41,6 +44,7 @@ KINDS = (
     "truncate messages",
     "checkpoint bit",
     "lost segment",
+    "older backup",
 )
 FIRST = 300  # messages of the first session; the second adds SECOND more
 SECOND = 100
@@ -75,6 +79,7 @@ def write(data_dir: Path) -> set[int]:
     run_broker(data_dir, first)
     saved = data_dir.parent / "saved"
     saved.mkdir()
+    shutil.copytree(data_dir / "messages", saved / "messages")
     for name in (CHECKPOINT_FILE, PREVIOUS_FILE):
         if (data_dir / name).exists():
             shutil.copy(data_dir / name, saved / name)
@@ -119,6 +124,11 @@ def damage(data_dir: Path, kind: str, rng: random.Random) -> tuple[set[int], set
         with open(path, "r+b") as handle:
             handle.truncate(cut)
         return seqs_in(segment_number(path), cut, path.stat().st_size + 10**9), set()
+    if kind == "older backup":  # the segment the first session ended in, as it was then
+        old = sorted((data_dir.parent / "saved" / "messages").glob("*.seg"))[-1]
+        path = data_dir / "messages" / old.name
+        shutil.copy(old, path)
+        return seqs_in(segment_number(path), old.stat().st_size, 10**12), set()
     if kind == "lost segment":
         path = messages[rng.randrange(1, len(messages) - 1)]
         path.unlink()
