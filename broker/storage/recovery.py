@@ -120,14 +120,12 @@ def recover(
     segments = list_segments(data_dir, SegmentKind.MESSAGES)
     oldest = segment_number(segments[0]) if segments else 0
     rewrite: set[str] = set()  # subjects whose index file must be written anew
-    entries = _load_indexes(
-        data_dir, segments, valid_ends, checkpoint.messages_at, problems, rewrite
-    )
-    rebuild = _check_digests(entries, checkpoint.indexes, problems)
-    rewrite |= rebuild
+    rebuild: set[str] = set()  # subjects whose index is rebuilt from the log
+    entries = _load_indexes(data_dir, segments, valid_ends, checkpoint, problems, rewrite, rebuild)
     scan_from = (oldest, HEADER_SIZE) if rebuild else max(messages_from, (oldest, HEADER_SIZE))
     _index_tail(segments, scan_from, valid_ends, entries, rebuild, problems, rewrite)
     newest = segment_number(segments[-1]) if segments else 0
+    _keep_checkpointed_seqs(entries, checkpoint.indexes, newest, rebuild)
     _keep_seqs_groups_saw(entries, groups, newest, problems, rewrite)
     _save_indexes(data_dir, entries, rewrite)
     subjects = SubjectTable.recovered(
@@ -250,17 +248,22 @@ def _load_indexes(
     data_dir: Path,
     segments: list[Path],
     valid_ends: dict[int, int],
-    checkpointed: tuple[int, int],
+    checkpoint: Checkpoint,
     problems: list[str],
     rewrite: set[str],
+    rebuild: set[str],
 ) -> dict[str, bytearray]:
-    """Each subject's packed index entries, checked against what the log still holds.
+    """Each subject's packed index entries, checked against the checkpoint and the log.
+
+    An index whose first entries do not match the checkpoint's digest of them is damaged:
+    it is emptied and its subject added to ``rebuild`` (the index is derived data).
 
     Entries past valid data and past the checkpoint are a torn batch (never acknowledged):
     they are trimmed. Entries past valid data but covered by the checkpoint were durable
     (their log was cut or replaced since): they keep their seqs, so no seq is reused, and
     point at the segment header, where no frame can ever be, so they read as unreadable.
     """
+    checkpointed = checkpoint.messages_at
     last_segment = segment_number(segments[-1]) if segments else -1
     subjects: dict[str, bytearray] = {}
     folder = data_dir / "index"
@@ -284,6 +287,11 @@ def _load_indexes(
             entries = bytearray(
                 data[INDEX_HEADER.size : INDEX_HEADER.size + count * INDEX_ENTRY_SIZE]
             )
+        if not _matches_digest(entries, checkpoint.indexes.get(name)):
+            problems.append(f"{path}: does not match the checkpoint; rebuilt from the log")
+            subjects[name] = bytearray()
+            rebuild.add(name)
+            continue
         keep = len(entries) // INDEX_ENTRY_SIZE
         while keep and gone(entries, keep - 1) == (True, False):
             keep -= 1
@@ -302,28 +310,40 @@ def _load_indexes(
                 "records are gone; they stay allocated and read as unreadable"
             )
         subjects[name] = entries
+    for name in checkpoint.indexes.keys() - subjects.keys():  # index file gone
+        if checkpoint.indexes[name][0] > 0:
+            problems.append(f"index of {name}: missing; rebuilt from the log")
+            subjects[name] = bytearray()
+            rebuild.add(name)
+    rewrite |= rebuild
     return subjects
 
 
-def _check_digests(
+def _matches_digest(entries: bytearray, digest: tuple[int, int] | None) -> bool:
+    """Whether the first entries are the ones the checkpoint covered (no digest: trusted)."""
+    if digest is None:
+        return True
+    count, crc = digest
+    covered = memoryview(entries)[: count * INDEX_ENTRY_SIZE]  # no copy of a large index
+    matches = len(covered) == count * INDEX_ENTRY_SIZE and zlib.crc32(covered) == crc
+    covered.release()
+    return matches
+
+
+def _keep_checkpointed_seqs(
     subjects: dict[str, bytearray],
     digests: dict[str, tuple[int, int]],
-    problems: list[str],
-) -> set[str]:
-    """Subjects whose index does not match the checkpoint's digest: emptied, to be rebuilt
-    from the log (the index is derived data)."""
-    rebuild: set[str] = set()
-    for name, (count, crc) in digests.items():
-        entries = subjects.get(name, bytearray())
-        covered = memoryview(entries)[: count * INDEX_ENTRY_SIZE]  # no copy of a large index
-        matches = len(covered) == count * INDEX_ENTRY_SIZE and zlib.crc32(covered) == crc
-        covered.release()
-        if matches:
-            continue
-        problems.append(f"index of {name}: does not match the checkpoint; rebuilt from the log")
-        subjects[name] = bytearray()
-        rebuild.add(name)
-    return rebuild
+    segment: int,
+    rebuild: set[str],
+) -> None:
+    """A rebuilt index keeps every seq the checkpoint covered, found in the log or not:
+    those were acknowledged, so they are never handed out again (unreadable if gone)."""
+    for name in rebuild:
+        count = digests.get(name, (0, 0))[0]
+        entries = subjects[name]
+        have = len(entries) // INDEX_ENTRY_SIZE
+        if have < count:
+            entries += INDEX_ENTRY.pack(segment, FRAME_SIZE, 0, 0, 0) * (count - have)
 
 
 def _index_tail(

@@ -319,3 +319,16 @@ def test_an_index_entry_past_the_checkpoint_is_corrected_from_the_log(tmp_path: 
 
     assert run_broker(tmp_path, resend)[0]["status"] == "duplicate"
     check_served_around(tmp_path, set(), repaired=True)
+
+
+def test_a_rebuilt_index_keeps_every_seq_the_checkpoint_covered(tmp_path: Path) -> None:
+    run_broker(tmp_path, produce_all)  # no group: only the checkpoint knows the seqs
+    last = list_segments(tmp_path, SegmentKind.MESSAGES)[-1]
+    _, offset, _ = frame_of(tmp_path, MESSAGES - 2)
+    with open(last, "r+b") as handle:
+        handle.truncate(offset)  # the last two records are gone
+    flip(tmp_path / "index" / "orders.idx", 16 + 5 * 32 + 24)  # and the index is damaged
+    recovered = recover(tmp_path, dedup_window_s=3600)
+    assert recovered.subjects["orders"].next_seq == MESSAGES
+    assert [p for p in recovered.problems if "rebuilt from the log" in p] != []
+    check_served_around(tmp_path, {MESSAGES - 2, MESSAGES - 1}, repaired=True)
