@@ -12,7 +12,7 @@ import dataclasses
 import zlib
 from collections.abc import Iterator, Mapping
 
-from broker.format import INDEX_ENTRY, INDEX_ENTRY_SIZE, IndexEntry
+from broker.format import INDEX_ENTRY, INDEX_ENTRY_SIZE
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,9 +49,6 @@ class SubjectLog:
     @property
     def next_seq(self) -> int:
         return len(self._entries) // INDEX_ENTRY_SIZE
-
-    def entry(self, seq: int) -> IndexEntry:
-        return IndexEntry.decode(memoryview(self._entries), seq * INDEX_ENTRY_SIZE)
 
     def raw(self, seq: int) -> tuple[int, int, int, int, int]:
         """(segment, length, offset, stored_us, id_hash) of a seq, without an object."""

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
 
-from broker.config import BrokerConfig, FsyncPolicy
 from broker.engine import Broker
 from broker.errors import StorageError
-from broker.messages import IncomingMessage
-from broker.metrics import BrokerMetrics
 from broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE, Checkpoint
 from broker.storage.recovery import recover
+from tests.support.engine import incoming, run_broker
 
 GROUPS = {"orders": {"g": {"mode": "shared", "states": {"": {"cursor": 7}}}}}
 
@@ -75,39 +71,10 @@ def test_a_crash_between_the_two_renames_leaves_the_previous(tmp_path: Path) -> 
     assert Checkpoint.load(tmp_path).messages_at == (3, 1000)
 
 
-def message(i: int) -> IncomingMessage:
-    return IncomingMessage(
-        id=f"m-{i}",
-        subject="orders",
-        key=None,
-        headers={},
-        body=b"x" * 100,
-        body_base64=False,
-        producer=None,
-        created_at_us=None,
-        deliver_at_us=0,
-    )
-
-
-def run_broker(data_dir: Path, script: Any) -> None:
-    async def main() -> None:
-        broker = Broker(
-            BrokerConfig(data_dir=data_dir, fsync=FsyncPolicy(mode="always")),
-            metrics=BrokerMetrics(),
-        )
-        await broker.start()
-        try:
-            await script(broker)
-        finally:
-            await broker.close()
-
-    asyncio.run(main())
-
-
 @pytest.mark.parametrize("damaged", [[CHECKPOINT_FILE], [CHECKPOINT_FILE, PREVIOUS_FILE]])
 def test_recovery_passes_over_a_damaged_checkpoint(tmp_path: Path, damaged: list[str]) -> None:
     async def work(broker: Broker) -> None:
-        await broker.producer.produce([message(i) for i in range(30)])
+        await broker.producer.produce([incoming(i) for i in range(30)])
         pulled = await broker.delivery.pull(
             subject="orders",
             group="g",

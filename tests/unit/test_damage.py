@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from broker.config import BrokerConfig, FsyncPolicy
 from broker.engine import Broker
 from broker.errors import StorageError
 from broker.format import (
@@ -28,46 +27,22 @@ from broker.format import (
     segment_number,
 )
 from broker.messages import IncomingMessage
-from broker.metrics import BrokerMetrics
 from broker.storage.recovery import recover
 from broker.storage.segments import segment_path
+from tests.support.engine import incoming
+from tests.support.engine import run_broker as engine_run
 
 MESSAGES = 300
 BATCH = 50
 
 
 def message(i: int) -> IncomingMessage:
-    return IncomingMessage(
-        id=f"m-{i}",
-        subject="orders",
-        key=None,
-        headers={},
-        body=f"body {i}".ljust(120, ".").encode(),
-        body_base64=False,
-        producer="test",
-        created_at_us=None,
-        deliver_at_us=0,
-    )
+    return incoming(i, body=f"body {i}".ljust(120, ".").encode())
 
 
 def run_broker(data_dir: Path, script: Any, **config: Any) -> Any:
-    async def main() -> Any:
-        broker = Broker(
-            BrokerConfig(
-                data_dir=data_dir,
-                fsync=FsyncPolicy(mode="always"),
-                segment_bytes=8192,
-                **config,
-            ),
-            metrics=BrokerMetrics(),
-        )
-        await broker.start()
-        try:
-            return await script(broker)
-        finally:
-            await broker.close()
-
-    return asyncio.run(main())
+    """Small segments, so a few hundred messages span several."""
+    return engine_run(data_dir, script, segment_bytes=8192, **config)
 
 
 async def produce_all(broker: Broker) -> None:

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
-from broker.config import BrokerConfig, FsyncPolicy
 from broker.engine import Broker
 from broker.format import HEADER_SIZE, SegmentKind, frame, list_segments
 from broker.messages import IncomingMessage
-from broker.metrics import BrokerMetrics
 from broker.storage.recovery import recover
+from tests.support.engine import run_broker as engine_run
 
 
 def message(i: int, subject: str = "orders") -> IncomingMessage:
@@ -29,18 +27,7 @@ def message(i: int, subject: str = "orders") -> IncomingMessage:
 
 
 def run_broker(data_dir: Path, script: Any) -> Any:
-    async def main() -> Any:
-        broker = Broker(
-            BrokerConfig(data_dir=data_dir, fsync=FsyncPolicy(mode="always"), segment_bytes=4096),
-            metrics=BrokerMetrics(),
-        )
-        await broker.start()
-        try:
-            return await script(broker)
-        finally:
-            await broker.close()
-
-    return asyncio.run(main())
+    return engine_run(data_dir, script, segment_bytes=4096)
 
 
 async def produce_pull_ack(broker: Broker) -> dict[str, Any]:

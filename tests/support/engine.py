@@ -1,0 +1,47 @@
+"""A real broker engine on a real data dir, in-process, for recovery and damage tests."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from broker.config import BrokerConfig, FsyncPolicy
+from broker.engine import Broker
+from broker.messages import IncomingMessage
+from broker.metrics import BrokerMetrics
+
+T = TypeVar("T")
+
+
+def incoming(i: int, *, subject: str = "orders", body: bytes = b"x" * 100) -> IncomingMessage:
+    """Message ``m-<i>`` as the HTTP layer would hand it to the core."""
+    return IncomingMessage(
+        id=f"m-{i}",
+        subject=subject,
+        key=None,
+        headers={},
+        body=body,
+        body_base64=False,
+        producer="test",
+        created_at_us=None,
+        deliver_at_us=0,
+    )
+
+
+def run_broker(data_dir: Path, script: Callable[[Broker], Awaitable[T]], **config: Any) -> T:
+    """Start a broker (fsync always, ``config`` on top), run ``script``, close it cleanly."""
+
+    async def main() -> T:
+        broker = Broker(
+            BrokerConfig(data_dir=data_dir, fsync=FsyncPolicy(mode="always"), **config),
+            metrics=BrokerMetrics(),
+        )
+        await broker.start()
+        try:
+            return await script(broker)
+        finally:
+            await broker.close()
+
+    return asyncio.run(main())
