@@ -104,7 +104,11 @@ class DeliveryService:
         ``mailbox_full`` or ``deadline_exceeded`` when the group is overloaded.
         """
         self._gate.require()
-        key = self._join(subject, group, consumer, mode, start)
+        key, created = self._join(subject, group, consumer, mode, start)
+        if created:
+            # A group that starts at "latest" must not lose its start to a crash: messages
+            # stored after this answer are the group's even if the broker dies now.
+            await durable(self._journal.commit_point())
         future = self._pulls.submit(
             subject=subject,
             group=group,
@@ -116,8 +120,10 @@ class DeliveryService:
         messages: list[PulledMessageJson] = await future
         return messages
 
-    def _join(self, subject: str, group: str, consumer: str, mode: str, start: str) -> str:
-        """The delivery-state key of a puller, creating its group or state on first pull."""
+    def _join(
+        self, subject: str, group: str, consumer: str, mode: str, start: str
+    ) -> tuple[str, bool]:
+        """The delivery-state key of a puller, and whether this pull created its state."""
         found = self._groups.get((subject, group))
         if found is not None and found.mode != mode:
             raise Conflict(
@@ -139,7 +145,8 @@ class DeliveryService:
                     fields={"mode": mode, "cursor": cursor},
                 )
             )
-        return key
+            return key, True
+        return key, False
 
     # --- ack / nack ------------------------------------------------------------------------
 
@@ -147,8 +154,8 @@ class DeliveryService:
         self._gate.require()
         state, key = self._state_of(subject, group, consumer)
         unique = list(dict.fromkeys(seqs))
-        known = [s for s in unique if state.known(s)]
-        unknown = [s for s in unique if not state.known(s)]
+        known = [s for s in unique if state.holds(s, consumer)]
+        unknown = [s for s in unique if not state.holds(s, consumer)]
         if known:
             now = self._clock.wall_us()
             self._actions.record(
@@ -175,7 +182,8 @@ class DeliveryService:
         now = self._clock.wall_us()
         delay_us = delay_ms * 1000 if delay_ms is not None else None
         retry, dead = state.nack_outcomes(
-            dict.fromkeys(seqs), now_us=now, delay_us=delay_us, policy=self._policy
+            dict.fromkeys(seqs), consumer=consumer, now_us=now, delay_us=delay_us,
+            policy=self._policy,
         )
 
         def record(kind: ActionType, batch: list[int], fields: dict[str, object]) -> None:
@@ -241,8 +249,8 @@ class DeliveryService:
                 message: PulledMessageJson | None = pulled(
                     read_message(self._reader, log, seq), attempt=dead.attempts
                 )
-            except (StorageError, CorruptRecord):
-                message = None
+            except (StorageError, CorruptRecord, ValueError, OverflowError):
+                message = None  # unreadable, or a record no answer can carry
             views.append(
                 DeadLetterView(
                     seq=seq,

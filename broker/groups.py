@@ -119,14 +119,20 @@ class DeliveryState:
         return seqs, attempts
 
     def nack_outcomes(
-        self, seqs: Iterable[int], *, now_us: int, delay_us: int | None, policy: Policy
+        self,
+        seqs: Iterable[int],
+        *,
+        consumer: str,
+        now_us: int,
+        delay_us: int | None,
+        policy: Policy,
     ) -> tuple[dict[int, list[int]], list[int]]:
-        """Group nacked seqs by retry due time; seqs out of attempts go dead."""
+        """Group the seqs ``consumer`` holds by retry due time; seqs out of attempts go dead."""
         retry: dict[int, list[int]] = {}
         dead: list[int] = []
         for seq in seqs:
             lease = self.leases.get(seq)
-            if lease is None:
+            if lease is None or lease.consumer != consumer:
                 continue
             if lease.attempt >= policy.max_attempts:
                 dead.append(seq)
@@ -135,8 +141,10 @@ class DeliveryState:
             retry.setdefault(now_us + wait, []).append(seq)
         return retry, dead
 
-    def known(self, seq: int) -> bool:
-        return seq in self.leases or seq in self.retries
+    def holds(self, seq: int, consumer: str) -> bool:
+        """Whether ``consumer`` holds the lease of ``seq``: only the holder may ack or nack."""
+        lease = self.leases.get(seq)
+        return lease is not None and lease.consumer == consumer
 
     def skip_below(self, first_seq: int) -> None:
         """Retention removed what this state never read: move the cursor past it.

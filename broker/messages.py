@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from broker.format import MessageRecord
 from qmq_wire import BodyEncoding, PulledMessageJson
@@ -23,9 +23,18 @@ class IncomingMessage:
     deliver_at_us: int
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def rfc3339(micros: int) -> str:
+    """Microseconds since the epoch as RFC 3339 UTC text.
+
+    Exact integer arithmetic: a float would round 9999-12-31T23:59:59.999999 up into year
+    10000. Raises ``OverflowError`` outside ``qmq_wire.MIN_TIME_US..MAX_TIME_US``, which
+    produce never stores.
+    """
     return (
-        datetime.fromtimestamp(micros / 1_000_000, tz=UTC)
+        (_EPOCH + timedelta(microseconds=micros))
         .isoformat(timespec="microseconds")
         .replace("+00:00", "Z")
     )

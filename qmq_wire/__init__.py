@@ -94,6 +94,13 @@ MAX_SEQS: Final = 10_000
 MAX_NACK_DELAY_MS: Final = 63_072_000_000
 MAX_ERROR_TEXT: Final = 4096
 MAX_SEQ: Final = 2**63 - 1
+MIN_TIME: Final = "0001-01-01T00:00:00Z"
+MAX_TIME: Final = "9999-12-31T23:59:59.999999Z"
+"""Timestamps (``created_at``, ``deliver_at``) lie in this range once normalised to UTC."""
+MIN_TIME_US: Final = -62_135_596_800_000_000
+"""``MIN_TIME`` in microseconds since the Unix epoch."""
+MAX_TIME_US: Final = 253_402_300_799_999_999
+"""``MAX_TIME`` in microseconds since the Unix epoch."""
 DEFAULT_DEAD_PAGE: Final = 100
 MAX_DEAD_PAGE: Final = 1000
 
@@ -127,9 +134,12 @@ ERROR_STATUS: Final[dict[str, int]] = {
     "unknown_field": 400,
     "delay_too_long": 400,
     "invalid_redrive": 400,
-    # 401/403: auth
+    "invalid_timestamp": 400,
+    # 401/403: auth, and requests a browser could send on a hostile page's behalf
     "unauthorized": 401,
     "forbidden": 403,
+    "host_not_allowed": 403,
+    "origin_not_allowed": 403,
     # 404: unknown route, subject, group or broadcast consumer
     "not_found": 404,
     "subject_not_found": 404,
@@ -141,14 +151,18 @@ ERROR_STATUS: Final[dict[str, int]] = {
     # 413: too large
     "request_too_large": 413,
     "body_too_large": 413,
-    # 429: a group's mailbox is full (``Retry-After``)
+    # 415: a POST whose Content-Type is not application/json
+    "unsupported_media_type": 415,
+    # 429: a group's mailbox, or the broker's pull cap, is full (``Retry-After``)
     "mailbox_full": 429,
+    "too_many_pulls": 429,
     # 503: not now (recovering, shutting down, read-only, overloaded)
     "recovering": 503,
     "shutting_down": 503,
     "read_only": 503,
     "storage_failed": 503,
     "deadline_exceeded": 503,
+    "too_many_connections": 503,
     # 500: a bug; the broker log has the traceback
     "internal": 500,
 }

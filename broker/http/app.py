@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -19,9 +20,10 @@ from starlette.routing import Route
 
 import qmq_wire
 from broker.engine import Broker
-from broker.errors import Invalid, NotFound, RequestError
-from broker.http.auth import Authorizer
+from broker.errors import Denied, Invalid, NotFound, RequestError
+from broker.http.auth import Authorizer, Grant, Right
 from broker.http.errors import error_response, from_validation
+from broker.http.guard import GuardPolicy, RequestGuard
 from broker.http.openapi import openapi_document
 from broker.http.schemas import (
     AckRequest,
@@ -36,22 +38,31 @@ from broker.messages import IncomingMessage
 M = TypeVar("M", bound=BaseModel)
 Handler = Callable[[Request], Awaitable[Response]]
 _ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}
+MAX_SCHEDULE_HOURS = 20_000
 
 
 def _json(doc: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(doc), status_code=status, media_type="application/json")
 
 
-def _micros(value: datetime) -> int:
-    return int(value.astimezone(UTC).timestamp() * 1_000_000)
-
-
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def _exact_micros(value: datetime) -> int:
-    """Microseconds since the epoch without float rounding (due times must not move early)."""
-    return (value - _EPOCH) // timedelta(microseconds=1)
+def _micros(value: datetime, field: str) -> int:
+    """Microseconds since the epoch, exact, and within what a pull can later serve.
+
+    Subtracting aware datetimes never overflows, even where converting to UTC would
+    (``9999-12-31T23:59:59-23:59``); the range check then rejects what no answer could carry.
+    """
+    micros = (value - _EPOCH) // timedelta(microseconds=1)
+    if not qmq_wire.MIN_TIME_US <= micros <= qmq_wire.MAX_TIME_US:
+        raise Invalid(
+            code="invalid_timestamp",
+            message=f"{field.rpartition('.')[2]} must lie between {qmq_wire.MIN_TIME} and "
+            f"{qmq_wire.MAX_TIME} in UTC",
+            field=field,
+        )
+    return micros
 
 
 def _span(seconds: float) -> str:
@@ -91,16 +102,27 @@ class Api:
             raise from_validation(exc) from None
         return parsed
 
-    def _authorize(self, request: Request, right: str, subject: str, field: str) -> None:
-        if self.authorizer is not None:
-            self.authorizer.check(request.headers.get("authorization"), right, subject, field)
+    def _grant(self, request: Request) -> Grant | None:
+        """The caller's grant, checked from the headers alone: before any body is read, a
+        request without a valid token costs nothing more. ``None`` when auth is off."""
+        if self.authorizer is None:
+            return None
+        return self.authorizer.grant_for(request.headers.get("authorization"))
+
+    @staticmethod
+    def _require(
+        grant: Grant | None, right: Right, subject: str, *, group: str | None = None, field: str
+    ) -> None:
+        if grant is not None:
+            Authorizer.require(grant, right, subject, group=group, field=field)
 
     # --- endpoints ------------------------------------------------------------------------
 
     async def produce(self, request: Request) -> Response:
+        grant = self._grant(request)
         parsed = await self._parse(request, ProduceRequest)
         for i, envelope in enumerate(parsed.messages):
-            self._authorize(request, "produce", envelope.subject, f"messages[{i}].subject")
+            self._require(grant, Right.PRODUCE, envelope.subject, field=f"messages[{i}].subject")
         now_us = self.broker.clock.wall_us()
         messages = [self._incoming(i, e, now_us) for i, e in enumerate(parsed.messages)]
         results = await self.broker.producer.produce(messages)
@@ -137,13 +159,17 @@ class Api:
             body=body,
             body_base64=envelope.body_encoding == "base64",
             producer=envelope.producer,
-            created_at_us=_micros(envelope.created_at) if envelope.created_at else None,
+            created_at_us=(
+                _micros(envelope.created_at, f"{field}.created_at")
+                if envelope.created_at
+                else None
+            ),
             deliver_at_us=deliver_at_us,
         )
 
     def _deliver_at(self, value: datetime, now_us: int, field: str) -> int:
         """A future due time in microseconds, or 0 (deliver now) for one in the past."""
-        due = _exact_micros(value)
+        due = _micros(value, field)
         if due <= now_us:
             return 0
         limit_s = self.broker.config.max_delay_s
@@ -156,8 +182,9 @@ class Api:
         return due
 
     async def pull(self, request: Request) -> Response:
+        grant = self._grant(request)
         parsed = await self._parse(request, PullRequest)
-        self._authorize(request, "consume", parsed.subject, "subject")
+        self._require(grant, Right.CONSUME, parsed.subject, group=parsed.group, field="group")
         wait_ms = min(parsed.wait_ms, self.broker.config.max_wait_ms)
         messages = await self.broker.delivery.pull(
             subject=parsed.subject,
@@ -171,16 +198,18 @@ class Api:
         return _json({"messages": messages})
 
     async def ack(self, request: Request) -> Response:
+        grant = self._grant(request)
         parsed = await self._parse(request, AckRequest)
-        self._authorize(request, "consume", parsed.subject, "subject")
+        self._require(grant, Right.CONSUME, parsed.subject, group=parsed.group, field="group")
         result = await self.broker.delivery.ack(
             subject=parsed.subject, group=parsed.group, consumer=parsed.consumer, seqs=parsed.seqs
         )
         return _json(result)
 
     async def nack(self, request: Request) -> Response:
+        grant = self._grant(request)
         parsed = await self._parse(request, NackRequest)
-        self._authorize(request, "consume", parsed.subject, "subject")
+        self._require(grant, Right.CONSUME, parsed.subject, group=parsed.group, field="group")
         result = await self.broker.delivery.nack(
             subject=parsed.subject,
             group=parsed.group,
@@ -203,21 +232,36 @@ class Api:
         return value
 
     async def subjects(self, request: Request) -> Response:
-        if self.authorizer is not None:
-            self.authorizer.grant_for(request.headers.get("authorization"))
-        return _json({"subjects": self.broker.stats.subjects()})
+        grant = self._grant(request)
+        listed = self.broker.stats.subjects()
+        if grant is not None:
+            listed = [stats for stats in listed if grant.sees(stats.subject)]
+        return _json({"subjects": listed})
 
     async def subject(self, request: Request) -> Response:
+        grant = self._grant(request)
         subject = self._path_name(request, "subject")
-        self._authorize(request, "consume", subject, "subject")
-        return _json(self.broker.stats.subject(subject))
+        if grant is not None and not grant.sees(subject):
+            raise Denied(
+                code="forbidden",
+                message=f"token {grant.name!r} has no right on {subject!r}",
+                field="subject",
+            )
+        detail = self.broker.stats.subject(subject)
+        if grant is not None:
+            shown = [g for g in detail.groups if grant.sees(subject, g.group)]
+            detail = dataclasses.replace(detail, groups=shown)
+        return _json(detail)
 
     async def dead(self, request: Request) -> Response:
+        grant = self._grant(request)
         subject = self._path_name(request, "subject")
         group = self._path_name(request, "group")
-        self._authorize(request, "consume", subject, "subject")
-        limit = _int_param(request, "limit", default=100, low=1, high=1000)
-        after = _int_param(request, "after_seq", default=None, low=0, high=2**63 - 1)
+        self._require(grant, Right.MANAGE, subject, group=group, field="group")
+        limit = _int_param(
+            request, "limit", default=qmq_wire.DEFAULT_DEAD_PAGE, high=qmq_wire.MAX_DEAD_PAGE
+        )
+        after = _int_param(request, "after_seq", default=None, low=0, high=qmq_wire.MAX_SEQ)
         return _json(
             self.broker.delivery.dead_letters(
                 subject=subject, group=group, limit=limit, after_seq=after
@@ -225,10 +269,11 @@ class Api:
         )
 
     async def redrive(self, request: Request) -> Response:
+        grant = self._grant(request)
         subject = self._path_name(request, "subject")
         group = self._path_name(request, "group")
+        self._require(grant, Right.MANAGE, subject, group=group, field="group")
         parsed = await self._parse(request, RedriveRequest)
-        self._authorize(request, "consume", subject, "subject")
         if (parsed.seqs is None) == (parsed.all is not True):
             raise Invalid(
                 code="invalid_redrive",
@@ -241,9 +286,13 @@ class Api:
         return _json({"redriven": redriven})
 
     async def schedule(self, request: Request) -> Response:
-        if self.authorizer is not None:
-            self.authorizer.grant_for(request.headers.get("authorization"))
-        limit = _int_param(request, "limit", default=48, low=1, high=20000)
+        grant = self._grant(request)
+        if grant is not None and not grant.manages_all:
+            raise Denied(
+                code="forbidden",
+                message=f"token {grant.name!r} may not see the schedule: it needs manage on '*'",
+            )
+        limit = _int_param(request, "limit", default=48, high=MAX_SCHEDULE_HOURS)
         return _json(self.broker.stats.schedule(limit=limit))
 
     async def healthz(self, request: Request) -> Response:
@@ -258,17 +307,28 @@ class Api:
         )
 
     async def openapi(self, request: Request) -> Response:
-        return _json(openapi_document())
+        return _json(openapi_document(auth=self.authorizer is not None))
 
 
-def _int_param(request: Request, name: str, *, default: int | None, low: int, high: int) -> Any:
-    raw = request.query_params.get(name)
-    if raw is None:
+def _int_param(
+    request: Request, name: str, *, default: int | None, low: int = 1, high: int
+) -> Any:
+    """A query parameter of ASCII digits within ``[low, high]`` (``str.isdigit`` alone would
+    take ``²``); given twice, or with anything else, it is a 400 naming it."""
+    values = request.query_params.getlist(name)
+    if not values:
         return default
-    if not raw.isdigit() or not low <= int(raw) <= high:
+    raw = values[0]
+    if (
+        len(values) > 1
+        or not raw.isascii()
+        or not raw.isdigit()
+        or len(raw) > 19
+        or not low <= int(raw) <= high
+    ):
         raise Invalid(
             code=f"invalid_{name}",
-            message=f"{name} must be an integer in [{low}, {high}]",
+            message=f"{name} must be one integer in [{low}, {high}]",
             field=name,
         )
     return int(raw)
@@ -290,8 +350,13 @@ def _endpoint(api: Api, name: str, handler: Handler) -> Handler:
 
 
 def create_app(
-    broker: Broker, *, authorizer: Authorizer | None = None, lifespan: Any = None
+    broker: Broker,
+    *,
+    authorizer: Authorizer | None = None,
+    guard: GuardPolicy | None = None,
+    lifespan: Any = None,
 ) -> Starlette:
+    """The broker's HTTP app; ``guard`` defaults to a broker bound to 127.0.0.1."""
     api = Api(broker, authorizer=authorizer)
     routes = [
         ("/v1/messages", "produce", api.produce, ["POST"]),
@@ -315,6 +380,9 @@ def create_app(
         lifespan=lifespan,
         exception_handlers={404: _not_found, 405: _not_allowed, 500: _internal},
     )
+    app.add_middleware(
+        RequestGuard, policy=guard or GuardPolicy.for_bind("127.0.0.1", allow_origins=())
+    )
     return app
 
 
@@ -323,9 +391,13 @@ async def _not_found(request: Request, exc: Exception) -> Response:
 
 
 async def _not_allowed(request: Request, exc: Exception) -> Response:
-    return error_response(
+    response = error_response(
         Invalid(code="method_not_allowed", message=f"{request.method} is not allowed here")
     )
+    allow = getattr(exc, "headers", None) or {}
+    if "Allow" in allow:  # Starlette names the route's methods
+        response.headers["Allow"] = allow["Allow"]
+    return response
 
 
 async def _internal(request: Request, exc: Exception) -> Response:

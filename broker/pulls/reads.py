@@ -83,7 +83,13 @@ def _read_batch(reader: SegmentReader, batch: Batch, delay_s: float) -> Read:
         except CorruptRecord as exc:
             unreadable.append((seq, str(exc)))
             continue
-        out.append(pulled(record, attempt=attempt))
+        try:
+            out.append(pulled(record, attempt=attempt))
+        except (ValueError, OverflowError) as exc:
+            # Stored by an older broker that did not check what it accepted (a timestamp no
+            # answer can carry, a body that is not the UTF-8 it claims): dead-letter that one
+            # message; the rest of the batch is served.
+            unreadable.append((seq, f"record cannot be served: {exc}"))
     return out, unreadable
 
 

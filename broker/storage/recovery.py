@@ -128,6 +128,8 @@ def recover(
     _keep_checkpointed_seqs(entries, checkpoint.indexes, newest, rebuild)
     _keep_seqs_groups_saw(entries, groups, newest, problems, rewrite)
     _save_indexes(data_dir, entries, rewrite)
+    for subject, _ in groups:  # a subject its groups pulled from before anything was stored
+        entries.setdefault(subject, bytearray())
     subjects = SubjectTable.recovered(
         entries,
         oldest_segment=oldest,

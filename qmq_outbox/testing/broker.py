@@ -506,7 +506,7 @@ class InMemoryBroker:
     def _ack(self, doc: Any) -> Answer:
         owner = self._owner(check_ack(doc))
         unique = list(dict.fromkeys(doc["seqs"]))
-        known = [seq for seq in unique if owner.known(seq)]
+        known = [seq for seq in unique if owner.holds(seq, doc["consumer"])]
         owner.ack(known)
         return {"acked": len(known), "unknown": [seq for seq in unique if seq not in known]}
 
@@ -515,6 +515,7 @@ class InMemoryBroker:
         delay_ms = doc.get("delay_ms")
         retrying, dead = owner.nack(
             list(dict.fromkeys(doc["seqs"])),
+            consumer=doc["consumer"],
             now_us=self.now_us(),
             delay_us=delay_ms * 1000 if delay_ms is not None else None,
             error=doc.get("error"),

@@ -81,29 +81,32 @@ class Standing:
             self.leases[seq] = Held(consumer, attempt, deadline)
         return chosen
 
-    def known(self, seq: int) -> bool:
-        return seq in self.leases or seq in self.retries
+    def holds(self, seq: int, consumer: str) -> bool:
+        """Only the consumer holding a lease may ack or nack it."""
+        lease = self.leases.get(seq)
+        return lease is not None and lease.consumer == consumer
 
     def ack(self, seqs: list[int]) -> None:
         for seq in seqs:
-            if self.leases.pop(seq, None) is not None or self.retries.pop(seq, None) is not None:
+            if self.leases.pop(seq, None) is not None:
                 self.acked.add(seq)
 
     def nack(
         self,
         seqs: list[int],
         *,
+        consumer: str,
         now_us: int,
         delay_us: int | None,
         error: str | None,
         policy: RetryPolicy,
     ) -> tuple[int, int]:
-        """Retry or bury the leased ones among ``seqs``; returns (retrying, dead)."""
+        """Retry or bury the ones among ``seqs`` that ``consumer`` holds; (retrying, dead)."""
         retrying = dead = 0
         for seq in seqs:
-            lease = self.leases.pop(seq, None)
-            if lease is None:
+            if not self.holds(seq, consumer):
                 continue
+            lease = self.leases.pop(seq)
             if lease.attempt >= policy.max_attempts:
                 self.dead[seq] = Buried(lease.attempt, error, now_us)
                 dead += 1

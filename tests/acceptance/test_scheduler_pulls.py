@@ -18,6 +18,8 @@ from qmq_outbox.client import AsyncBrokerClient, BrokerClient
 from qmq_outbox.envelope import OutgoingMessage
 from tests.support.broker_process import BrokerProcess
 
+JSON = {"content-type": "application/json"}
+
 
 def msg(i: int | str, subject: str) -> OutgoingMessage:
     return OutgoingMessage(id=f"{subject}-{i}", subject=subject, body=b"x" * 100)
@@ -167,14 +169,14 @@ def test_a_full_mailbox_answers_429_with_retry_after(
     parked: list[httpx.Response] = []
 
     def long_poll(consumer: str) -> None:
-        with httpx.Client(base_url=broker.url, timeout=30) as http:
+        with httpx.Client(base_url=broker.url, timeout=30, headers=JSON) as http:
             parked.append(http.post("/v1/pull", content=pull_doc("orders", "g", consumer, 3000)))
 
     pollers = [threading.Thread(target=long_poll, args=(f"c{n}",)) for n in range(2)]
     for poller in pollers:
         poller.start()
     wait_for(lambda: metric(broker.url, "qmq_broker_actor_parked_requests") == 2)
-    with httpx.Client(base_url=broker.url, timeout=10) as http:
+    with httpx.Client(base_url=broker.url, timeout=10, headers=JSON) as http:
         rejected = http.post("/v1/pull", content=pull_doc("orders", "g", "c3"))
         other = http.post("/v1/pull", content=pull_doc("orders", "other", "c3"))
     assert rejected.status_code == 429
@@ -199,13 +201,13 @@ def test_a_pull_waiting_past_its_deadline_is_answered_503(
     first: list[httpx.Response] = []
 
     def slow_pull() -> None:
-        with httpx.Client(base_url=broker.url, timeout=30) as http:
+        with httpx.Client(base_url=broker.url, timeout=30, headers=JSON) as http:
             first.append(http.post("/v1/pull", content=pull_doc("orders", "slow", "c1")))
 
     holder = threading.Thread(target=slow_pull, name="slow-pull")
     holder.start()
     time.sleep(0.3)  # the first pull now holds the group's actor for 1.5 s
-    with httpx.Client(base_url=broker.url, timeout=30) as http:
+    with httpx.Client(base_url=broker.url, timeout=30, headers=JSON) as http:
         began = time.monotonic()
         late = http.post("/v1/pull", content=pull_doc("orders", "slow", "c2"))
         waited = time.monotonic() - began

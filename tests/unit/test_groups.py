@@ -46,7 +46,11 @@ def test_new_messages_are_leased_in_order_and_acked() -> None:
 def test_due_retries_come_before_new_messages() -> None:
     state = DeliveryState(0)
     lease(state, now=0, limit=2, end=10)
-    retry, dead = state.nack_outcomes([1], now_us=0, delay_us=None, policy=POLICY)
+    assert state.nack_outcomes([1], consumer="other", now_us=0, delay_us=None, policy=POLICY) == (
+        {},
+        [],
+    )  # only the lease holder may nack
+    retry, dead = state.nack_outcomes([1], consumer="c", now_us=0, delay_us=None, policy=POLICY)
     assert dead == []
     assert retry == {1_000_000: [1]}
     state.apply(rec(ActionType.RETRY, [1], due=1_000_000))

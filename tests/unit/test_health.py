@@ -13,7 +13,7 @@ from broker.server import build
 async def test_health_is_503_until_recovery_finishes(tmp_path: Path) -> None:
     broker, app = build(BrokerConfig(data_dir=tmp_path))
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://broker") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
         response = await client.get("/healthz")
         assert response.status_code == 503
         assert response.json() == {"status": "recovering"}
