@@ -134,7 +134,6 @@ ERROR_STATUS: Final[dict[str, int]] = {
     "unknown_field": 400,
     "delay_too_long": 400,
     "invalid_redrive": 400,
-    "invalid_timestamp": 400,
     # 401/403: auth, and requests a browser could send on a hostile page's behalf
     "unauthorized": 401,
     "forbidden": 403,

@@ -56,10 +56,10 @@ def _micros(value: datetime, field: str) -> int:
     """
     micros = (value - _EPOCH) // timedelta(microseconds=1)
     if not qmq_wire.MIN_TIME_US <= micros <= qmq_wire.MAX_TIME_US:
+        name = field.rpartition(".")[2]
         raise Invalid(
-            code="invalid_timestamp",
-            message=f"{field.rpartition('.')[2]} must lie between {qmq_wire.MIN_TIME} and "
-            f"{qmq_wire.MAX_TIME} in UTC",
+            code=f"invalid_{name}",
+            message=f"{name} must lie between {qmq_wire.MIN_TIME} and {qmq_wire.MAX_TIME} in UTC",
             field=field,
         )
     return micros

@@ -279,6 +279,9 @@ class InMemoryBroker:
                 continue
             if request.method != method:
                 raise Rejected(405, "method_not_allowed", f"{request.method} is not allowed here")
+            if method == "POST" and _media_type(request) != "application/json":
+                message = "a POST body must be sent as Content-Type: application/json"
+                raise Rejected(415, "unsupported_media_type", message, "Content-Type")
             doc = _read(request)
             self._received.append((name, None if isinstance(doc, _Unreadable) else doc))
             if not self.available:
@@ -633,6 +636,10 @@ class _Unreadable:
     """A POST body that is not JSON (answered 400 once the switches had their say)."""
 
     reason: str
+
+
+def _media_type(request: httpx.Request) -> str:
+    return request.headers.get("content-type", "").partition(";")[0].strip().lower()
 
 
 def _read(request: httpx.Request) -> Any:

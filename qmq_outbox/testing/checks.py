@@ -58,7 +58,8 @@ def _pattern(regex: re.Pattern[str]) -> Check:
 
 
 def _timestamp(value: Any, where: str) -> bool:
-    return parse_timestamp(value) is not None
+    parsed = parse_timestamp(value)
+    return parsed is not None and wire.MIN_TIME_US <= micros(parsed) <= wire.MAX_TIME_US
 
 
 def parse_timestamp(value: Any) -> datetime | None:
@@ -229,6 +230,6 @@ def int_param(
     raw = params.get(name)
     if raw is None:
         return default
-    if not raw.isdigit() or not low <= int(raw) <= high:
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 19 or not low <= int(raw) <= high:
         raise invalid(name, name, f"{name} must be an integer in [{low}, {high}]")
     return int(raw)

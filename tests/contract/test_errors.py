@@ -93,3 +93,48 @@ def test_routes_and_health(target: Target) -> None:
     assert error(target.http.get("/v1/nothing")) == (404, "not_found", None)
     assert error(target.http.get("/v1/messages")) == (405, "method_not_allowed", None)
     assert target.http.get("/healthz").json() == {"status": "ok"}
+
+
+def test_a_post_must_be_json(target: Target) -> None:
+    doc = b'{"messages": [{"id": "1", "subject": "s", "body": "x"}]}'
+    for content_type in ("text/plain", "application/x-www-form-urlencoded"):
+        answer = target.http.post(
+            "/v1/messages", content=doc, headers={"content-type": content_type}
+        )
+        assert error(answer) == (415, "unsupported_media_type", "Content-Type")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("created_at", "9999-12-31T23:59:59-23:59"),
+        ("created_at", "0001-01-01T00:00:00+23:59"),
+        ("deliver_at", "0001-01-01T00:00:00+00:01"),
+    ],
+)
+def test_timestamps_must_lie_in_the_served_range(target: Target, field: str, value: str) -> None:
+    doc = {"messages": [{"id": "1", "subject": target.subject(), "body": "x", field: value}]}
+    assert error(target.post("/v1/messages", doc)) == (
+        400,
+        f"invalid_{field}",
+        f"messages[0].{field}",
+    )
+
+
+def test_only_the_lease_holder_acks(target: Target) -> None:
+    subject = target.subject()
+    target.client.produce([OutgoingMessage(id="1", subject=subject, body=b"x")])
+    (message,) = target.client.pull(subject, "g", "holder")
+    base = {"subject": subject, "group": "g", "seqs": [message.seq]}
+    assert target.post("/v1/ack", {**base, "consumer": "other"}).json() == {
+        "acked": 0,
+        "unknown": [message.seq],
+    }
+    assert target.post("/v1/nack", {**base, "consumer": "other"}).json() == {
+        "retrying": 0,
+        "dead": 0,
+    }
+    assert target.post("/v1/ack", {**base, "consumer": "holder"}).json() == {
+        "acked": 1,
+        "unknown": [],
+    }
