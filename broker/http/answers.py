@@ -9,11 +9,16 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
+
+import qmq_wire as wire
 
 Timestamp = AwareDatetime  # RFC 3339 in UTC on the wire
 Count = Annotated[int, Field(ge=0)]
-Seq = Annotated[int, Field(ge=0)]
+Seq = Annotated[int, Field(ge=0, le=wire.MAX_SEQ)]
+Name = Annotated[str, StringConstraints(pattern=wire.NAME_PATTERN)]
+"""A subject or group: only names that follow the naming rules are ever stored."""
+MessageId = Annotated[str, StringConstraints(pattern=wire.MESSAGE_ID_PATTERN)]
 
 
 class _Answer(BaseModel):
@@ -21,8 +26,8 @@ class _Answer(BaseModel):
 
 
 class ProducedItem(_Answer):
-    id: str
-    subject: str
+    id: MessageId
+    subject: Name
     status: Literal["stored", "duplicate", "scheduled"]
     seq: Seq | None = Field(
         description=(
@@ -37,8 +42,8 @@ class ProduceResponse(_Answer):
 
 
 class DeliveredMessage(_Answer):
-    id: str
-    subject: str
+    id: MessageId
+    subject: Name
     seq: Seq
     attempt: Annotated[int, Field(ge=0)]
     key: str | None
@@ -65,7 +70,7 @@ class NackResponse(_Answer):
 
 
 class SubjectSummary(_Answer):
-    subject: str
+    subject: Name
     messages: Count
     bytes: Count
     first_seq: Seq
@@ -77,7 +82,7 @@ class SubjectsResponse(_Answer):
 
 
 class GroupSummary(_Answer):
-    group: str
+    group: Name
     mode: Literal["shared", "broadcast"]
     backlog: Count
     in_flight: Count
@@ -141,7 +146,9 @@ class ScheduleResponse(_Answer):
 
 
 class HealthResponse(_Answer):
-    status: str = Field(description='"ok" once recovery finished; the broker status with a 503')
+    status: Literal["ok", "recovering", "stopping", "failed"] = Field(
+        description='"ok" once recovery finished; the broker status with a 503'
+    )
 
 
 class ErrorDetail(_Answer):

@@ -23,7 +23,7 @@ from broker.engine import Broker
 from broker.errors import Denied, Invalid, NotFound, RequestError
 from broker.http.auth import Authorizer, Grant, Right
 from broker.http.errors import error_response, from_validation
-from broker.http.guard import GuardPolicy, RequestGuard
+from broker.http.guard import GuardPolicy, RequestGuard, content_type_error
 from broker.http.openapi import openapi_document
 from broker.http.schemas import (
     AckRequest,
@@ -78,6 +78,9 @@ class Api:
         self.authorizer = authorizer
 
     async def _body(self, request: Request) -> bytes:
+        refusal = content_type_error(request.headers.get("content-type"))
+        if refusal is not None:
+            raise refusal
         limit = self.broker.config.max_request_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -160,9 +163,7 @@ class Api:
             body_base64=envelope.body_encoding == "base64",
             producer=envelope.producer,
             created_at_us=(
-                _micros(envelope.created_at, f"{field}.created_at")
-                if envelope.created_at
-                else None
+                _micros(envelope.created_at, f"{field}.created_at") if envelope.created_at else None
             ),
             deliver_at_us=deliver_at_us,
         )
@@ -310,9 +311,7 @@ class Api:
         return _json(openapi_document(auth=self.authorizer is not None))
 
 
-def _int_param(
-    request: Request, name: str, *, default: int | None, low: int = 1, high: int
-) -> Any:
+def _int_param(request: Request, name: str, *, default: int | None, low: int = 1, high: int) -> Any:
     """A query parameter of ASCII digits within ``[low, high]`` (``str.isdigit`` alone would
     take ``²``); given twice, or with anything else, it is a 400 naming it."""
     values = request.query_params.getlist(name)

@@ -1,12 +1,13 @@
-"""Checks every request passes before any route sees it: Host, Origin and Content-Type.
+"""Checks every request passes before any route sees it: Host and Origin.
 
 A broker on a developer's machine runs without auth on 127.0.0.1. Any web page that machine
 opens could otherwise write to it: a ``text/plain`` POST needs no CORS preflight (CSRF), and
 a hostile name that resolves to 127.0.0.1 reaches it with a foreign ``Host`` (DNS
-rebinding). So: a POST must say ``Content-Type: application/json`` (415 otherwise, and no
-browser sends that cross-site without a preflight the broker never grants); a request that
-carries an ``Origin`` header is refused unless that origin is allowed (403); a ``Host``
-that is not allowed is refused (403).
+rebinding). So a request that carries an ``Origin`` header is refused unless that origin is
+allowed (403), and a ``Host`` that is not allowed is refused (403). The third rule, a POST
+body must be ``Content-Type: application/json`` (which no browser sends cross-site without
+a preflight the broker never grants), is ``content_type_error``, applied by the routes that
+take a body, so a POST to a GET route is still a 405.
 """
 
 from __future__ import annotations
@@ -99,12 +100,16 @@ class RequestGuard:
                 message=f"requests from origin {origin!r} are not allowed (--allow-origin)",
                 field="Origin",
             )
-        if scope["method"] == "POST":
-            media_type = headers.get("content-type", "").partition(";")[0].strip().lower()
-            if media_type != "application/json":
-                return Invalid(
-                    code="unsupported_media_type",
-                    message="a POST body must be sent as Content-Type: application/json",
-                    field="Content-Type",
-                )
         return None
+
+
+def content_type_error(content_type: str | None) -> RequestError | None:
+    """415 unless the body is declared ``application/json`` (parameters such as charset ok)."""
+    media_type = (content_type or "").partition(";")[0].strip().lower()
+    if media_type == "application/json":
+        return None
+    return Invalid(
+        code="unsupported_media_type",
+        message="a POST body must be sent as Content-Type: application/json",
+        field="Content-Type",
+    )

@@ -639,7 +639,8 @@ class _Unreadable:
 
 
 def _media_type(request: httpx.Request) -> str:
-    return request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    media_type: str = request.headers.get("content-type", "")
+    return media_type.partition(";")[0].strip().lower()
 
 
 def _read(request: httpx.Request) -> Any:

@@ -41,8 +41,9 @@ def test_answer_models_mirror_the_wire_shapes(shape: type[Any], model: type[Base
     )
 
 
-def test_every_schema_reference_of_the_openapi_document_resolves() -> None:
-    document = openapi_document()
+@pytest.mark.parametrize("auth", [False, True])
+def test_every_schema_reference_of_the_openapi_document_resolves(auth: bool) -> None:
+    document = openapi_document(auth=auth)
     schemas = document["components"]["schemas"]
     refs: list[str] = []
 
@@ -58,11 +59,15 @@ def test_every_schema_reference_of_the_openapi_document_resolves() -> None:
     collect(document)
     names = {ref.rsplit("/", 1)[1] for ref in refs}
     assert names <= set(schemas)
-    assert {"Error", "Envelope", "ProduceResponse", "DeadLettersResponse"} <= names
+    assert {"Error400", "ErrorResponse", "Envelope", "ProduceResponse", "DeadLettersResponse"} <= (
+        names
+    )
+    assert schemas["Error"] == {"$ref": "#/components/schemas/ErrorResponse"}
     assert schemas["Message"] == {"$ref": "#/components/schemas/DeliveredMessage"}
     for path in ("/v1/messages", "/v1/pull", "/v1/ack", "/v1/nack", "/v1/subjects"):
         operation = next(iter(document["paths"][path].values()))
-        assert set(operation["responses"]) == {"200", "default"}
+        assert "default" not in operation["responses"]  # every status is listed
+        assert {"200", "403", "503"} <= set(operation["responses"])
 
 
 def test_error_status_follows_the_code() -> None:
