@@ -9,6 +9,10 @@ Layout of a data directory (format 1)::
     schedule/<20 digits>.seg    delayed messages, one segment per hour of their due time
                                 (the number is the hour since the Unix epoch), whole messages
     dispatch/<20 digits>.seg    which records of the same-numbered schedule segment went out
+    schedule-days/<20 digits>.seg    delayed messages due after the current UTC day, one
+                                segment per UTC day (day since the epoch); moved into hours
+    schedule-32days/<20 digits>.seg  due further ahead still, one segment per 32 days
+                                (32-day span since the epoch); moved into days
     checkpoint.json             positions up to which index and group state are saved
     checkpoint.prev.json        the checkpoint before it (both carry a CRC)
 
@@ -56,6 +60,8 @@ class SegmentKind(IntEnum):
     ACTIONS = 2
     SCHEDULE = 3
     DISPATCH = 4
+    SCHEDULE_DAYS = 5
+    SCHEDULE_32DAYS = 6
 
 
 KIND_DIRS = {
@@ -63,6 +69,8 @@ KIND_DIRS = {
     SegmentKind.ACTIONS: "actions",
     SegmentKind.SCHEDULE: "schedule",
     SegmentKind.DISPATCH: "dispatch",
+    SegmentKind.SCHEDULE_DAYS: "schedule-days",
+    SegmentKind.SCHEDULE_32DAYS: "schedule-32days",
 }
 
 
@@ -543,9 +551,36 @@ RECORD_SCHEDULE = 2
 RECORD_DISPATCH = 3
 
 
+# Schedule buckets, finest first, with their width in hours. A bucket's segment number is
+# its index at that width since the Unix epoch (an hour's is the hour since the epoch).
+# Only hours are loaded into the timing wheel; the coarser buckets hold messages due far
+# ahead and are moved into finer ones before their time comes (``broker.delayed.tiers``),
+# so a sparse schedule costs a file per occupied day or 32 days rather than per hour.
+SCHEDULE_BUCKET_HOURS = {
+    SegmentKind.SCHEDULE: 1,
+    SegmentKind.SCHEDULE_DAYS: 24,
+    SegmentKind.SCHEDULE_32DAYS: 32 * 24,
+}
+SCHEDULE_KINDS = tuple(SCHEDULE_BUCKET_HOURS)
+COARSE_SCHEDULE_KINDS = SCHEDULE_KINDS[1:]
+
+
 def hour_bucket(deliver_at_us: int) -> int:
     """The schedule segment (hour since the Unix epoch) a due time belongs to."""
     return deliver_at_us // HOUR_US
+
+
+def bucket_width_us(kind: SegmentKind) -> int:
+    return SCHEDULE_BUCKET_HOURS[kind] * HOUR_US
+
+
+def schedule_bucket(kind: SegmentKind, deliver_at_us: int) -> int:
+    """The segment number of the ``kind`` bucket a due time belongs to."""
+    return deliver_at_us // bucket_width_us(kind)
+
+
+def bucket_start_us(kind: SegmentKind, bucket: int) -> int:
+    return bucket * bucket_width_us(kind)
 
 
 def schedule_key(subject: str, message_id: str) -> int:

@@ -25,6 +25,7 @@ from broker.format import (
     INDEX_MAGIC,
     INDEX_SUFFIX,
     KIND_DIRS,
+    SCHEDULE_KINDS,
     BadRegion,
     DispatchRecord,
     IndexEntry,
@@ -144,7 +145,7 @@ def _verify(data_dir: Path) -> Report:
         subjects |= seen
     findings += _beyond_the_log(messages, by_segment)
     findings += _unindexed_subjects(data_dir, subjects, {item.subject for item in indexed})
-    for kind in (SegmentKind.ACTIONS, SegmentKind.SCHEDULE, SegmentKind.DISPATCH):
+    for kind in (SegmentKind.ACTIONS, *SCHEDULE_KINDS, SegmentKind.DISPATCH):
         segments = list_segments(data_dir, kind)
         for index, path in enumerate(segments):
             findings += check_other_segment(path, kind, last=index == len(segments) - 1)
@@ -356,13 +357,16 @@ def _decodes(decode: Callable[[bytes], object]) -> Callable[[bytes], bool]:
 
 FRAME_CHECKS = {
     SegmentKind.ACTIONS: is_action_record,
-    SegmentKind.SCHEDULE: _decodes(ScheduleRecord.decode),
+    **dict.fromkeys(SCHEDULE_KINDS, _decodes(ScheduleRecord.decode)),
     SegmentKind.DISPATCH: _decodes(DispatchRecord.decode),
 }
 COSTS = {
     SegmentKind.ACTIONS: "the group changes in it are lost (acks in it lost: redelivery)",
-    SegmentKind.SCHEDULE: "the broker cuts the segment here at its next start: the delayed "
-    "messages from this offset on are lost",
+    **dict.fromkeys(
+        SCHEDULE_KINDS,
+        "the broker cuts the segment here at its next start: the delayed messages from this "
+        "offset on are lost",
+    ),
     SegmentKind.DISPATCH: "the broker cuts the segment here at its next start: the delayed "
     "messages it dispatched go out again (answered as duplicates within the dedup window)",
 }

@@ -8,7 +8,12 @@ and its offset is written to the hour's dispatch segment. After a crash the disp
 segment says what already went out; a dispatch whose record was lost is caught by the
 subject's id dedup and not stored twice.
 
+Messages due after the current UTC day wait in coarser buckets (a UTC day, 32 days) and are
+moved into finer ones before their time comes, so a sparse schedule costs a file per
+occupied day or 32 days, not per hour.
+
 Modules: ``idset`` (compact 64-bit hash set of scheduled ids), ``wheel`` (the timing
-wheel), ``scan`` (reading bucket segments), ``recovery`` (startup scan), ``scheduler``
-(orchestration and the supervised loop), ``metrics``.
+wheel), ``tiers`` (which bucket a message goes to, when a coarse one is moved), ``scan``
+(reading bucket segments), ``recovery`` (startup scan), ``service`` (orchestration and the
+supervised loop), ``metrics``.
 """

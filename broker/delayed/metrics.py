@@ -33,6 +33,11 @@ class ScheduleMetrics:
             "Dispatches after a restart that found the message already stored (not stored again)",
             registry=registry,
         )
+        self.moved = Counter(
+            "qmq_broker_schedule_moved_messages",
+            "Delayed messages moved from a day or 32-day bucket into a finer one",
+            registry=registry,
+        )
         self.lateness = Histogram(
             "qmq_broker_schedule_dispatch_lateness_seconds",
             "Stored time minus due time of dispatched messages",
@@ -61,7 +66,7 @@ class _ScheduleCollector(Collector):
         gauges = [
             ("pending_messages", "Delayed messages not yet due", doc["messages"]),
             ("pending_bytes", "Bytes of delayed messages not yet due", doc["bytes"]),
-            ("buckets", "Hour segments of the schedule log with pending messages", doc["hours"]),
+            ("buckets", "Hours with pending delayed messages", doc["hours"]),
             ("wheel_messages", "Delayed messages held in the in-memory wheel", doc["wheel"]),
             ("id_set_bytes", "Memory of the scheduled-id dedup set", doc["id_set_bytes"]),
             (

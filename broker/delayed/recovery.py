@@ -6,6 +6,11 @@ dispatch segment is pending: its key goes into the scheduled-id set and its size
 per-hour and per-subject counts. Dispatch segments without a schedule segment are left
 over from a cleanup cut short and are deleted. Nothing is loaded into the wheel here: the
 scheduler loads hours as they come near (and at once, those already due).
+
+Coarse buckets (days, 32 days) are scanned after the hours, finest first. Their records
+count under their due hour. A record whose (subject, id) key is already pending in a finer
+bucket was copied there by a move that a crash cut short before the coarse segment was
+deleted: it is not counted again, and its offset is noted so the move skips it.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from pathlib import Path
 from broker.delayed.idset import HashSet64
 from broker.delayed.scan import FrameWalk, mapped
 from broker.format import (
+    COARSE_SCHEDULE_KINDS,
     FRAME_SIZE,
     HEADER_SIZE,
     HOUR_US,
@@ -26,9 +32,11 @@ from broker.format import (
     DispatchRecord,
     ScheduleRecord,
     SegmentKind,
+    hour_bucket,
     is_dispatch_record,
     is_schedule_record,
     list_segments,
+    schedule_bucket,
     segment_number,
 )
 from broker.storage.buckets import BucketKey
@@ -59,6 +67,8 @@ class ScheduleRecovered:
     ids: HashSet64
     ends: dict[BucketKey, int]
     problems: list[str]
+    # coarse buckets on disk -> offsets of their records already moved into finer buckets
+    coarse: dict[BucketKey, set[int]] = dataclasses.field(default_factory=dict)
     seconds: float = 0.0
 
 
@@ -88,6 +98,14 @@ def recover_schedule(data_dir: Path) -> ScheduleRecovered:
         if end is not None:
             ends[(SegmentKind.SCHEDULE, number)] = end
     recovered.ids.add_many(keys)
+    for kind in COARSE_SCHEDULE_KINDS:  # finest first: a moved copy is found before its source
+        keys = array("Q")
+        for path in list_segments(data_dir, kind):
+            number = segment_number(path)
+            end = _scan_coarse(path, kind, number, recovered, keys)
+            if end is not None:
+                ends[(kind, number)] = end
+        recovered.ids.add_many(keys)
     recovered.seconds = time.perf_counter() - began
     for problem in problems:
         logger.warning(problem, extra={"action": "broker.schedule_recovery_problem"})
@@ -136,6 +154,39 @@ def _scan_schedule(
             per_subject[1] += size
     _cut(path, walk, into.problems)
     return walk.valid_end
+
+
+def _scan_coarse(
+    path: Path, kind: SegmentKind, bucket: int, into: ScheduleRecovered, keys: array[int]
+) -> int | None:
+    """Count a coarse segment's records not yet moved (its torn tail cut); its valid end."""
+    if _too_short(path, problems=into.problems):
+        return None
+    moved = into.coarse.setdefault((kind, bucket), set())
+    name = str(path)
+    with mapped(path, kind) as buf:
+        walk = FrameWalk(buf, check=is_schedule_record)
+        for offset, body, length in walk:
+            deliver, key = ScheduleRecord.peek(buf, body, path=name, offset=offset)
+            if key in into.ids:
+                moved.add(offset)
+                continue
+            if schedule_bucket(kind, deliver) != bucket:
+                into.problems.append(f"{path} at {offset}: due time outside the bucket; kept")
+            subject = ScheduleRecord.peek_subject(buf, body, path=name, offset=offset)
+            _count(into, hour_bucket(deliver), subject, deliver, FRAME_SIZE + length)
+            keys.append(key)
+    _cut(path, walk, into.problems)
+    return walk.valid_end
+
+
+def _count(into: ScheduleRecovered, hour: int, subject: str, deliver: int, size: int) -> None:
+    into.buckets.setdefault(hour, BucketCounts()).add(deliver, size)
+    per_subject = into.subjects.get(subject)
+    if per_subject is None:
+        per_subject = into.subjects[subject] = [0, 0]
+    per_subject[0] += 1
+    per_subject[1] += size
 
 
 def _too_short(path: Path, problems: list[str]) -> bool:

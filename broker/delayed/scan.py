@@ -132,3 +132,31 @@ def pending_entries(data_dir: Path, bucket: int, *, end: int, dispatched: set[in
             deliver, _ = ScheduleRecord.peek(buf, body, path=str(path), offset=offset)
             out.extend((deliver, offset, FRAME_SIZE + length))
     return out
+
+
+def read_payloads(
+    data_dir: Path,
+    kind: SegmentKind,
+    bucket: int,
+    *,
+    start: int,
+    end: int,
+    skip: set[int],
+    max_bytes: int,
+) -> tuple[list[bytes], int]:
+    """Payloads of a coarse bucket's schedule records from ``start`` (those at offsets in
+    ``skip`` left out), about ``max_bytes`` of them, and where the next chunk starts
+    (``end`` once the segment is read)."""
+    path = segment_path(data_dir, kind, bucket)
+    out: list[bytes] = []
+    if not path.exists():
+        return out, end
+    size = 0
+    with mapped(path, kind) as buf:
+        for offset, body, length in FrameWalk(buf, start=start, end=end, check=is_schedule_record):
+            if offset not in skip:
+                out.append(bytes(buf[body : body + length]))
+                size += length
+            if size >= max_bytes:
+                return out, offset + FRAME_SIZE + length
+    return out, end

@@ -2,8 +2,14 @@
 
 Event-loop side, except file reads (worker threads). One supervised loop (``run``, named
 ``qmq-schedule-wheel`` by the broker) sleeps until the wheel's next due time or one tick,
-then ``step``\\ s: load the hours that come within ``load_ahead``, hand due entries to the
-broker's produce path, record them in the dispatch log, and delete hours that are done.
+then ``step``\\ s: move coarse buckets whose time came into finer ones (``tiers``), load
+the hours that come within ``load_ahead``, hand due entries to the broker's produce path,
+record them in the dispatch log, and delete hours that are done.
+
+Counts are kept per due hour wherever a record lies (an hour, a day or a 32-day bucket),
+so stats and the next due time do not depend on the tiering. A move copies records into
+finer buckets; the coarse segment is deleted only once every copy is on disk, and a copy
+found beside its source after a crash is counted once (``recovery``).
 
 Exactly-once across restarts: a dispatch is recorded only after the dispatched messages
 are durable, so the dispatch log never lists a message that is not stored. A crash
@@ -30,21 +36,25 @@ from typing import Any
 from broker.clock import Clock
 from broker.delayed.metrics import ScheduleMetrics
 from broker.delayed.recovery import BucketCounts, ScheduleRecovered
-from broker.delayed.scan import dispatched_offsets, pending_entries
+from broker.delayed.scan import dispatched_offsets, pending_entries, read_payloads
+from broker.delayed.tiers import Tiers
 from broker.delayed.wheel import DEFAULT_TICK_US, TimingWheel, WheelEntry
 from broker.errors import CorruptRecord, StorageError, Unavailable
 from broker.format import (
+    HEADER_SIZE,
     HOUR_US,
     DispatchRecord,
     MessageRecord,
     ScheduleRecord,
     SegmentKind,
+    bucket_start_us,
     hour_bucket,
     schedule_key,
 )
 from broker.messages import IncomingMessage, rfc3339
+from broker.storage.buckets import BucketKey
 from broker.storage.journal import Journal
-from broker.storage.segments import SegmentReader
+from broker.storage.segments import Position, SegmentReader
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +66,7 @@ UNREADABLE = -2  # seq recorded for a schedule record that could not be read bac
 DEFAULT_CHUNK = 1000
 DEFAULT_WHEEL_CAP = 200_000
 MAX_INFLIGHT = 4  # dispatch chunks waiting for their group commit at once
+MOVE_CHUNK_BYTES = 4 * 1024 * 1024  # records of a coarse bucket moved per step
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,6 +102,15 @@ class ScheduleStats:
     last_dispatch: LastDispatch | None
     hours: list[ScheduledHour]
     more_hours: bool
+
+
+@dataclasses.dataclass(slots=True)
+class _Coarse:
+    """A coarse bucket on disk, and how far its move has got."""
+
+    skip: set[int]  # offsets of records already moved (by a move a crash cut short)
+    cursor: int = HEADER_SIZE
+    end: int | None = None  # where its records end; set when its move begins
 
 
 @dataclasses.dataclass(slots=True)
@@ -135,6 +155,11 @@ class DelayedMessages:
         self._pending = sum(c.pending for c in recovered.buckets.values())
         self._bytes = sum(c.bytes for c in recovered.buckets.values())
         self._reader = SegmentReader(data_dir, SegmentKind.SCHEDULE)
+        self._tiers = Tiers(load_ahead_us=load_ahead_us)
+        self._coarse = {key: _Coarse(skip) for key, skip in recovered.coarse.items()}
+        self._to_move = [(self._tiers.move_at_us(*key), *key) for key in self._coarse]
+        heapq.heapify(self._to_move)
+        self._moving_through: dict[SegmentKind, int] = {}
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self.dispatched = 0
@@ -150,9 +175,8 @@ class DelayedMessages:
         return schedule_key(subject, message_id) in self._ids
 
     def accept(self, message: IncomingMessage, *, now_us: int) -> None:
-        """Append a delayed message to its hour's schedule segment (durable with the batch)."""
+        """Append a delayed message to its schedule bucket (durable with the batch)."""
         due = message.deliver_at_us
-        bucket = hour_bucket(due)
         record = ScheduleRecord(
             message=MessageRecord(
                 seq=0,
@@ -171,9 +195,8 @@ class DelayedMessages:
             ),
             key=schedule_key(message.subject, message.id),
         )
-        position = self._journal.append_bucket(SegmentKind.SCHEDULE, bucket, record.encode())
-        hour = self._hour(bucket)
-        hour.counts.add(due, position.length)
+        position = self._append(record.encode(), due, now_us=now_us)
+        self._hour(hour_bucket(due)).counts.add(due, position.length)
         self._pending += 1
         self._bytes += position.length
         self._ids.add(record.key)
@@ -181,6 +204,18 @@ class DelayedMessages:
         per_subject[0] += 1
         per_subject[1] += position.length
         self.metrics.scheduled.inc()
+
+    def _append(self, payload: bytes, due: int, *, now_us: int) -> Position:
+        """Append a schedule record to the bucket it belongs in now; an hour's record goes
+        to the wheel once durable if its hour is loaded."""
+        kind, bucket = self._tiers.place(due, now_us=now_us, moving_through=self._moving_through)
+        position = self._journal.append_bucket(kind, bucket, payload)
+        if kind is not SegmentKind.SCHEDULE:
+            if (kind, bucket) not in self._coarse:
+                self._coarse[(kind, bucket)] = _Coarse(set())
+                heapq.heappush(self._to_move, (self._tiers.move_at_us(kind, bucket), kind, bucket))
+            return position
+        hour = self._hour(bucket)
         if hour.live_from is not None and position.offset >= hour.live_from:
             entry = WheelEntry(due, position.offset, position.length)
             self._journal.commit_point().add_done_callback(
@@ -188,6 +223,7 @@ class DelayedMessages:
             )
         elif bucket * HOUR_US <= now_us + self._load_ahead_us:
             self._wake.set()  # an hour that should be in the wheel already: load it now
+        return position
 
     def _hour(self, bucket: int) -> _Hour:
         hour = self._hours.get(bucket)
@@ -228,6 +264,7 @@ class DelayedMessages:
         """Load what came near, dispatch everything due, delete finished hours."""
         async with self._lock:
             now = self._clock.wall_us()
+            await self._move_near(now)
             await self._load_near(now)
             await self._dispatch_due(now)
             await self._clean(self._clock.wall_us())
@@ -253,13 +290,68 @@ class DelayedMessages:
         if failed:
             raise failed[0]
 
+    # --- moving coarse buckets -----------------------------------------------------------
+
+    async def _move_near(self, now_us: int) -> None:
+        """Move the coarse buckets whose time came into finer ones, a chunk per step (due
+        dispatches are not held up); the loop runs again at once while a move is unfinished."""
+        while self._to_move and self._to_move[0][0] <= now_us:
+            _, kind, bucket = self._to_move[0]
+            if not await self._move_chunk((kind, bucket), now_us):
+                self._wake.set()
+                return
+            heapq.heappop(self._to_move)
+
+    async def _move_chunk(self, key: BucketKey, now_us: int) -> bool:
+        """Copy the next chunk of a coarse bucket into finer buckets; True once it is gone."""
+        kind, bucket = key
+        coarse = self._coarse[key]
+        if coarse.end is None:
+            self._moving_through[kind] = max(self._moving_through.get(kind, -1), bucket)
+            coarse.end = self._journal.buckets.end(kind, bucket)
+            await self._journal.commit_point()  # everything before `end` is written
+        payloads, coarse.cursor = await asyncio.to_thread(
+            read_payloads,
+            self._data_dir,
+            kind,
+            bucket,
+            start=coarse.cursor,
+            end=coarse.end,
+            skip=coarse.skip,
+            max_bytes=MOVE_CHUNK_BYTES,
+        )
+        for payload in payloads:
+            due, _ = ScheduleRecord.peek(payload, path=f"{kind.name}/{bucket}")
+            self._append(payload, due, now_us=now_us)
+        self.metrics.moved.inc(len(payloads))
+        if coarse.cursor < coarse.end:
+            await self._journal.commit_point()  # one chunk in memory at a time
+            return False
+        # the copies reach the disk before their source goes
+        await self._journal.run_after_flush(self._journal.fsync_logs)
+        await self._journal.remove_buckets([key])
+        del self._coarse[key]
+        logger.info(
+            "schedule bucket moved",
+            extra={
+                "action": "broker.schedule_moved",
+                "bucket": kind.name.lower(),
+                "start": rfc3339(bucket_start_us(kind, bucket)),
+            },
+        )
+        return True
+
     # --- loading hours --------------------------------------------------------------------
 
     async def _load_near(self, now_us: int) -> None:
+        # an hour a coarse bucket may still hold records of waits for its move (due order)
+        unmoved = min((bucket_start_us(*key) for key in self._coarse), default=None)
         while self._unloaded:
             bucket = self._unloaded[0]
             start = bucket * HOUR_US
             if start > now_us + self._load_ahead_us:
+                return
+            if unmoved is not None and start >= unmoved:
                 return
             if start + HOUR_US <= now_us and len(self._wheel) >= self._wheel_cap:
                 return  # a backlog of past hours: load the next once the wheel drained
