@@ -136,6 +136,7 @@ def test_a_stored_message_no_answer_can_carry_is_dead_lettered_and_the_rest_serv
         (letter,) = dead.json()["dead"]
         assert (letter["seq"], letter["message"]) == (0, None)
         assert letter["error"] == "unreadable record"  # the broker log says why
+    assert proc.terminate() == 0
     proc.restart()
     with httpx.Client(base_url=proc.url, timeout=10) as http:
         assert http.get("/v1/subjects/pz/groups/g/dead").status_code == 200

@@ -80,6 +80,9 @@ class BrokerProcess:
         return self.proc.wait(timeout)
 
     def restart(self) -> BrokerProcess:
+        """Start again after ``kill9`` or ``terminate`` (a live one would keep the port)."""
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError("the broker is still running: kill9() or terminate() it first")
         return self.start()
 
     def stop(self) -> None:
