@@ -16,6 +16,7 @@ from broker import logs
 from broker.config import BrokerConfig, FsyncPolicy
 from broker.errors import ConfigError, QmqBrokerError
 from broker.http.auth import Authorizer
+from broker.http.guard import GuardPolicy
 from broker.repair import repair as repair_derived
 from broker.server import serve
 from broker.verify import NotADataDir, Report
@@ -40,7 +41,23 @@ class BrokerListener:
     host: str = option_field("127.0.0.1", "Address to listen on.", "text")
     port: int = option_field(8931, "Port to listen on.", "count", min=1, max=65535)
     auth_file: Path | None = option_field(
-        None, "JSON file of bearer tokens with produce/consume rights; no auth when absent.", "file"
+        None,
+        "JSON file of bearer tokens with produce, consume and manage rights; no auth when absent.",
+        "file",
+    )
+    allow_host: tuple[str, ...] = option_field(
+        (),
+        "A Host header value served besides localhost and the bound address ('*': any); "
+        "repeat for more.",
+        "text",
+        multiple=True,
+    )
+    allow_origin: tuple[str, ...] = option_field(
+        (),
+        "A browser Origin allowed to call the broker, e.g. https://console.example.com "
+        "('*': any); requests with any other Origin header are refused. Repeat for more.",
+        "text",
+        multiple=True,
     )
     log_level: str = option_field(
         "INFO",
@@ -122,9 +139,13 @@ def broker(ctx: click.Context, /, **values: Any) -> None:
     try:
         authorizer = Authorizer.from_file(listen.auth_file) if listen.auth_file else None
     except QmqBrokerError as exc:
-        raise click.BadParameter(str(exc), param_hint="--auth-file") from exc
+        click.echo(f"qmq broker: --auth-file: {exc}", err=True)
+        ctx.exit(2)
+    guard = GuardPolicy.for_bind(
+        listen.host, allow_hosts=listen.allow_host, allow_origins=listen.allow_origin
+    )
     logs.configure(listen.log_level)
-    serve(config, host=listen.host, port=listen.port, authorizer=authorizer)
+    serve(config, host=listen.host, port=listen.port, authorizer=authorizer, guard=guard)
 
 
 @broker.command()

@@ -131,6 +131,27 @@ class BrokerConfig:
     shutdown_timeout_s: float = _option(
         30.0, "On SIGTERM, how long in-flight requests may still take.", "duration"
     )
+    # connections (docs/broker.md, Limits)
+    header_timeout_s: float = _option(
+        10.0,
+        "A connection must send a complete request head within this long of connecting or "
+        "of its previous response, else it is closed.",
+        "duration",
+    )
+    idle_timeout_s: float = _option(
+        5.0,
+        "A kept-alive connection that sends nothing for this long after a response is "
+        "closed (useful up to --header-timeout).",
+        "duration",
+    )
+    max_connections: int = _option(
+        10_000,
+        "Open connections at most; more are answered 503 too_many_connections and closed "
+        "(lowered to what the open-file limit allows).",
+        "count",
+        min=1,
+        max=10**7,
+    )
     # delayed messages (docs/delayed-messages.md)
     max_delay_s: float = _option(
         DEFAULT_MAX_DELAY_S,
@@ -167,7 +188,15 @@ class BrokerConfig:
     )
     mailbox_size: int = _option(
         10_000,
-        "Pending pulls per subject+group before 429 mailbox_full.",
+        "Pending pulls (queued or parked) per subject+group before 429 mailbox_full.",
+        "count",
+        min=1,
+        max=10**7,
+    )
+    max_pending_pulls: int = _option(
+        8_000,
+        "Pending pulls (queued or parked) of all groups together before 429 "
+        "too_many_pulls; keep it below --max-connections so produce and ack get in.",
         "count",
         min=1,
         max=10**7,

@@ -174,6 +174,7 @@ class Broker:
             workers=config.workers,
             time_slice_s=config.time_slice_s,
             mailbox_size=config.mailbox_size,
+            max_pending=config.max_pending_pulls,
             deadline_grace_s=config.pull_grace_s,
             metrics=self._actor_metrics,
         )

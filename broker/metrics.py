@@ -73,6 +73,21 @@ class BrokerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.connections_open = Gauge(
+            "qmq_broker_connections_open", "Client connections open now", registry=r
+        )
+        self.connections_refused = Counter(
+            "qmq_broker_connections_refused",
+            "Connections answered 503 too_many_connections and closed: --max-connections open",
+            registry=r,
+        )
+        self.connections_timed_out = Counter(
+            "qmq_broker_connections_timed_out",
+            "Connections the broker closed: 'header' (no complete request head within "
+            "--header-timeout) or 'idle' (nothing sent for --idle-timeout after a response)",
+            ["reason"],
+            registry=r,
+        )
 
     def watch_groups(self, stats: GroupStatsSource) -> None:
         """Expose backlog, in-flight, retrying and dead counts per group at scrape time."""

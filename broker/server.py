@@ -3,7 +3,8 @@
 On SIGTERM or SIGINT the broker stops taking new requests (503), wakes long polls so they
 answer at once, lets in-flight requests finish, writes a checkpoint and exits 0. A recovery
 that fails stops the server too: the process exits 1 with one line on stderr, instead of
-listening while it cannot serve.
+listening while it cannot serve. uvicorn speaks HTTP through ``broker.http.connections``,
+which bounds connections: a cap, a header-read timeout and an idle timeout.
 """
 
 from __future__ import annotations
@@ -20,8 +21,17 @@ from starlette.applications import Starlette
 
 from broker.config import BrokerConfig
 from broker.engine import Broker
+from broker.errors import ConfigError
 from broker.http.app import create_app
 from broker.http.auth import Authorizer
+from broker.http.connections import (
+    ConnectionLimits,
+    ConnectionTracker,
+    fit_to_open_files,
+    protocol_class,
+)
+from broker.http.guard import GuardPolicy
+from broker.memory import AfterBurst, malloc_trim
 from broker.metrics import BrokerMetrics
 
 logger = logging.getLogger(__name__)
@@ -31,6 +41,7 @@ def build(
     config: BrokerConfig,
     *,
     authorizer: Authorizer | None = None,
+    guard: GuardPolicy | None = None,
     on_start_failure: Callable[[BaseException], None] | None = None,
 ) -> tuple[Broker, Starlette]:
     """The broker and its app; ``on_start_failure`` hears of a recovery that failed."""
@@ -62,7 +73,7 @@ def build(
             elif starting.exception() is None:
                 await broker.close()
 
-    return broker, create_app(broker, authorizer=authorizer, lifespan=lifespan)
+    return broker, create_app(broker, authorizer=authorizer, guard=guard, lifespan=lifespan)
 
 
 class _Server(uvicorn.Server):
@@ -87,7 +98,12 @@ class _Server(uvicorn.Server):
 
 
 def serve(
-    config: BrokerConfig, *, host: str, port: int, authorizer: Authorizer | None = None
+    config: BrokerConfig,
+    *,
+    host: str,
+    port: int,
+    authorizer: Authorizer | None = None,
+    guard: GuardPolicy | None = None,
 ) -> None:
     failures: list[BaseException] = []
 
@@ -96,13 +112,18 @@ def serve(
         failures.append(failure)
         server.should_exit = True
 
-    broker, app = build(config, authorizer=authorizer, on_start_failure=stop_serving)
+    broker, app = build(
+        config,
+        authorizer=authorizer,
+        guard=guard or GuardPolicy.for_bind(host, allow_origins=()),
+        on_start_failure=stop_serving,
+    )
     server_config = uvicorn.Config(
         app,
         host=host,
         port=port,
         loop="uvloop",
-        http="httptools",
+        http=protocol_class(_connections(config, broker.metrics)),
         access_log=False,
         log_config=None,
         timeout_graceful_shutdown=int(config.shutdown_timeout_s),
@@ -130,3 +151,20 @@ def serve(
         raise SystemExit(1)
     if broker.status == "failed":
         raise SystemExit(1)
+
+
+def _connections(config: BrokerConfig, metrics: BrokerMetrics) -> ConnectionTracker:
+    """The connection limits of ``config``; a bad one stops the broker (exit 2)."""
+    try:
+        limits = ConnectionLimits(
+            header_timeout_s=config.header_timeout_s,
+            idle_timeout_s=config.idle_timeout_s,
+            max_connections=fit_to_open_files(config.max_connections),
+            cancel_on_disconnect=frozenset({"/v1/pull"}),  # a long poll nobody awaits
+        )
+    except ConfigError as exc:
+        print(f"qmq broker: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+    trim = malloc_trim()  # a burst of connections ended: give its memory back
+    on_count = AfterBurst(trim).level if trim is not None else None
+    return ConnectionTracker(limits, metrics=metrics, on_count=on_count)

@@ -6,8 +6,8 @@ threading model is described in ``scheduler``.
 """
 
 from broker.clock import Clock, ManualClock, SystemClock
-from broker.pulls.actor import PullActor
-from broker.pulls.errors import DeadlineExceeded, MailboxFull, ShuttingDown
+from broker.pulls.actor import PullActor, PullCounts
+from broker.pulls.errors import DeadlineExceeded, MailboxFull, ShuttingDown, TooManyPulls
 from broker.pulls.metrics import ActorMetrics
 from broker.pulls.request import Processor, PullOutcome, QueuedPull
 from broker.pulls.scheduler import SCHEDULERS, FairScheduler, FifoScheduler, PullScheduler
@@ -23,9 +23,11 @@ __all__ = [
     "ManualClock",
     "Processor",
     "PullActor",
+    "PullCounts",
     "PullOutcome",
     "PullScheduler",
     "QueuedPull",
     "ShuttingDown",
     "SystemClock",
+    "TooManyPulls",
 ]

@@ -9,11 +9,13 @@ message does not stampede a thousand waiters), its own wait running out
 parked requests and nothing else to do is *suspended*.
 
 The actor holds no scheduling policy: the scheduler decides when it runs, and for how long.
-Everything here runs on the event loop.
+Every actor of a scheduler also keeps one shared ``PullCounts`` up to date, which is what
+the broker-wide cap on pending pulls reads. Everything here runs on the event loop.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 from collections import deque
@@ -29,16 +31,34 @@ if TYPE_CHECKING:
 _ORDER = itertools.count()
 
 
+@dataclasses.dataclass(slots=True)
+class PullCounts:
+    """Pulls not answered yet, summed over the actors that share this record.
+
+    ``pending``: queued, running or parked; ``parked``: the long polls among them.
+    """
+
+    pending: int = 0
+    parked: int = 0
+
+
 class PullActor:
     """Mailbox, parked long polls and accounting of one (subject, group)."""
 
     def __init__(
-        self, subject: str, group: str, *, capacity: int, series: ActorSeries | None = None
+        self,
+        subject: str,
+        group: str,
+        *,
+        capacity: int,
+        series: ActorSeries | None = None,
+        totals: PullCounts | None = None,
     ) -> None:
         self.subject = subject
         self.group = group
         self.capacity = capacity
         self.series = series
+        self.totals = totals if totals is not None else PullCounts()
         self.mailbox: deque[QueuedPull] = deque()
         self.pending = 0  # requests not answered yet: queued, running or parked
         self.parked_count = 0
@@ -81,6 +101,7 @@ class PullActor:
         request.queued_at = now
         self.mailbox.append(request)
         self.pending += 1
+        self.totals.pending += 1
         return True
 
     def take(self) -> QueuedPull | None:
@@ -98,10 +119,13 @@ class PullActor:
         """Forget an answered, failed or cancelled request (idempotent)."""
         if request.status is PullStatus.DONE:
             return
-        if request.status is PullStatus.PARKED:
-            self.parked_count -= 1
+        was_parked = request.status is PullStatus.PARKED
         request.status = PullStatus.DONE
         self.pending -= 1
+        self.totals.pending -= 1
+        if was_parked:
+            self._unpark_one()
+            self._forget_answered()
 
     # --- parking and waking ---------------------------------------------------------------
 
@@ -122,6 +146,7 @@ class PullActor:
             parked.append(request)
         request.status = PullStatus.PARKED
         self.parked_count += 1
+        self.totals.parked += 1
         heap = self._timeouts
         if len(heap) > 64 and len(heap) > 4 * self.parked_count:
             heap[:] = [entry for entry in heap if entry[2].status is PullStatus.PARKED]
@@ -135,14 +160,18 @@ class PullActor:
     def promote(self, key: str) -> bool:
         """Move the oldest parked request of a key to the front of the mailbox."""
         parked = self._parked.get(key)
-        while parked:
+        found = False
+        while parked and not found:
             request = parked.popleft()
             if request.status is PullStatus.PARKED:
-                self.parked_count -= 1
+                self._unpark_one()
                 request.status = PullStatus.QUEUED
                 self.mailbox.appendleft(request)
-                return True
-        return False
+                found = True
+        if parked is not None and not parked:
+            self._parked.pop(key, None)  # one key per broadcast consumer: don't keep them all
+        self._forget_answered()
+        return found
 
     def wake_data(self, now: float) -> int:
         """New data may be there: retry the oldest parked request of every key."""
@@ -162,12 +191,13 @@ class PullActor:
         while heap and heap[0][0] <= now:
             request = heapq.heappop(heap)[2]
             if request.status is PullStatus.PARKED:
-                self.parked_count -= 1
+                self._unpark_one()
                 request.status = PullStatus.QUEUED
                 request.timed_out = True
                 request.queued_at = now
                 self.mailbox.appendleft(request)
                 moved += 1
+        self._forget_answered()
         return moved
 
     def flush(self, now: float) -> int:
@@ -176,14 +206,29 @@ class PullActor:
         for parked in self._parked.values():
             for request in reversed(parked):
                 if request.status is PullStatus.PARKED:
-                    self.parked_count -= 1
+                    self._unpark_one()
                     request.status = PullStatus.QUEUED
                     request.timed_out = True
                     request.queued_at = now
                     self.mailbox.appendleft(request)
                     moved += 1
             parked.clear()
+        self._forget_answered()
         return moved
+
+    def _unpark_one(self) -> None:
+        self.parked_count -= 1
+        self.totals.parked -= 1
+
+    def _forget_answered(self) -> None:
+        """With nothing parked, the park queues hold only answered requests: drop them.
+
+        They are otherwise dropped lazily at the next park; doing it when the last long
+        poll leaves gives the memory of a burst back when the burst ends.
+        """
+        if not self.parked_count and (self._parked or self._timeouts):
+            self._parked.clear()
+            self._timeouts.clear()
 
     def next_timer_at(self) -> float | None:
         """When a parked request times out or the group has something due, if anything."""

@@ -17,6 +17,17 @@ class MailboxFull(Overloaded):
         )
 
 
+class TooManyPulls(Overloaded):
+    """The broker already has as many pulls pending, all groups together, as it takes."""
+
+    def __init__(self, *, limit: int, retry_after_s: int = 1) -> None:
+        super().__init__(
+            code="too_many_pulls",
+            message=f"the broker has {limit} pulls pending (--max-pending-pulls); retry later",
+            retry_after_s=retry_after_s,
+        )
+
+
 class DeadlineExceeded(Unavailable):
     """The pull waited for a worker past its deadline; answered, never dropped."""
 

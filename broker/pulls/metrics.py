@@ -2,7 +2,8 @@
 
 Counters and the queue-wait histogram are updated as things happen (each actor keeps its
 label children, so an update is one call); mailbox depth, parked requests and virtual
-runtime are read at scrape time.
+runtime are read at scrape time. Broker-wide totals (pending and parked pulls, pulls refused
+by the broker-wide cap) have no labels.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -18,6 +19,8 @@ _WAIT_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.
 
 # (subject, group, queued, parked, vruntime seconds)
 ActorGauges = Callable[[], Iterable[tuple[str, str, int, int, float]]]
+# (pending, parked) over all actors
+PullTotals = Callable[[], tuple[int, int]]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -70,6 +73,21 @@ class ActorMetrics:
             labels,
             registry=r,
         )
+        self.pulls_refused = Counter(
+            "qmq_broker_pulls_refused",
+            "Pulls answered 429 too_many_pulls: the broker had --max-pending-pulls pending",
+            registry=r,
+        )
+        self._pending = Gauge(
+            "qmq_broker_pulls_pending",
+            "Pulls not answered yet, all groups: queued, being served or parked",
+            registry=r,
+        )
+        self._parked = Gauge(
+            "qmq_broker_pulls_parked",
+            "Long polls parked until data or their timeout, all groups",
+            registry=r,
+        )
         self._registry = registry
 
     def series(self, subject: str, group: str) -> ActorSeries:
@@ -85,6 +103,11 @@ class ActorMetrics:
     def watch(self, gauges: ActorGauges) -> None:
         """Expose mailbox depth, parked requests and virtual runtime at scrape time."""
         self._registry.register(_ActorCollector(gauges))
+
+    def watch_totals(self, totals: PullTotals) -> None:
+        """Expose the broker-wide pending and parked pulls at scrape time."""
+        self._pending.set_function(lambda: totals()[0])
+        self._parked.set_function(lambda: totals()[1])
 
 
 class _ActorCollector(Collector):

@@ -39,8 +39,8 @@ from typing import Any
 
 from broker.clock import Clock
 from broker.errors import RequestError
-from broker.pulls.actor import PullActor
-from broker.pulls.errors import DeadlineExceeded, MailboxFull, ShuttingDown
+from broker.pulls.actor import PullActor, PullCounts
+from broker.pulls.errors import DeadlineExceeded, MailboxFull, ShuttingDown, TooManyPulls
 from broker.pulls.metrics import ActorMetrics
 from broker.pulls.request import Processor, PullOutcome, PullStatus, QueuedPull
 
@@ -63,14 +63,17 @@ class PullScheduler:
         workers: int = 4,
         time_slice_s: float = 0.005,
         mailbox_size: int = 10_000,
+        max_pending: int = 8_000,
         deadline_grace_s: float = 5.0,
         metrics: ActorMetrics | None = None,
     ) -> None:
-        if workers < 1 or mailbox_size < 1 or time_slice_s <= 0:
-            raise ValueError("workers and mailbox_size must be >= 1, time_slice_s > 0")
+        if workers < 1 or mailbox_size < 1 or max_pending < 1 or time_slice_s <= 0:
+            raise ValueError("workers, mailbox_size, max_pending must be >= 1, time_slice_s > 0")
         self.workers = workers
         self.time_slice_s = time_slice_s
         self.mailbox_size = mailbox_size
+        self.max_pending = max_pending
+        self.totals = PullCounts()  # every actor's pending and parked pulls, summed
         self.deadline_grace_s = deadline_grace_s
         self._processor = processor
         self._clock = clock
@@ -82,6 +85,7 @@ class PullScheduler:
         self.stopping = False
         if metrics is not None:
             metrics.watch(self._gauges)
+            metrics.watch_totals(lambda: (self.totals.pending, self.totals.parked))
 
     # --- requests in ------------------------------------------------------------------------
 
@@ -97,10 +101,16 @@ class PullScheduler:
     ) -> asyncio.Future[list[Any]]:
         """Queue a pull in its group's mailbox; the future resolves with the messages.
 
-        Raises ``MailboxFull`` (429) at once when the group has ``mailbox_size`` pending.
+        Raises ``MailboxFull`` (429) at once when the group has ``mailbox_size`` pending,
+        ``TooManyPulls`` (429) when all groups together have ``max_pending``. Parked long
+        polls count in both: each holds a connection and memory until it is answered.
         """
         if self.stopping:
             raise ShuttingDown()
+        if self.totals.pending >= self.max_pending:
+            if self._metrics is not None:
+                self._metrics.pulls_refused.inc()
+            raise TooManyPulls(limit=self.max_pending)
         now = self._clock.now()
         actor = self.actor(subject, group)
         request = QueuedPull(
@@ -125,7 +135,9 @@ class PullScheduler:
         actor = self._actors.get((subject, group))
         if actor is None:
             series = self._metrics.series(subject, group) if self._metrics else None
-            actor = PullActor(subject, group, capacity=self.mailbox_size, series=series)
+            actor = PullActor(
+                subject, group, capacity=self.mailbox_size, series=series, totals=self.totals
+            )
             self._actors[(subject, group)] = actor
             self._by_subject.setdefault(subject, []).append(actor)
             self._created(actor)
