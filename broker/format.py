@@ -275,8 +275,11 @@ def read_frame_at(data: bytes | memoryview, *, offset: int, path: str) -> bytes:
 # --- message records -------------------------------------------------------------------
 
 _MSG_FIXED = struct.Struct("<BBQqqq")  # type, flags, seq, created_us, stored_us, deliver_us
+_MSG_HEAD = struct.Struct("<BBQqqqH")  # the fixed fields and the subject's length
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
+_NO_STRING = _U16.pack(0xFFFF)  # NONE_LEN: a key or producer that is None
+_NO_HEADERS = _U32.pack(0)
 RECORD_MESSAGE = 1
 FLAG_BODY_BASE64 = 1
 
@@ -366,32 +369,35 @@ def encode_message(
     deliver_at_us: int,
 ) -> bytes:
     """The payload of a message record (``MessageRecord.encode`` without building one first;
-    the produce path calls it for every message)."""
+    the produce path calls it for every message, so it packs with as few calls as it can)."""
     raw_subject = subject.encode()
     raw_id = message_id.encode()
-    raw_headers = orjson.dumps(headers) if headers else b""
     return b"".join(
         (
-            _MSG_FIXED.pack(
+            _MSG_HEAD.pack(
                 RECORD_MESSAGE,
                 FLAG_BODY_BASE64 if body_base64 else 0,
                 seq,
                 created_at_us,
                 stored_at_us,
                 deliver_at_us,
+                len(raw_subject),
             ),
-            _U16.pack(len(raw_subject)),
             raw_subject,
             _U16.pack(len(raw_id)),
             raw_id,
-            _pack_str(key),
-            _pack_str(producer),
-            _U32.pack(len(raw_headers)),
-            raw_headers,
+            _NO_STRING if key is None else _pack_str(key),
+            _NO_STRING if producer is None else _pack_str(producer),
+            _pack_headers(headers) if headers else _NO_HEADERS,
             _U32.pack(len(body)),
             body,
         )
     )
+
+
+def _pack_headers(headers: dict[str, str]) -> bytes:
+    raw = orjson.dumps(headers)
+    return _U32.pack(len(raw)) + raw
 
 
 def _pack_str(value: str | None) -> bytes:
@@ -412,9 +418,16 @@ def _unpack_str(payload: bytes, pos: int) -> tuple[str | None, int]:
     return raw.decode("utf-8"), pos + length
 
 
+_ID_HASH = hashlib.blake2b(digest_size=8)
+"""Copied for each id: cheaper than setting up a BLAKE2b with its parameters every time."""
+
+
 def id_hash(message_id: str) -> int:
-    """64-bit hash of a message id, kept in the index to rebuild dedup without the log."""
-    return int.from_bytes(hashlib.blake2b(message_id.encode(), digest_size=8).digest(), "little")
+    """64-bit hash of a message id (BLAKE2b-64, little-endian), kept in the index to rebuild
+    dedup without the log."""
+    hashed = _ID_HASH.copy()
+    hashed.update(message_id.encode())
+    return int.from_bytes(hashed.digest(), "little")
 
 
 # --- subject index ---------------------------------------------------------------------

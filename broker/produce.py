@@ -20,7 +20,7 @@ from broker.metrics import BrokerMetrics
 from broker.pulls.reads import read_message
 from broker.storage.journal import Journal
 from broker.storage.segments import SegmentReader
-from broker.subjects import SubjectTable
+from broker.subjects import SubjectLog, SubjectTable
 from qmq_wire import ProduceResultJson, ProduceStatus
 
 if TYPE_CHECKING:
@@ -66,21 +66,39 @@ class ProduceService:
         now = self._clock.wall_us()
         results: list[ProduceResultJson] = []
         visible: dict[str, int] = {}
+        stored = 0
+        name: str | None = None
+        log: SubjectLog | None = None
+        next_seq = 0
         for message in messages:
-            hashed = id_hash(message.id)
-            seq = self._stored_seq(message.subject, hashed, message.id)
-            if seq is not None:
-                results.append(_result(message, "duplicate", seq))
-            elif delayed.is_scheduled(message.subject, message.id):
-                results.append(_result(message, "duplicate", None))
+            message_id = message.id
+            subject = message.subject
+            if subject != name:  # a batch mostly names one subject: look it up once per run
+                name, log = subject, self._subjects.find(subject)
+                next_seq = 0 if log is None else log.next_seq
+            hashed = id_hash(message_id)
+            seq: int | None = None
+            if log is not None:
+                seq = log.seq_of(hashed)
+                if seq is not None:
+                    seq = self._confirmed(log, seq, message_id)
+            status: ProduceStatus
+            if seq is not None or delayed.is_scheduled(subject, message_id):
+                status = "duplicate"
             elif message.deliver_at_us > now:
                 delayed.accept(message, now_us=now)
-                results.append(_result(message, "scheduled", None))
+                status = "scheduled"
             else:
-                seq = self._append(message, hashed, now, visible)
-                results.append(_result(message, "stored", seq))
+                seq = self._append(message, next_seq, hashed, now)
+                next_seq += 1
+                visible[subject] = next_seq
+                if log is None:  # the subject's first message created it
+                    log = self._subjects.find(subject)
+                stored += 1
+                status = "stored"
+            results.append({"id": message_id, "subject": subject, "status": status, "seq": seq})
         await self._settle(visible)
-        self._metrics.produced.inc(sum(1 for r in results if r["status"] == "stored"))
+        self._metrics.produced.inc(stored)
         return results
 
     async def store_due(self, records: list[MessageRecord]) -> tuple[list[int], int]:
@@ -95,7 +113,13 @@ class ProduceService:
         seqs: list[int] = []
         for record in records:
             hashed = id_hash(record.id)
-            if self._stored_seq(record.subject, hashed, record.id) is not None:
+            log = self._subjects.find(record.subject)
+            found = None if log is None else log.seq_of(hashed)
+            if (
+                log is not None
+                and found is not None
+                and self._confirmed(log, found, record.id) is not None
+            ):
                 seqs.append(-1)
                 continue
             message = IncomingMessage(
@@ -109,19 +133,15 @@ class ProduceService:
                 created_at_us=record.created_at_us,
                 deliver_at_us=record.deliver_at_us,
             )
-            seqs.append(self._append(message, hashed, now, visible))
+            seq = self._append(message, self._subjects.next_seq(record.subject), hashed, now)
+            visible[record.subject] = seq + 1
+            seqs.append(seq)
         await self._settle(visible)
         self._metrics.produced.inc(sum(1 for seq in seqs if seq >= 0))
         return seqs, now
 
-    def _stored_seq(self, subject_name: str, hashed: int, message_id: str) -> int | None:
-        """The seq this id is stored under in its subject within the dedup window, if any."""
-        subject = self._subjects.get(subject_name)
-        if subject is None:
-            return None
-        seq = subject.seq_of(hashed)
-        if seq is None:
-            return None
+    def _confirmed(self, subject: SubjectLog, seq: int, message_id: str) -> int | None:
+        """``seq``, found in the dedup table under this id's hash, if it holds this id."""
         if seq >= subject.end_seq or seq < subject.first_seq:
             return seq  # in flight or past retention: the 64-bit hash decides
         try:
@@ -130,30 +150,29 @@ class ProduceService:
             same = True
         return seq if same else None
 
-    def _append(
-        self, message: IncomingMessage, hashed: int, now: int, visible: dict[str, int]
-    ) -> int:
-        subject = self._subjects.get(message.subject)
-        seq = subject.next_seq if subject is not None else 0
+    def _append(self, message: IncomingMessage, seq: int, hashed: int, now: int) -> int:
+        """Frame a message into the journal as its subject's next ``seq`` (visible once
+        durable)."""
+        subject = message.subject
+        created_at_us = message.created_at_us
         payload = encode_message(
             seq=seq,
             message_id=message.id,
-            subject=message.subject,
+            subject=subject,
             key=message.key,
             headers=message.headers,
             body=message.body,
             body_base64=message.body_base64,
             producer=message.producer,
-            created_at_us=message.created_at_us if message.created_at_us is not None else now,
+            created_at_us=now if created_at_us is None else created_at_us,
             stored_at_us=now,
             deliver_at_us=message.deliver_at_us,
         )
         entry = self._journal.append_message(
-            payload, subject=message.subject, stored_at_us=now, hashed_id=hashed
+            payload, subject=subject, stored_at_us=now, hashed_id=hashed
         )
-        allocated = self._subjects.append(message.subject, entry, hashed)
+        allocated = self._subjects.append(subject, entry, hashed)
         assert allocated == seq
-        visible[message.subject] = seq + 1
         return seq
 
     async def _settle(self, visible: dict[str, int]) -> None:
@@ -173,7 +192,3 @@ class ProduceService:
         for name, end in visible.items():
             self._subjects.make_visible(name, end)
             self._wake(name)
-
-
-def _result(message: IncomingMessage, status: ProduceStatus, seq: int | None) -> ProduceResultJson:
-    return {"id": message.id, "subject": message.subject, "status": status, "seq": seq}

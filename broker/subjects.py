@@ -9,10 +9,13 @@ Everyone else reads a ``SubjectLog`` through its properties.
 from __future__ import annotations
 
 import dataclasses
+import struct
 import zlib
 from collections.abc import Iterator, Mapping
 
 from broker.format import INDEX_ENTRY, INDEX_ENTRY_SIZE
+
+_FRAME_LENGTH = struct.Struct("<4xI")  # the frame length field of a packed INDEX_ENTRY
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -27,7 +30,16 @@ class SubjectStats:
 class SubjectLog:
     """One subject's index entries, held in memory as the packed bytes of its index file."""
 
-    __slots__ = ("_bytes", "_crc", "_dedup", "_end_seq", "_entries", "_first_seq", "name")
+    __slots__ = (
+        "_bytes",
+        "_crc",
+        "_crc_end",
+        "_dedup",
+        "_end_seq",
+        "_entries",
+        "_first_seq",
+        "name",
+    )
 
     def __init__(self, name: str, entries: bytearray | None = None) -> None:
         self.name = name
@@ -36,7 +48,8 @@ class SubjectLog:
         self._end_seq = self.next_seq
         self._dedup: dict[int, int] = {}  # id hash -> seq, oldest first
         self._bytes = 0
-        self._crc = zlib.crc32(self._entries)  # of the packed entries from seq 0
+        self._crc = zlib.crc32(self._entries)  # of the packed entries up to _crc_end
+        self._crc_end = len(self._entries)  # appends leave the CRC to the next checkpoint
 
     @property
     def first_seq(self) -> int:
@@ -98,7 +111,22 @@ class SubjectTable(Mapping[str, SubjectLog]):
 
     def index_digests(self) -> dict[str, tuple[int, int]]:
         """Per subject: how many index entries, and the CRC-32 of them (for checkpoints)."""
+        for subject in self._subjects.values():
+            end = len(subject._entries)
+            if subject._crc_end < end:  # entries appended since the last digest
+                subject._crc = zlib.crc32(subject._entries[subject._crc_end : end], subject._crc)
+                subject._crc_end = end
         return {name: (s.next_seq, s._crc) for name, s in self._subjects.items()}
+
+    def find(self, name: str) -> SubjectLog | None:
+        """The subject, if anything was stored or pulled there (``get`` without the detour
+        through ``Mapping``: the produce path asks for every run of messages)."""
+        return self._subjects.get(name)
+
+    def next_seq(self, name: str) -> int:
+        """The seq the next message appended to a subject gets."""
+        subject = self._subjects.get(name)
+        return 0 if subject is None else len(subject._entries) // INDEX_ENTRY_SIZE
 
     # --- live changes ----------------------------------------------------------------------
 
@@ -107,10 +135,10 @@ class SubjectTable(Mapping[str, SubjectLog]):
         subject = self._subjects.get(name)
         if subject is None:
             subject = self._subjects[name] = SubjectLog(name)
-        seq = subject.next_seq
-        subject._entries += packed_entry
-        subject._crc = zlib.crc32(packed_entry, subject._crc)
-        subject._bytes += INDEX_ENTRY.unpack(packed_entry)[1]
+        entries = subject._entries
+        seq = len(entries) // INDEX_ENTRY_SIZE
+        entries += packed_entry
+        subject._bytes += _FRAME_LENGTH.unpack_from(packed_entry)[0]
         subject._dedup[hashed_id] = seq
         return seq
 

@@ -7,7 +7,6 @@ import binascii
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import orjson
@@ -21,18 +20,12 @@ from starlette.routing import Route
 import qmq_wire
 from broker.engine import Broker
 from broker.errors import Denied, Invalid, NotFound, RequestError
+from broker.http import bodies
 from broker.http.auth import Authorizer, Grant, Right
 from broker.http.errors import error_response, from_validation
 from broker.http.guard import GuardPolicy, RequestGuard, content_type_error
 from broker.http.openapi import openapi_document
-from broker.http.schemas import (
-    AckRequest,
-    Envelope,
-    NackRequest,
-    ProduceRequest,
-    PullRequest,
-    RedriveRequest,
-)
+from broker.http.schemas import RedriveRequest
 from broker.messages import IncomingMessage
 
 M = TypeVar("M", bound=BaseModel)
@@ -45,24 +38,13 @@ def _json(doc: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(doc), status_code=status, media_type="application/json")
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def _micros(value: datetime, field: str) -> int:
-    """Microseconds since the epoch, exact, and within what a pull can later serve.
-
-    Subtracting aware datetimes never overflows, even where converting to UTC would
-    (``9999-12-31T23:59:59-23:59``); the range check then rejects what no answer could carry.
-    """
-    micros = (value - _EPOCH) // timedelta(microseconds=1)
-    if not qmq_wire.MIN_TIME_US <= micros <= qmq_wire.MAX_TIME_US:
-        name = field.rpartition(".")[2]
-        raise Invalid(
-            code=f"invalid_{name}",
-            message=f"{name} must lie between {qmq_wire.MIN_TIME} and {qmq_wire.MAX_TIME} in UTC",
-            field=field,
-        )
-    return micros
+def _out_of_range(index: int, name: str) -> Invalid:
+    """A timestamp the wire admits but no answer could carry (outside the range in UTC)."""
+    return Invalid(
+        code=f"invalid_{name}",
+        message=f"{name} must lie between {qmq_wire.MIN_TIME} and {qmq_wire.MAX_TIME} in UTC",
+        field=f"messages[{index}].{name}",
+    )
 
 
 def _span(seconds: float) -> str:
@@ -92,7 +74,7 @@ class Api:
             if size > limit:
                 raise Invalid(code="request_too_large", message=f"request body over {limit} bytes")
             chunks.append(chunk)
-        return b"".join(chunks)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)  # most come in one piece
 
     async def _parse(self, request: Request, model: type[M]) -> M:
         raw = await self._body(request)
@@ -123,68 +105,71 @@ class Api:
 
     async def produce(self, request: Request) -> Response:
         grant = self._grant(request)
-        parsed = await self._parse(request, ProduceRequest)
-        for i, envelope in enumerate(parsed.messages):
-            self._require(grant, Right.PRODUCE, envelope.subject, field=f"messages[{i}].subject")
-        now_us = self.broker.clock.wall_us()
-        messages = [self._incoming(i, e, now_us) for i, e in enumerate(parsed.messages)]
+        envelopes = bodies.decode(await self._body(request), bodies.ProduceBody).messages
+        if grant is not None:
+            allowed: set[str] = set()  # a batch mostly names one subject: check each once
+            for i, envelope in enumerate(envelopes):
+                if envelope.subject not in allowed:
+                    field = f"messages[{i}].subject"
+                    Authorizer.require(grant, Right.PRODUCE, envelope.subject, field=field)
+                    allowed.add(envelope.subject)
+        messages = self._incoming(envelopes, self.broker.clock.wall_us())
         results = await self.broker.producer.produce(messages)
         return _json({"results": results})
 
-    def _incoming(self, index: int, envelope: Envelope, now_us: int) -> IncomingMessage:
-        field = f"messages[{index}]"
-        if envelope.body_encoding == "base64":
-            try:
-                body = base64.b64decode(envelope.body, validate=True)
-            except (binascii.Error, ValueError):
+    def _incoming(self, envelopes: list[bodies.Envelope], now_us: int) -> list[IncomingMessage]:
+        """The core's messages; the checks the wire leaves to the broker, in envelope order
+        (base64, body size, due time, created_at range)."""
+        body_limit = self.broker.config.max_body_bytes
+        low, high = qmq_wire.MIN_TIME_US, qmq_wire.MAX_TIME_US
+        messages: list[IncomingMessage] = []
+        for index, envelope in enumerate(envelopes):
+            base64_body = envelope.body_encoding == "base64"
+            body = _base64(envelope.body, index) if base64_body else envelope.body.encode()
+            if len(body) > body_limit:
                 raise Invalid(
-                    code="invalid_body",
-                    message="body is not valid base64",
-                    field=f"{field}.body",
-                ) from None
-        else:
-            body = envelope.body.encode("utf-8")
-        limit = self.broker.config.max_body_bytes
-        if len(body) > limit:
-            raise Invalid(
-                code="body_too_large",
-                message=f"body is {len(body)} bytes; the limit is {limit}",
-                field=f"{field}.body",
+                    code="body_too_large",
+                    message=f"body is {len(body)} bytes; the limit is {body_limit}",
+                    field=f"messages[{index}].body",
+                )
+            deliver_at = envelope.deliver_at
+            deliver_at_us = 0 if deliver_at is None else self._due(deliver_at, now_us, index)
+            created_at_us = envelope.created_at
+            if created_at_us is not None and not low <= created_at_us <= high:
+                raise _out_of_range(index, "created_at")
+            messages.append(
+                IncomingMessage(
+                    id=envelope.id,
+                    subject=envelope.subject,
+                    key=envelope.key,
+                    headers=envelope.headers,
+                    body=body,
+                    body_base64=base64_body,
+                    producer=envelope.producer,
+                    created_at_us=created_at_us,
+                    deliver_at_us=deliver_at_us,
+                )
             )
-        deliver_at_us = 0
-        if envelope.deliver_at is not None:
-            deliver_at_us = self._deliver_at(envelope.deliver_at, now_us, f"{field}.deliver_at")
-        return IncomingMessage(
-            id=envelope.id,
-            subject=envelope.subject,
-            key=envelope.key,
-            headers=dict(envelope.headers),
-            body=body,
-            body_base64=envelope.body_encoding == "base64",
-            producer=envelope.producer,
-            created_at_us=(
-                _micros(envelope.created_at, f"{field}.created_at") if envelope.created_at else None
-            ),
-            deliver_at_us=deliver_at_us,
-        )
+        return messages
 
-    def _deliver_at(self, value: datetime, now_us: int, field: str) -> int:
+    def _due(self, due_us: int, now_us: int, index: int) -> int:
         """A future due time in microseconds, or 0 (deliver now) for one in the past."""
-        due = _micros(value, field)
-        if due <= now_us:
+        if not qmq_wire.MIN_TIME_US <= due_us <= qmq_wire.MAX_TIME_US:
+            raise _out_of_range(index, "deliver_at")
+        if due_us <= now_us:
             return 0
         limit_s = self.broker.config.max_delay_s
-        if due - now_us > limit_s * 1_000_000:
+        if due_us - now_us > limit_s * 1_000_000:
             raise Invalid(
                 code="delay_too_long",
                 message=f"deliver_at is more than {_span(limit_s)} ahead (--max-delay)",
-                field=field,
+                field=f"messages[{index}].deliver_at",
             )
-        return due
+        return due_us
 
     async def pull(self, request: Request) -> Response:
         grant = self._grant(request)
-        parsed = await self._parse(request, PullRequest)
+        parsed = bodies.decode(await self._body(request), bodies.PullBody)
         self._require(grant, Right.CONSUME, parsed.subject, group=parsed.group, field="group")
         wait_ms = min(parsed.wait_ms, self.broker.config.max_wait_ms)
         messages = await self.broker.delivery.pull(
@@ -200,7 +185,7 @@ class Api:
 
     async def ack(self, request: Request) -> Response:
         grant = self._grant(request)
-        parsed = await self._parse(request, AckRequest)
+        parsed = bodies.decode(await self._body(request), bodies.AckBody)
         self._require(grant, Right.CONSUME, parsed.subject, group=parsed.group, field="group")
         result = await self.broker.delivery.ack(
             subject=parsed.subject, group=parsed.group, consumer=parsed.consumer, seqs=parsed.seqs
@@ -209,7 +194,7 @@ class Api:
 
     async def nack(self, request: Request) -> Response:
         grant = self._grant(request)
-        parsed = await self._parse(request, NackRequest)
+        parsed = bodies.decode(await self._body(request), bodies.NackBody)
         self._require(grant, Right.CONSUME, parsed.subject, group=parsed.group, field="group")
         result = await self.broker.delivery.nack(
             subject=parsed.subject,
@@ -309,6 +294,17 @@ class Api:
 
     async def openapi(self, request: Request) -> Response:
         return _json(openapi_document(auth=self.authorizer is not None))
+
+
+def _base64(text: str, index: int) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise Invalid(
+            code="invalid_body",
+            message="body is not valid base64",
+            field=f"messages[{index}].body",
+        ) from None
 
 
 def _int_param(request: Request, name: str, *, default: int | None, low: int = 1, high: int) -> Any:

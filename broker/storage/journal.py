@@ -187,8 +187,12 @@ class Journal:
         entry = INDEX_ENTRY.pack(
             position.segment, position.length, position.offset, stored_at_us, hashed_id
         )
-        self._batch.messages.append((position, framed))
-        self._batch.index.setdefault(subject, []).append(entry)
+        batch = self._batch
+        batch.messages.append((position, framed))
+        entries = batch.index.get(subject)
+        if entries is None:  # not setdefault: that builds a list for every message
+            entries = batch.index[subject] = []
+        entries.append(entry)
         return entry
 
     def append_action(self, payload: bytes) -> Position:

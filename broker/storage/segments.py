@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
 from pathlib import Path
+
+import msgspec
 
 from broker.errors import CorruptRecord, StorageError
 from broker.format import (
@@ -18,9 +19,12 @@ from broker.format import (
 )
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Position:
-    """A frame's place in a log: segment number, byte offset, frame length."""
+class Position(msgspec.Struct, frozen=True, gc=False):
+    """A frame's place in a log: segment number, byte offset, frame length.
+
+    A frozen msgspec struct rather than a frozen dataclass: one is built for every append,
+    and it costs a sixth as much to build (60 ns against 385).
+    """
 
     segment: int
     offset: int
