@@ -16,6 +16,7 @@ import httpx
 import orjson
 
 import qmq_wire
+from qmq_outbox import http11
 from qmq_outbox.envelope import Message, OutgoingMessage, ProduceResult
 from qmq_outbox.errors import BrokerRejected, BrokerUnavailable
 
@@ -23,6 +24,7 @@ PullMode = Literal["shared", "broadcast"]
 StartAt = Literal["earliest", "latest"]
 DEFAULT_TIMEOUT = 10.0
 _JSON = {"content-type": "application/json"}
+_KNOWN_HEADS = 64  # request heads a client keeps: the API's fixed paths and a few others
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -46,20 +48,24 @@ class Call(Generic[T]):
         )
 
     def answer(self, response: httpx.Response) -> T:
-        return self.read(_check(response))
+        return self.read(_check(response.status_code, response.content))
+
+    def answer_body(self, status: int, content: bytes) -> T:
+        """The answer from the status and body alone (``answer`` reads them off a Response)."""
+        return self.read(_check(status, content))
 
 
-def _check(response: httpx.Response) -> Any:
-    if response.status_code == 200:
-        return orjson.loads(response.content)
+def _check(status: int, content: bytes) -> Any:
+    if status == 200:
+        return orjson.loads(content)
     try:
-        error = orjson.loads(response.content)["error"]
+        error = orjson.loads(content)["error"]
         code, message, field = error["code"], error["message"], error.get("field")
     except (orjson.JSONDecodeError, KeyError, TypeError):
-        code, message, field = "http_error", response.text[:200], None
-    if qmq_wire.transient(response.status_code):
-        raise BrokerUnavailable(f"broker answered {response.status_code} {code}: {message}")
-    raise BrokerRejected(status=response.status_code, code=code, message=message, field=field)
+        code, message, field = "http_error", content.decode("utf-8", "replace")[:200], None
+    if qmq_wire.transient(status):
+        raise BrokerUnavailable(f"broker answered {status} {code}: {message}")
+    raise BrokerRejected(status=status, code=code, message=message, field=field)
 
 
 def _unreachable(exc: httpx.HTTPError) -> BrokerUnavailable:
@@ -75,10 +81,8 @@ def _as_dict(doc: Any) -> dict[str, Any]:
 
 
 def _produce_results(doc: Any) -> list[ProduceResult]:
-    return [
-        ProduceResult(id=r["id"], subject=r["subject"], status=r["status"], seq=r.get("seq"))
-        for r in doc["results"]
-    ]
+    adopt = ProduceResult.adopt  # the decoded dicts are ours
+    return [adopt(r) for r in doc["results"]]
 
 
 def _post(path: str, doc: Any, read: Callable[[Any], T], **options: Any) -> Call[T]:
@@ -125,7 +129,8 @@ def pull(
 
 
 def _messages(doc: Any) -> list[Message]:
-    return [Message.from_wire(m) for m in doc["messages"]]
+    adopt = Message.adopt  # the decoded dicts are ours
+    return [adopt(m) for m in doc["messages"]]
 
 
 def ack(subject: str, group: str, consumer: str, seqs: Sequence[int]) -> Call[dict[str, Any]]:
@@ -203,10 +208,20 @@ class _Endpoint(Generic[P, T]):
 
 HttpClient = TypeVar("HttpClient", httpx.Client, httpx.AsyncClient)
 Transport = TypeVar("Transport", httpx.BaseTransport, httpx.AsyncBaseTransport)
+Lean = TypeVar("Lean", http11.Http11Transport, http11.AsyncHttp11Transport)
 
 
-class _Client(Generic[HttpClient, Transport]):
-    """What both clients share: their settings and their methods, one per API call."""
+class _Client(Generic[HttpClient, Transport, Lean]):
+    """What both clients share: their settings and their methods, one per API call.
+
+    Given no ``transport``, a client for a plain ``http://`` broker (and no proxy in the
+    environment) uses the SDK's own transport (``qmq_outbox.http11``) and sends to it
+    directly: httpx.Client's per-request work (building and encoding a Request, auth flows,
+    redirects, cookie jar, event hooks, request logging, building a Response) cost more CPU
+    than the exchange itself, and none of it serves the broker's API. The request head of
+    each path is still made by the ``httpx.Client`` (base URL, default and auth headers),
+    once, and kept. An injected transport gets the whole ``httpx.Client`` path, as before.
+    """
 
     def __init__(
         self,
@@ -221,11 +236,41 @@ class _Client(Generic[HttpClient, Transport]):
         if token:
             headers["authorization"] = f"Bearer {token}"
         limits = httpx.Limits(max_connections=max_connections)
+        self._direct: Lean | None = None  # the SDK's own transport, when it is used
+        if transport is None and http11.fits(base_url):
+            self._direct = self._lean(limits)
         self._http: HttpClient = self._open(
-            base_url=base_url, headers=headers, timeout=timeout, limits=limits, transport=transport
+            base_url=base_url,
+            headers=headers,
+            timeout=timeout,
+            limits=limits,
+            transport=transport or self._direct,
         )
+        self._timeouts = httpx.Timeout(timeout).as_dict()
+        self._heads: dict[tuple[str, str, str], http11.RequestHead] = {}
+
+    def _head(self, call: Call[Any]) -> http11.RequestHead:
+        """``call``'s request head as ``httpx.Client.build_request`` makes it (base URL, the
+        client's headers), built once per method and path (and query) for the direct path."""
+        params = call.params
+        key = (call.method, call.path, "" if not params else repr(sorted(params.items())))
+        head = self._heads.get(key)
+        if head is None:
+            head = http11.RequestHead.of(self._http.build_request(*key[:2], params=params))
+            if len(self._heads) < _KNOWN_HEADS:
+                self._heads[key] = head
+        return head
+
+    def _limits(self, call: Call[Any]) -> http11.Timeouts:
+        if call.timeout is None:
+            return self._timeouts
+        return httpx.Timeout(call.timeout).as_dict()
 
     def _open(self, **settings: Any) -> HttpClient:
+        raise NotImplementedError
+
+    def _lean(self, limits: httpx.Limits) -> Lean:
+        """The default transport for a plain ``http://`` broker (see ``qmq_outbox.http11``)."""
         raise NotImplementedError
 
     produce = _Endpoint(produce)
@@ -239,11 +284,14 @@ class _Client(Generic[HttpClient, Transport]):
     redrive = _Endpoint(redrive)
 
 
-class BrokerClient(_Client[httpx.Client, httpx.BaseTransport]):
+class BrokerClient(_Client[httpx.Client, httpx.BaseTransport, http11.Http11Transport]):
     """Blocking client. Thread-safe (one pooled ``httpx.Client``)."""
 
     def _open(self, **settings: Any) -> httpx.Client:
         return httpx.Client(**settings)
+
+    def _lean(self, limits: httpx.Limits) -> http11.Http11Transport:
+        return http11.Http11Transport(limits=limits)
 
     def close(self) -> None:
         self._http.close()
@@ -255,11 +303,17 @@ class BrokerClient(_Client[httpx.Client, httpx.BaseTransport]):
         self.close()
 
     def send(self, call: Call[T]) -> T:
+        http, direct = self._http, self._direct
         try:
-            response = self._http.send(call.request(self._http))
+            if direct is None or http.is_closed:
+                response = http.send(call.request(http))
+                status, content = response.status_code, response.content
+            else:  # see _Client
+                parsed = direct.send(self._head(call), call.content or b"", self._limits(call))
+                status, content = http11.answer(parsed)
         except httpx.HTTPError as exc:
             raise _unreachable(exc) from exc
-        return call.answer(response)
+        return call.answer_body(status, content)
 
     def bind(self, build: Callable[P, Call[T]]) -> Callable[P, T]:
         """``build``'s call as a method of this client."""
@@ -277,11 +331,16 @@ class BrokerClient(_Client[httpx.Client, httpx.BaseTransport]):
             return False
 
 
-class AsyncBrokerClient(_Client[httpx.AsyncClient, httpx.AsyncBaseTransport]):
+class AsyncBrokerClient(
+    _Client[httpx.AsyncClient, httpx.AsyncBaseTransport, http11.AsyncHttp11Transport]
+):
     """asyncio client with the same calls as ``BrokerClient``."""
 
     def _open(self, **settings: Any) -> httpx.AsyncClient:
         return httpx.AsyncClient(**settings)
+
+    def _lean(self, limits: httpx.Limits) -> http11.AsyncHttp11Transport:
+        return http11.AsyncHttp11Transport(limits=limits)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -293,11 +352,18 @@ class AsyncBrokerClient(_Client[httpx.AsyncClient, httpx.AsyncBaseTransport]):
         await self.aclose()
 
     async def send(self, call: Call[T]) -> T:
+        http, direct = self._http, self._direct
         try:
-            response = await self._http.send(call.request(self._http))
+            if direct is None or http.is_closed:
+                response = await http.send(call.request(http))
+                status, content = response.status_code, response.content
+            else:  # see _Client
+                head, limits = self._head(call), self._limits(call)
+                parsed = await direct.send(head, call.content or b"", limits)
+                status, content = http11.answer(parsed)
         except httpx.HTTPError as exc:
             raise _unreachable(exc) from exc
-        return call.answer(response)
+        return call.answer_body(status, content)
 
     def bind(self, build: Callable[P, Call[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
         """``build``'s call as a coroutine method of this client."""

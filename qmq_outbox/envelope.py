@@ -1,24 +1,38 @@
-"""Message envelopes as the SDK sends and receives them (docs/architecture.md §2)."""
+"""Message envelopes as the SDK sends and receives them (docs/architecture.md §2).
+
+The records are frozen dataclasses built for batches of them (``bench/client_cpu.py``):
+``__init__`` fills the instance dict in one step, not one ``object.__setattr__`` per field as
+a generated frozen ``__init__`` does (1.1 -> 0.7 µs for an ``OutgoingMessage``); a decoded
+answer's dicts become the records' own (``adopt``) instead of being copied into new ones;
+a delivered message parses ``created_at`` / ``stored_at`` when they are first read.
+"""
 
 from __future__ import annotations
 
 import base64
 import dataclasses
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
+
+_new = object.__new__
+_fill = object.__setattr__  # how a frozen dataclass sets its own fields
 
 
 def format_timestamp(value: datetime) -> str:
     """RFC 3339 in UTC with microseconds, as on the wire."""
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    elif value.tzinfo is not UTC:  # the SDK's own timestamps are in UTC already
+        value = value.astimezone(UTC)
+    return value.isoformat().replace("+00:00", "Z")
 
 
 def parse_timestamp(value: str) -> datetime:
-    return datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(UTC)
+    """An RFC 3339 timestamp (``Z`` or an offset) as an aware datetime in UTC."""
+    parsed = datetime.fromisoformat(value)
+    return parsed if parsed.tzinfo is UTC else parsed.astimezone(UTC)
 
 
 def encode_body(body: bytes) -> tuple[str, str]:
@@ -35,7 +49,7 @@ def decode_body(text: str, encoding: str) -> bytes:
     return text.encode("utf-8")
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+@dataclasses.dataclass(frozen=True, kw_only=True, init=False)
 class OutgoingMessage:
     """A message to produce."""
 
@@ -47,6 +61,33 @@ class OutgoingMessage:
     producer: str | None = None
     created_at: datetime | None = None
     deliver_at: datetime | None = None
+
+    def __init__(
+        self,
+        *,
+        id: str,
+        subject: str,
+        body: bytes,
+        key: str | None = None,
+        headers: dict[str, str] | None = None,
+        producer: str | None = None,
+        created_at: datetime | None = None,
+        deliver_at: datetime | None = None,
+    ) -> None:
+        _fill(
+            self,
+            "__dict__",
+            {
+                "id": id,
+                "subject": subject,
+                "body": body,
+                "key": key,
+                "headers": {} if headers is None else headers,
+                "producer": producer,
+                "created_at": created_at,
+                "deliver_at": deliver_at,
+            },
+        )
 
     def to_wire(self) -> dict[str, Any]:
         text, encoding = encode_body(self.body)
@@ -69,7 +110,7 @@ class OutgoingMessage:
         return wire
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+@dataclasses.dataclass(frozen=True, kw_only=True, init=False)
 class ProduceResult:
     """The broker's answer for one produced message."""
 
@@ -78,8 +119,51 @@ class ProduceResult:
     status: str  # "stored" | "duplicate" | "scheduled"
     seq: int | None
 
+    def __init__(self, *, id: str, subject: str, status: str, seq: int | None) -> None:
+        _fill(self, "__dict__", {"id": id, "subject": subject, "status": status, "seq": seq})
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+    @classmethod
+    def from_wire(cls, wire: dict[str, Any]) -> ProduceResult:
+        """One item of a produce answer (``wire`` is left as it is)."""
+        return cls.adopt(dict(wire))
+
+    @classmethod
+    def adopt(cls, wire: dict[str, Any]) -> ProduceResult:
+        """``from_wire`` for a dict nobody else holds (a freshly decoded answer): when it has
+        exactly the fields, it becomes the result's own, not copied."""
+        if wire.keys() != _RESULT_KEYS:
+            return cls(
+                id=wire["id"], subject=wire["subject"], status=wire["status"], seq=wire.get("seq")
+            )
+        result = _new(cls)
+        _fill(result, "__dict__", wire)
+        return result
+
+
+_RESULT_KEYS = frozenset(("id", "subject", "status", "seq"))
+_DELIVERED_KEYS = frozenset(
+    (
+        "id",
+        "subject",
+        "seq",
+        "attempt",
+        "key",
+        "headers",
+        "body",
+        "body_encoding",
+        "producer",
+        "created_at",
+        "stored_at",
+    )
+)
+
+
+# A delivered message keeps the wire text of its timestamps under these keys until they are
+# first read: most handlers never read them, and parsing both cost ~0.5 µs per message.
+_TIMESTAMP_TEXT = {"created_at": "_created_at_text", "stored_at": "_stored_at_text"}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, init=False)
 class Message:
     """A message delivered to a consumer."""
 
@@ -94,6 +178,37 @@ class Message:
     created_at: datetime | None
     stored_at: datetime | None
 
+    def __init__(
+        self,
+        *,
+        id: str,
+        subject: str,
+        seq: int,
+        attempt: int,
+        key: str | None,
+        headers: dict[str, str],
+        body: bytes,
+        producer: str | None,
+        created_at: datetime | None,
+        stored_at: datetime | None,
+    ) -> None:
+        _fill(
+            self,
+            "__dict__",
+            {
+                "id": id,
+                "subject": subject,
+                "seq": seq,
+                "attempt": attempt,
+                "key": key,
+                "headers": headers,
+                "body": body,
+                "producer": producer,
+                "created_at": created_at,
+                "stored_at": stored_at,
+            },
+        )
+
     def json(self) -> Any:
         """The body parsed as JSON (the SDK's default serializer)."""
         return orjson.loads(self.body)
@@ -103,17 +218,54 @@ class Message:
 
     @classmethod
     def from_wire(cls, wire: dict[str, Any]) -> Message:
-        created = wire.get("created_at")
-        stored = wire.get("stored_at")
-        return cls(
-            id=wire["id"],
-            subject=wire["subject"],
-            seq=int(wire["seq"]),
-            attempt=int(wire["attempt"]),
-            key=wire.get("key"),
-            headers=dict(wire.get("headers") or {}),
-            body=decode_body(wire["body"], wire.get("body_encoding", "utf-8")),
-            producer=wire.get("producer"),
-            created_at=parse_timestamp(created) if created else None,
-            stored_at=parse_timestamp(stored) if stored else None,
-        )
+        """A delivered message from its wire form (``wire`` is left as it is)."""
+        own = dict(wire)
+        if own.get("headers"):
+            own["headers"] = dict(own["headers"])
+        return cls.adopt(own)
+
+    @classmethod
+    def adopt(cls, wire: dict[str, Any]) -> Message:
+        """``from_wire`` for a dict nobody else holds (a freshly decoded pull answer): it
+        becomes the message's fields in place, its ``headers`` too. A second dict per
+        message, filled and the first one freed, cost more than decoding the message.
+        ``created_at`` and ``stored_at`` are parsed when first read."""
+        if wire.keys() != _DELIVERED_KEYS:  # a field missing (or one we do not know)
+            wire = {name: wire.get(name) for name in _DELIVERED_KEYS} | {
+                "id": wire["id"],
+                "subject": wire["subject"],
+                "seq": wire["seq"],
+                "attempt": wire["attempt"],
+                "body": wire["body"],
+            }
+        text = wire["body"]
+        if wire.pop("body_encoding") == "base64":
+            wire["body"] = base64.b64decode(text)
+        else:
+            wire["body"] = text.encode("utf-8")
+        if wire["headers"] is None:
+            wire["headers"] = {}
+        created = wire.pop("created_at")
+        if created:
+            wire["_created_at_text"] = created
+        else:
+            wire["created_at"] = None
+        stored = wire.pop("stored_at")
+        if stored:
+            wire["_stored_at_text"] = stored
+        else:
+            wire["stored_at"] = None
+        message = _new(cls)
+        _fill(message, "__dict__", wire)
+        return message
+
+    if not TYPE_CHECKING:  # for mypy, the two fields are plain attributes
+
+        def __getattr__(self, name: str) -> Any:
+            """``created_at`` / ``stored_at`` of a message read from the wire, parsed now."""
+            text_key = _TIMESTAMP_TEXT.get(name)
+            fields = self.__dict__
+            if text_key is None or text_key not in fields:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            value = fields[name] = parse_timestamp(fields[text_key])
+            return value
