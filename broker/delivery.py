@@ -182,7 +182,10 @@ class DeliveryService:
         now = self._clock.wall_us()
         delay_us = delay_ms * 1000 if delay_ms is not None else None
         retry, dead = state.nack_outcomes(
-            dict.fromkeys(seqs), consumer=consumer, now_us=now, delay_us=delay_us,
+            dict.fromkeys(seqs),
+            consumer=consumer,
+            now_us=now,
+            delay_us=delay_us,
             policy=self._policy,
         )
 

@@ -11,22 +11,11 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.broker_process import BrokerProcess
+from tests.support.metrics import metric
 
 JSON = {"content-type": "application/json"}
-
-
-def metric(url: str, name: str, **labels: str) -> float:
-    """Sum of a metric's samples whose labels include ``labels``."""
-    text = httpx.get(f"{url}/metrics", timeout=5).text
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and labels.items() <= sample.labels.items():
-                total += sample.value
-    return total
 
 
 def wait_for(condition: object, timeout: float = 10.0) -> None:
