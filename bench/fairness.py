@@ -253,12 +253,14 @@ def jain(values: list[float]) -> float:
 # --- scenarios ----------------------------------------------------------------------------
 
 
-def skewed(data: Path, scheduler: str, label: str, args: argparse.Namespace) -> dict[str, Any]:
+def skewed(
+    data: Path, scheduler: str, label: str, batch: int, args: argparse.Namespace
+) -> dict[str, Any]:
     broker = BenchBroker(data, "--scheduler", scheduler, "--fsync", "never", "--ack-timeout", "1h")
     broker.start()
     loads = [
-        GroupLoad("skew", f"A-{label}", 100, args.batch),
-        GroupLoad("skew", f"B-{label}", 2, args.batch),
+        GroupLoad("skew", f"A-{label}", 100, batch),
+        GroupLoad("skew", f"B-{label}", 2, batch),
     ]
     try:
         result = run_loads(broker, loads, args.seconds, args.pullgen)
@@ -271,6 +273,7 @@ def skewed(data: Path, scheduler: str, label: str, args: argparse.Namespace) -> 
     result["b_share"] = b["delivered"] / max(a["delivered"] + b["delivered"], 1)
     result["jain"] = jain([a["delivered"], b["delivered"]])
     result["a"], result["b"] = a, b
+    result["batch"] = batch
     result["a_wait_ms"], result["b_wait_ms"] = (waits.get(load.group, 0.0) for load in loads)
     return result
 
@@ -355,17 +358,17 @@ def report(args: argparse.Namespace, skew: dict[str, Any], iso: dict[str, Any], 
         f"Date: {meta['date']}  ",
         f"Machine: {meta['machine_before']} before, {meta['machine_after']} after.",
         "",
-        f"**1. Skewed groups** (A: 100 consumers, B: 2; batch {args.batch}; "
+        f"**1. Skewed groups** (A: 100 consumers, B: 2; `max` per pull as given; "
         f"{args.seconds:.0f} s window after {WARMUP_S:.0f} s warm-up; no acks)",
         "",
-        "| run | A msgs | B msgs | B share | Jain | mailbox wait A / B (mean ms) "
+        "| run | max | A msgs | B msgs | B share | Jain | mailbox wait A / B (mean ms) "
         "| pull p99 A / B (ms) | broker CPU | load gen CPU A, B |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in skew.items():
         a, b = r["a"], r["b"]
         lines.append(
-            f"| {name} | {a['delivered']} | {b['delivered']} | {r['b_share']:.3f} "
+            f"| {name} | {r['batch']} | {a['delivered']} | {b['delivered']} | {r['b_share']:.3f} "
             f"| {r['jain']:.3f} | {r['a_wait_ms']:.1f} / {r['b_wait_ms']:.1f} "
             f"| {a['p99_ms']:.0f} / {b['p99_ms']:.0f} "
             f"| {r['broker_cpu_share']:.2f} | {a['cpu_share']:.2f}, {b['cpu_share']:.2f} |"
@@ -394,7 +397,12 @@ def report(args: argparse.Namespace, skew: dict[str, Any], iso: dict[str, Any], 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=20.0, help="measurement window")
-    parser.add_argument("--batch", type=int, default=256, help="max messages per pull (skew)")
+    parser.add_argument(
+        "--batches",
+        type=lambda text: [int(part) for part in text.split(",")],
+        default=[1, 10, 32, 256],
+        help="comma-separated max messages per pull of the skew runs (default: 1,10,32,256)",
+    )
     parser.add_argument("--backlog", type=int, default=1_000_000)
     parser.add_argument("--cold-read-ms", type=int, default=20)
     parser.add_argument("--only", choices=["skew", "isolation"], default=None)
@@ -431,8 +439,10 @@ def main() -> None:
             for scheduler in ("fair", "fifo"):
                 label = f"{scheduler}-{round_}"
                 if args.only != "isolation":
-                    skew[label] = skewed(data, scheduler, label, args)
-                    print(label, "skew", skew[label], file=sys.stderr)
+                    for batch in args.batches:
+                        run = f"{label}-max{batch}"
+                        skew[run] = skewed(data, scheduler, run, batch, args)
+                        print(run, "skew", skew[run], file=sys.stderr)
                 if args.only != "skew":
                     iso[label] = isolation(data, scheduler, label, args)
                     print(label, "isolation", iso[label], file=sys.stderr)
