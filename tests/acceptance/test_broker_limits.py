@@ -14,18 +14,9 @@ import pytest
 
 from tests.support.broker_process import BrokerProcess
 from tests.support.metrics import metric
+from tests.support.waiting import wait_until
 
 JSON = {"content-type": "application/json"}
-
-
-def wait_for(condition: object, timeout: float = 10.0) -> None:
-    assert callable(condition)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.02)
-    raise AssertionError("condition not met in time")
 
 
 def http_request(method: str, path: str, body: bytes = b"") -> bytes:
@@ -174,7 +165,9 @@ def test_connections_beyond_the_cap_are_refused_with_503(
         for sock in held:
             sock.close()
     # closed connections leave room again
-    wait_for(lambda: metric(broker.url, "qmq_broker_connections_open") == 1)
+    wait_until(
+        lambda: metric(broker.url, "qmq_broker_connections_open") == 1, timeout=10, interval=0.02
+    )
 
 
 async def _post_pull(url: str, group: str, consumer: str, wait_ms: int) -> httpx.Response:
@@ -191,7 +184,9 @@ def test_parked_polls_count_against_the_group_mailbox_and_the_broker_cap(
     url = broker.url
 
     def parked(count: int) -> None:
-        wait_for(lambda: metric(url, "qmq_broker_pulls_parked") == count, 15)
+        wait_until(
+            lambda: metric(url, "qmq_broker_pulls_parked") == count, timeout=15, interval=0.02
+        )
 
     async def scenario() -> None:
         polls = [asyncio.create_task(_post_pull(url, "a", f"c{n}", 20_000)) for n in range(3)]
@@ -214,7 +209,9 @@ def test_parked_polls_count_against_the_group_mailbox_and_the_broker_cap(
         for poll in polls:
             poll.cancel()
         await asyncio.gather(*polls, return_exceptions=True)
-        await asyncio.to_thread(wait_for, lambda: metric(url, "qmq_broker_pulls_pending") == 0, 5)
+        await asyncio.to_thread(
+            wait_until, lambda: metric(url, "qmq_broker_pulls_pending") == 0, 5, 0.02
+        )
         assert metric(url, "qmq_broker_pulls_parked") == 0
         room = await _post_pull(url, "c", "c9", 0)
         assert room.status_code == 200
