@@ -273,6 +273,8 @@ class Broker:
         if self._delayed is not None:
             self._delayed.close()
         self._reader.close()
+        if self.recovered is not None:
+            self.recovered.subjects.reader.close()
         logger.info("broker stopped", extra={"action": "broker.stopped"})
 
 

@@ -1,11 +1,16 @@
 """On-disk formats of the broker's data directory, readable without the broker running.
 
-Layout of a data directory (format 1)::
+Layout of a data directory (format 2)::
 
-    FORMAT                      {"format": 1}
+    FORMAT                      {"format": 2}
     messages/<20 digits>.seg    message log segments, all subjects, append-only
     actions/<20 digits>.seg     action log segments (leases, acks, retries, dead letters)
-    index/<subject>.idx         per-subject fixed-width index, seq -> (segment, offset, length)
+    index/<subject>/<20 digits>.idx  a subject's index, seq -> (segment, offset, length),
+                                in chunks of INDEX_CHUNK_ENTRIES seqs named by their first
+                                seq; a chunk is deleted once retention removed every message
+                                it points to
+    dedup/<subject>/            the subject's dedup window: sorted runs of id hashes and a
+                                filter (``broker.dedup``)
     schedule/<20 digits>.seg    delayed messages, one segment per hour of their due time
                                 (the number is the hour since the Unix epoch), whole messages
     dispatch/<20 digits>.seg    which records of the same-numbered schedule segment went out
@@ -15,6 +20,9 @@ Layout of a data directory (format 1)::
                                 (32-day span since the epoch); moved into days
     checkpoint.json             positions up to which index and group state are saved
     checkpoint.prev.json        the checkpoint before it (both carry a CRC)
+
+Format 1 kept each subject's whole index in one file, ``index/<subject>.idx``; a broker of
+format 2 splits those into chunks on start (``broker.storage.migrate``).
 
 Every segment starts with a 16-byte header (magic, kind, format version) and then holds
 frames ``[u32 payload length][u32 crc32(payload)][payload]``. A frame that is cut short
@@ -42,7 +50,9 @@ import orjson
 
 from broker.errors import CorruptRecord
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # of the data directory's layout (FORMAT, checkpoints, indexes)
+SEGMENT_VERSION = 1  # of the segments' frames and records (unchanged since format 1)
+SEGMENT_LAYOUT_FORMATS = (1, 2)  # data dir formats whose segments a reader of them can read
 SEGMENT_MAGIC = b"QMQSEG\x00\x01"
 INDEX_MAGIC = b"QMQIDX\x00\x01"
 HEADER = struct.Struct("<8sHHI")  # magic, kind, version, reserved
@@ -75,7 +85,7 @@ KIND_DIRS = {
 
 
 def segment_header(kind: SegmentKind) -> bytes:
-    return HEADER.pack(SEGMENT_MAGIC, int(kind), FORMAT_VERSION, 0)
+    return HEADER.pack(SEGMENT_MAGIC, int(kind), SEGMENT_VERSION, 0)
 
 
 def read_segment_header(data: bytes, *, path: str) -> SegmentKind:
@@ -85,7 +95,7 @@ def read_segment_header(data: bytes, *, path: str) -> SegmentKind:
     magic, kind, version, _ = HEADER.unpack_from(data, 0)
     if magic != SEGMENT_MAGIC:
         raise CorruptRecord(path=path, offset=0, reason="not a qmq segment (bad magic)")
-    if version != FORMAT_VERSION:
+    if version != SEGMENT_VERSION:
         raise CorruptRecord(path=path, offset=0, reason=f"unsupported format version {version}")
     try:
         return SegmentKind(kind)
@@ -434,7 +444,11 @@ def id_hash(message_id: str) -> int:
 
 INDEX_ENTRY = struct.Struct("<IIQqQ")  # segment, frame length, offset, stored_us, id hash
 INDEX_ENTRY_SIZE = INDEX_ENTRY.size  # 32
-INDEX_HEADER = struct.Struct("<8sHHI")  # magic, version, entry size, reserved
+INDEX_HEADER = struct.Struct("<8sHHI")  # magic, version, entry size, CRC-32 once sealed
+INDEX_VERSION = 2  # 1: one file per subject, the reserved field always 0
+INDEX_CHUNK_ENTRIES = 16384  # seqs per index file (512 KiB of entries)
+"""Chunk ``k`` of a subject holds seqs ``[k * INDEX_CHUNK_ENTRIES, (k + 1) * ...)``. Once
+full it is sealed: the CRC-32 of its entries goes into its header (0 before that)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -460,12 +474,40 @@ class IndexEntry:
         )
 
 
-def index_header() -> bytes:
-    return INDEX_HEADER.pack(INDEX_MAGIC, FORMAT_VERSION, INDEX_ENTRY_SIZE, 0)
+def index_header(sealed_crc: int = 0) -> bytes:
+    return INDEX_HEADER.pack(INDEX_MAGIC, INDEX_VERSION, INDEX_ENTRY_SIZE, sealed_crc)
 
 
-def index_path(data_dir: str | os.PathLike[str], subject: str) -> Path:
-    return Path(data_dir) / "index" / f"{subject}{INDEX_SUFFIX}"
+def chunk_start(seq: int) -> int:
+    """The first seq of the index chunk holding ``seq``."""
+    return seq - seq % INDEX_CHUNK_ENTRIES
+
+
+def index_dir(data_dir: str | os.PathLike[str], subject: str) -> Path:
+    return Path(data_dir) / "index" / subject
+
+
+def index_chunk_path(data_dir: str | os.PathLike[str], subject: str, start: int) -> Path:
+    return index_dir(data_dir, subject) / f"{start:020d}{INDEX_SUFFIX}"
+
+
+def list_index_chunks(data_dir: str | os.PathLike[str], subject: str) -> list[int]:
+    """The first seqs of a subject's index chunks on disk, ascending."""
+    folder = index_dir(data_dir, subject)
+    if not folder.is_dir():
+        return []
+    return sorted(
+        int(path.name[: -len(INDEX_SUFFIX)])
+        for path in folder.iterdir()
+        if path.name.endswith(INDEX_SUFFIX) and path.name[: -len(INDEX_SUFFIX)].isdigit()
+    )
+
+
+def list_indexed_subjects(data_dir: str | os.PathLike[str]) -> list[str]:
+    folder = Path(data_dir) / "index"
+    if not folder.is_dir():
+        return []
+    return sorted(path.name for path in folder.iterdir() if path.is_dir())
 
 
 # --- action records --------------------------------------------------------------------

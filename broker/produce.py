@@ -169,7 +169,7 @@ class ProduceService:
             deliver_at_us=message.deliver_at_us,
         )
         entry = self._journal.append_message(
-            payload, subject=subject, stored_at_us=now, hashed_id=hashed
+            payload, subject=subject, seq=seq, stored_at_us=now, hashed_id=hashed
         )
         allocated = self._subjects.append(subject, entry, hashed)
         assert allocated == seq

@@ -1,7 +1,7 @@
 """Rewrite a data directory's derived files (indexes, checkpoints) from its logs.
 
-Never writes a segment. Each subject's index is rebuilt from the message log and rewritten
-only when it differs; seqs are never given back: a seq whose record is gone points at its
+Never writes a segment. Each subject's index is rebuilt from the message log and its chunks
+rewritten only when they differ; seqs are never given back: a seq whose record is gone points at its
 segment's header, as recovery marks it, so it reads as unreadable. A checkpoint that does
 not check out is removed and, when recovery would leave every segment as it is (no torn
 tail or bad header in the message or action log), written anew from a recovery run.
@@ -11,32 +11,35 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import zlib
 from collections import defaultdict
 from pathlib import Path
 
 from broker.errors import CorruptRecord, StorageError
 from broker.format import (
     FRAME_SIZE,
+    INDEX_CHUNK_ENTRIES,
     INDEX_ENTRY,
-    INDEX_SUFFIX,
     KIND_DIRS,
     BadRegion,
     IndexEntry,
     MessageRecord,
     SegmentKind,
+    chunk_start,
     id_hash,
-    index_header,
-    index_path,
+    index_chunk_path,
     is_message_record,
+    list_index_chunks,
+    list_indexed_subjects,
     list_segments,
     read_segment_header,
     segment_number,
     walk_frames,
 )
 from broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE, Checkpoint
-from broker.storage.fsync import rewrite_file
+from broker.storage.index_files import CHUNK_BYTES, read_chunk, write_chunk
 from broker.storage.recovery import recover
-from broker.verify import Report, check_data_dir, index_files, read_index
+from broker.verify import Report, check_data_dir, read_index
 
 CHECKPOINTS = (CHECKPOINT_FILE, PREVIOUS_FILE)
 LOGS = (KIND_DIRS[SegmentKind.MESSAGES], KIND_DIRS[SegmentKind.ACTIONS])
@@ -64,21 +67,30 @@ def repair(data_dir: Path, report: Report) -> Repaired:
 
 
 def rebuild_indexes(data_dir: Path) -> list[str]:
-    """Rewrite each subject's index that differs from what the message log holds."""
+    """Rewrite each subject's index chunks that differ from what the message log holds."""
     segments = list_segments(data_dir, SegmentKind.MESSAGES)
     oldest = segment_number(segments[0]) if segments else 0
     found = _entries_in_log(segments)
-    subjects = set(found) | {path.name[: -len(INDEX_SUFFIX)] for path in index_files(data_dir)}
+    subjects = set(found) | set(list_indexed_subjects(data_dir))
     done = []
     for subject in sorted(subjects):
-        path = index_path(data_dir, subject)
-        old = (read_index(path) if path.exists() else None) or []
-        entries = _rebuilt(found.get(subject, {}), old, oldest)
-        if path.exists() and path.read_bytes() == index_header() + entries:
-            continue
-        path.parent.mkdir(exist_ok=True)
-        rewrite_file(path, index_header(), entries)
-        done.append(f"rewrote {path} ({len(entries) // INDEX_ENTRY.size} entries)")
+        old = read_index(data_dir, subject)
+        chunks = list_index_chunks(data_dir, subject)
+        in_log = found.get(subject, {})
+        start = min([*chunks[:1], chunk_start(min(in_log))] if in_log else chunks[:1], default=0)
+        entries = _rebuilt(in_log, old, oldest, start)
+        for first in range(start, start + len(entries) // INDEX_ENTRY.size, INDEX_CHUNK_ENTRIES):
+            at = (first - start) * INDEX_ENTRY.size
+            wanted = entries[at : at + INDEX_CHUNK_ENTRIES * INDEX_ENTRY.size]
+            path = index_chunk_path(data_dir, subject, first)
+            current = read_chunk(path) if path.exists() else None
+            sealed = len(wanted) < CHUNK_BYTES or (
+                current is not None and current.sealed_crc == zlib.crc32(wanted)
+            )
+            if current is not None and current.entries == wanted and sealed:
+                continue
+            write_chunk(data_dir, subject, first, wanted)
+            done.append(f"rewrote {path} ({len(wanted) // INDEX_ENTRY.size} entries)")
     return done
 
 
@@ -104,17 +116,21 @@ def _entries_in_log(segments: list[Path]) -> dict[str, dict[int, bytes]]:
     return found
 
 
-def _rebuilt(found: dict[int, bytes], old: list[IndexEntry], oldest: int) -> bytearray:
-    """A subject's entries: from the log where it holds the record; else the old entry when
-    it cannot be checked (retention removed its segment) or is already marked unreadable;
-    else a mark pointing at the header of the segment before it (seqs stay allocated)."""
-    count = max(len(old), max(found, default=-1) + 1)
+def _rebuilt(
+    found: dict[int, bytes], old: dict[int, IndexEntry], oldest: int, start: int
+) -> bytearray:
+    """A subject's entries from seq ``start``: from the log where it holds the record; else
+    the old entry when it cannot be checked (retention removed its segment) or is already
+    marked unreadable; else a mark pointing at the header of the segment before it (seqs
+    stay allocated)."""
+    count = max(max(old, default=-1) + 1, max(found, default=-1) + 1)
     out = bytearray()
     segment, stored = max(oldest - 1, 0), 0  # before any record: removed by retention
-    for seq in range(count):
+    for seq in range(start, count):
         packed = found.get(seq)
-        if packed is None and seq < len(old) and _unverifiable_or_marked(old[seq], oldest):
-            packed = old[seq].encode()
+        entry = old.get(seq)
+        if packed is None and entry is not None and _unverifiable_or_marked(entry, oldest):
+            packed = entry.encode()
         if packed is None:
             packed = INDEX_ENTRY.pack(segment, FRAME_SIZE, 0, stored, 0)
         segment, _, _, stored, _ = INDEX_ENTRY.unpack(packed)

@@ -1,4 +1,4 @@
-"""Subjects: each one's index entries, visible end, dedup table and counters.
+"""Subjects: each one's index, visible end, dedup table and counters.
 
 ``SubjectTable`` is the only code that changes a subject. It keeps the invariants
 ``first_seq <= end_seq <= next_seq``: ``next_seq`` counts allocated messages, ``end_seq`` the
@@ -13,7 +13,9 @@ import struct
 import zlib
 from collections.abc import Iterator, Mapping
 
-from broker.format import INDEX_ENTRY, INDEX_ENTRY_SIZE
+from broker.format import INDEX_CHUNK_ENTRIES, INDEX_ENTRY, INDEX_ENTRY_SIZE, chunk_start
+from broker.storage.checkpoint import IndexDigest
+from broker.storage.index_files import CHUNK_BYTES, ChunkReader
 
 _FRAME_LENGTH = struct.Struct("<4xI")  # the frame length field of a packed INDEX_ENTRY
 
@@ -28,7 +30,13 @@ class SubjectStats:
 
 
 class SubjectLog:
-    """One subject's index entries, held in memory as the packed bytes of its index file."""
+    """One subject's counters and index.
+
+    Only the newest index chunk's entries are held in memory (at most
+    ``INDEX_CHUNK_ENTRIES``); older entries are read from their chunk files. Every seq
+    below ``end_seq`` is written to its chunk file (the journal writes index entries before
+    a batch becomes visible), so reads of sealed chunks never race the writer.
+    """
 
     __slots__ = (
         "_bytes",
@@ -36,20 +44,31 @@ class SubjectLog:
         "_crc_end",
         "_dedup",
         "_end_seq",
-        "_entries",
         "_first_seq",
+        "_open",
+        "_open_start",
+        "_reader",
         "name",
     )
 
-    def __init__(self, name: str, entries: bytearray | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        reader: ChunkReader,
+        *,
+        open_start: int = 0,
+        open_entries: bytearray | None = None,
+    ) -> None:
         self.name = name
-        self._entries = entries if entries is not None else bytearray()
+        self._reader = reader
+        self._open_start = open_start
+        self._open = open_entries if open_entries is not None else bytearray()
         self._first_seq = 0
         self._end_seq = self.next_seq
         self._dedup: dict[int, int] = {}  # id hash -> seq, oldest first
         self._bytes = 0
-        self._crc = zlib.crc32(self._entries)  # of the packed entries up to _crc_end
-        self._crc_end = len(self._entries)  # appends leave the CRC to the next checkpoint
+        self._crc = zlib.crc32(self._open)  # of the newest chunk's entries up to _crc_end
+        self._crc_end = len(self._open)  # appends leave the CRC to the next checkpoint
 
     @property
     def first_seq(self) -> int:
@@ -61,13 +80,21 @@ class SubjectLog:
 
     @property
     def next_seq(self) -> int:
-        return len(self._entries) // INDEX_ENTRY_SIZE
+        return self._open_start + len(self._open) // INDEX_ENTRY_SIZE
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
 
     def raw(self, seq: int) -> tuple[int, int, int, int, int]:
         """(segment, length, offset, stored_us, id_hash) of a seq, without an object."""
-        values: tuple[int, int, int, int, int] = INDEX_ENTRY.unpack_from(
-            self._entries, seq * INDEX_ENTRY_SIZE
-        )
+        values: tuple[int, int, int, int, int]
+        if seq >= self._open_start:
+            values = INDEX_ENTRY.unpack_from(
+                self._open, (seq - self._open_start) * INDEX_ENTRY_SIZE
+            )
+        else:
+            values = INDEX_ENTRY.unpack(self._reader.entry(self.name, seq))
         return values
 
     @property
@@ -79,6 +106,18 @@ class SubjectLog:
         """The seq stored under an id hash within the dedup window, if any."""
         return self._dedup.get(hashed_id)
 
+    def first_stored_at_or_after(self, stored_us: int) -> int:
+        """The first visible seq stored at or after ``stored_us`` (``end_seq`` if none):
+        stored times grow with seqs, so a binary search (a few reads of old chunks)."""
+        low, high = self._first_seq, self._end_seq
+        while low < high:
+            mid = (low + high) // 2
+            if self.raw(mid)[3] < stored_us:
+                low = mid + 1
+            else:
+                high = mid
+        return low
+
     def stats(self) -> SubjectStats:
         return SubjectStats(
             subject=self.name,
@@ -89,11 +128,24 @@ class SubjectLog:
         )
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RecoveredSubject:
+    """What recovery hands over for one subject: its newest chunk's entries and counters."""
+
+    name: str
+    open_start: int
+    open_entries: bytearray
+    first_seq: int
+    bytes: int
+    dedup: dict[int, int]  # id hash -> seq for the ids inside the dedup window, seq order
+
+
 class SubjectTable(Mapping[str, SubjectLog]):
     """Every subject of the broker by name; the one writer of their fields."""
 
-    def __init__(self) -> None:
+    def __init__(self, reader: ChunkReader) -> None:
         self._subjects: dict[str, SubjectLog] = {}
+        self.reader = reader
 
     # --- reading ---------------------------------------------------------------------------
 
@@ -109,14 +161,22 @@ class SubjectTable(Mapping[str, SubjectLog]):
     def messages(self) -> int:
         return sum(s.end_seq - s.first_seq for s in self._subjects.values())
 
-    def index_digests(self) -> dict[str, tuple[int, int]]:
-        """Per subject: how many index entries, and the CRC-32 of them (for checkpoints)."""
+    def index_digests(self) -> dict[str, IndexDigest]:
+        """Per subject, for checkpoints: how many index entries, the CRC-32 of those in the
+        newest chunk, and the first seq and stored bytes then."""
         for subject in self._subjects.values():
-            end = len(subject._entries)
+            end = len(subject._open)
             if subject._crc_end < end:  # entries appended since the last digest
-                subject._crc = zlib.crc32(subject._entries[subject._crc_end : end], subject._crc)
+                subject._crc = zlib.crc32(subject._open[subject._crc_end : end], subject._crc)
                 subject._crc_end = end
-        return {name: (s.next_seq, s._crc) for name, s in self._subjects.items()}
+        return {
+            name: IndexDigest(count=s.next_seq, crc=s._crc, first_seq=s._first_seq, bytes=s._bytes)
+            for name, s in self._subjects.items()
+        }
+
+    def memory_bytes(self) -> int:
+        """Bytes of index entries held in memory (the newest chunk of each subject)."""
+        return sum(len(s._open) for s in self._subjects.values())
 
     def find(self, name: str) -> SubjectLog | None:
         """The subject, if anything was stored or pulled there (``get`` without the detour
@@ -126,7 +186,7 @@ class SubjectTable(Mapping[str, SubjectLog]):
     def next_seq(self, name: str) -> int:
         """The seq the next message appended to a subject gets."""
         subject = self._subjects.get(name)
-        return 0 if subject is None else len(subject._entries) // INDEX_ENTRY_SIZE
+        return 0 if subject is None else subject.next_seq
 
     # --- live changes ----------------------------------------------------------------------
 
@@ -134,10 +194,14 @@ class SubjectTable(Mapping[str, SubjectLog]):
         """Allocate the next seq of a subject for a message placed in the journal."""
         subject = self._subjects.get(name)
         if subject is None:
-            subject = self._subjects[name] = SubjectLog(name)
-        entries = subject._entries
-        seq = len(entries) // INDEX_ENTRY_SIZE
+            subject = self._subjects[name] = SubjectLog(name, self.reader)
+        entries = subject._open
+        seq = subject._open_start + len(entries) // INDEX_ENTRY_SIZE
         entries += packed_entry
+        if len(entries) == CHUNK_BYTES:  # the chunk is full: the writer seals it on disk
+            subject._open_start += INDEX_CHUNK_ENTRIES
+            subject._open = bytearray()
+            subject._crc = subject._crc_end = 0
         subject._bytes += _FRAME_LENGTH.unpack_from(packed_entry)[0]
         subject._dedup[hashed_id] = seq
         return seq
@@ -146,7 +210,7 @@ class SubjectTable(Mapping[str, SubjectLog]):
         """The subject, created empty if a pull names it before anything was stored."""
         subject = self._subjects.get(name)
         if subject is None:
-            subject = self._subjects[name] = SubjectLog(name)
+            subject = self._subjects[name] = SubjectLog(name, self.reader)
         return subject
 
     def make_visible(self, name: str, end: int) -> None:
@@ -155,8 +219,13 @@ class SubjectTable(Mapping[str, SubjectLog]):
         if end > subject._end_seq:
             subject._end_seq = min(end, subject.next_seq)
 
-    def drop_segments_before(self, oldest_segment: int) -> None:
-        """Retention deleted every message segment below ``oldest_segment``."""
+    def drop_segments_before(self, oldest_segment: int) -> list[tuple[str, int]]:
+        """Retention deleted every message segment below ``oldest_segment``.
+
+        Returns the index chunks (subject, first seq) that now point only at deleted
+        messages: the caller deletes their files.
+        """
+        doomed: list[tuple[str, int]] = []
         for subject in self._subjects.values():
             seq = subject._first_seq
             while seq < subject._end_seq:
@@ -165,56 +234,43 @@ class SubjectTable(Mapping[str, SubjectLog]):
                     break
                 subject._bytes -= length
                 seq += 1
+            old_chunk = chunk_start(subject._first_seq)
             subject._first_seq = seq
+            doomed += (
+                (subject.name, start)
+                for start in range(old_chunk, chunk_start(seq), INDEX_CHUNK_ENTRIES)
+            )
+        return doomed
 
     def evict_dedup(self, horizon_us: int) -> None:
         """Forget ids stored before ``horizon_us`` (the dedup window's start)."""
         for subject in self._subjects.values():
+            horizon = subject.first_stored_at_or_after(horizon_us)
+            if horizon <= subject._first_seq:
+                # Ids of messages retention removed have no stored time left to compare:
+                # kept until the window has passed the first retained message.
+                continue
+            dedup = subject._dedup
             stale = []
-            for hashed, seq in subject._dedup.items():
-                if subject.raw(seq)[3] >= horizon_us:
+            for hashed, seq in dedup.items():  # in seq order
+                if seq >= horizon:
                     break
                 stale.append(hashed)
             for hashed in stale:
-                del subject._dedup[hashed]
+                del dedup[hashed]
 
     # --- recovery --------------------------------------------------------------------------
 
     @classmethod
-    def recovered(
-        cls,
-        entries: Mapping[str, bytearray],
-        *,
-        oldest_segment: int,
-        dedup_horizon_us: int,
-    ) -> SubjectTable:
-        """Subjects rebuilt from their index entries; everything indexed is durable.
-
-        ``first_seq`` is the first entry whose segment still exists; ids stored at or after
-        ``dedup_horizon_us`` enter the dedup table (ids are hashed in the index, so the log
-        is not re-read).
-        """
-        table = cls()
-        for name, packed in entries.items():
-            subject = table._subjects[name] = SubjectLog(name, packed)
-            count = subject.next_seq
-            low, high = 0, count
-            while low < high:  # first seq whose segment still exists
-                mid = (low + high) // 2
-                if subject.raw(mid)[0] < oldest_segment:
-                    low = mid + 1
-                else:
-                    high = mid
-            subject._first_seq = low
-            subject._end_seq = count
-            view = memoryview(packed)[low * INDEX_ENTRY_SIZE :]
-            dedup = subject._dedup
-            total = 0
-            for seq, (_, length, _, stored, hashed) in enumerate(
-                INDEX_ENTRY.iter_unpack(view), start=low
-            ):
-                total += length
-                if stored >= dedup_horizon_us:
-                    dedup[hashed] = seq
-            subject._bytes = total
+    def recovered(cls, reader: ChunkReader, subjects: list[RecoveredSubject]) -> SubjectTable:
+        """Subjects as recovery rebuilt them; everything indexed is durable."""
+        table = cls(reader)
+        for found in subjects:
+            subject = table._subjects[found.name] = SubjectLog(
+                found.name, reader, open_start=found.open_start, open_entries=found.open_entries
+            )
+            subject._first_seq = found.first_seq
+            subject._end_seq = subject.next_seq
+            subject._bytes = found.bytes
+            subject._dedup = found.dedup
         return table

@@ -16,6 +16,7 @@ from broker.format import SegmentKind, list_segments, segment_number
 from broker.groups import GroupTable
 from broker.metrics import BrokerMetrics
 from broker.storage.checkpoint import Checkpoint
+from broker.storage.index_files import remove_chunk
 from broker.storage.journal import Journal
 from broker.storage.segments import SegmentReader
 from broker.subjects import SubjectTable
@@ -103,13 +104,23 @@ class Upkeep:
             and path.stat().st_mtime < horizon_s
         ]
         if doomed:
-            self._subjects.drop_segments_before(segment_number(doomed[-1]) + 1)
+            emptied = self._subjects.drop_segments_before(segment_number(doomed[-1]) + 1)
             for path in doomed:
                 self._reader.forget(segment_number(path))
                 path.unlink()
+            # The checkpoint records the new first seqs and byte counts before the index
+            # chunks they leave behind go, so recovery never needs a deleted chunk.
+            await self.checkpoint()
+            for subject, start in emptied:
+                self._subjects.reader.forget(subject, start)
+                remove_chunk(self._data_dir, subject, start)
             logger.info(
                 "retention removed segments",
-                extra={"action": "broker.retention", "segments": [p.name for p in doomed]},
+                extra={
+                    "action": "broker.retention",
+                    "segments": [p.name for p in doomed],
+                    "index_chunks": len(emptied),
+                },
             )
         for path in doomed_actions:
             path.unlink()

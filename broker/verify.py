@@ -20,10 +20,9 @@ from broker.errors import CorruptRecord, QmqBrokerError, StorageError
 from broker.format import (
     FORMAT_VERSION,
     FRAME_SIZE,
+    INDEX_CHUNK_ENTRIES,
     INDEX_ENTRY_SIZE,
     INDEX_HEADER,
-    INDEX_MAGIC,
-    INDEX_SUFFIX,
     KIND_DIRS,
     SCHEDULE_KINDS,
     BadRegion,
@@ -33,8 +32,11 @@ from broker.format import (
     ScheduleRecord,
     SegmentKind,
     id_hash,
+    index_chunk_path,
     is_action_record,
     is_message_record,
+    list_index_chunks,
+    list_indexed_subjects,
     list_segments,
     read_segment_header,
     segment_name,
@@ -42,7 +44,8 @@ from broker.format import (
     walk_frames,
 )
 from broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE, Checkpoint
-from broker.storage.recovery import FORMAT_FILE
+from broker.storage.index_files import read_chunk
+from broker.storage.migrate import FORMAT_FILE
 
 DERIVED = "derived file: --repair rebuilds it"
 
@@ -98,7 +101,7 @@ class Indexed:
 
     @property
     def position(self) -> int:
-        return INDEX_HEADER.size + self.seq * INDEX_ENTRY_SIZE
+        return INDEX_HEADER.size + (self.seq % INDEX_CHUNK_ENTRIES) * INDEX_ENTRY_SIZE
 
     @property
     def marked_unreadable(self) -> bool:
@@ -194,39 +197,59 @@ def check_checkpoints(data_dir: Path) -> list[Finding]:
 # --- indexes -----------------------------------------------------------------------------
 
 
-def index_files(data_dir: Path) -> list[Path]:
-    folder = data_dir / "index"
-    return sorted(folder.glob(f"*{INDEX_SUFFIX}")) if folder.is_dir() else []
-
-
-def read_index(path: Path) -> list[IndexEntry] | None:
-    """A subject's index entries, or ``None`` when its header is unreadable."""
-    data = path.read_bytes()
-    if len(data) < INDEX_HEADER.size:
-        return None
-    magic, version, entry_size, _ = INDEX_HEADER.unpack_from(data, 0)
-    if magic != INDEX_MAGIC or version != FORMAT_VERSION or entry_size != INDEX_ENTRY_SIZE:
-        return None
-    count = (len(data) - INDEX_HEADER.size) // INDEX_ENTRY_SIZE
+def index_chunks(data_dir: Path) -> list[tuple[str, int, Path]]:
+    """Every index chunk file: (subject, first seq, path)."""
     return [
-        IndexEntry.decode(data, INDEX_HEADER.size + seq * INDEX_ENTRY_SIZE) for seq in range(count)
+        (subject, start, index_chunk_path(data_dir, subject, start))
+        for subject in list_indexed_subjects(data_dir)
+        for start in list_index_chunks(data_dir, subject)
     ]
+
+
+def read_index(data_dir: Path, subject: str) -> dict[int, IndexEntry]:
+    """A subject's readable index entries by seq (chunks with a bad header left out)."""
+    entries: dict[int, IndexEntry] = {}
+    for start in list_index_chunks(data_dir, subject):
+        found = read_chunk(index_chunk_path(data_dir, subject, start))
+        if found is not None:
+            for at in range(0, len(found.entries), INDEX_ENTRY_SIZE):
+                entries[start + at // INDEX_ENTRY_SIZE] = IndexEntry.decode(found.entries, at)
+    return entries
 
 
 def read_indexes(data_dir: Path) -> tuple[list[Indexed], list[Finding]]:
     indexed: list[Indexed] = []
     findings: list[Finding] = []
-    for path in index_files(data_dir):
-        subject = path.name[: -len(INDEX_SUFFIX)]
-        entries = read_index(path)
-        if entries is None:
+    previous: tuple[str, int] | None = None
+    for subject, start, path in index_chunks(data_dir):
+        if previous is not None and previous[0] == subject and previous[1] != start:
+            findings.append(
+                _derived(
+                    path,
+                    0,
+                    f"index chunk(s) of seqs {previous[1]}..{start - 1} missing",
+                    f"seqs {previous[1]}..{start - 1} of {subject}",
+                )
+            )
+        previous = (subject, start + INDEX_CHUNK_ENTRIES)
+        found = read_chunk(path)
+        if found is None:
             findings.append(_derived(path, 0, "index header unreadable", "every seq of it"))
             continue
+        if not found.seal_matches():
+            findings.append(
+                _derived(path, 0, "index chunk does not match the CRC it was sealed with", "")
+            )
         loose = (path.stat().st_size - INDEX_HEADER.size) % INDEX_ENTRY_SIZE
         if loose:
-            at = INDEX_HEADER.size + len(entries) * INDEX_ENTRY_SIZE
+            at = INDEX_HEADER.size + len(found.entries)
             findings.append(_derived(path, at, f"{loose} bytes past the last whole entry", ""))
-        indexed += (Indexed(subject, seq, entry, path) for seq, entry in enumerate(entries))
+        indexed += (
+            Indexed(
+                subject, start + at // INDEX_ENTRY_SIZE, IndexEntry.decode(found.entries, at), path
+            )
+            for at in range(0, len(found.entries), INDEX_ENTRY_SIZE)
+        )
     return indexed, findings
 
 
@@ -238,9 +261,9 @@ def _derived(path: Path, offset: int, damage: str, unreadable: str) -> Finding:
 def _unindexed_subjects(data_dir: Path, in_log: set[str], indexed: set[str]) -> list[Finding]:
     return [
         _derived(
-            data_dir / "index" / f"{subject}{INDEX_SUFFIX}",
+            data_dir / "index" / subject,
             0,
-            "index file missing for a subject in the message log",
+            "index missing for a subject in the message log",
             f"every seq of {subject}",
         )
         for subject in sorted(in_log - indexed)

@@ -20,7 +20,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
 from broker.errors import CorruptRecord
-from broker.format import FORMAT_VERSION, HEADER_SIZE, SegmentKind, list_segments
+from broker.format import HEADER_SIZE, SEGMENT_LAYOUT_FORMATS, SegmentKind, list_segments
 from broker.format import read_segment_header as check_header
 from spark_reconcile.datasource import FORMAT_NAME
 from spark_reconcile.errors import (
@@ -245,8 +245,9 @@ def check_broker_dir(path: str) -> str:
             version = orjson.loads(marker.read_bytes()).get("format")
         except (OSError, orjson.JSONDecodeError, AttributeError) as exc:
             raise BrokerDataUnreadable(f"{marker} cannot be read: {exc}") from exc
-        if version != FORMAT_VERSION:
-            raise BrokerDataUnreadable(f"{path} has data format {version}, not {FORMAT_VERSION}")
+        if version not in SEGMENT_LAYOUT_FORMATS:
+            readable = " or ".join(map(str, SEGMENT_LAYOUT_FORMATS))
+            raise BrokerDataUnreadable(f"{path} has data format {version}, not {readable}")
     for kind in (SegmentKind.MESSAGES, SegmentKind.ACTIONS):
         for segment in list_segments(folder, kind):
             try:

@@ -6,8 +6,9 @@ takes the newest one whose CRC and fields check out; when neither does, recovery
 from nothing and rebuilds from the logs (what a lost checkpoint costs: a longer scan, and
 for groups whose early action segments retention already removed, redeliveries). File
 layout: ``{"crc32": <crc of the body>, "checkpoint": <body>}``, the body serialised with
-sorted keys so its bytes, and so its CRC, are canonical. A file without ``crc32`` is the
-first layout (before checksums), still read.
+sorted keys so its bytes, and so its CRC, are canonical. Checkpoints of format 1 (with or
+without a CRC) are rewritten as format 2 when the data directory is migrated on start
+(``broker.storage.migrate``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,26 @@ PREVIOUS_FILE = "checkpoint.prev.json"
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class IndexDigest:
+    """A subject's index as a checkpoint saw it.
+
+    ``count`` entries; ``crc`` the CRC-32 of the entries ``[chunk_start(count), count)``
+    (those of the newest, unsealed chunk: sealed chunks carry their own CRC); the first
+    retained seq and the stored bytes of the retained messages then, so recovery does not
+    add up the whole index. ``first_seq`` and ``bytes`` are -1 when not known (a checkpoint
+    migrated from format 1).
+    """
+
+    count: int
+    crc: int
+    first_seq: int = -1
+    bytes: int = -1
+
+    def encode(self) -> list[int]:
+        return [self.count, self.crc, self.first_seq, self.bytes]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Checkpoint:
     """Indexes are complete and group state is ``groups`` as of these log positions."""
 
@@ -35,8 +56,7 @@ class Checkpoint:
     actions_at: tuple[int, int] = (0, HEADER_SIZE)
     groups: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     written_at_us: int = 0
-    # per subject: (index entries covered, CRC-32 of those entries); {} in older files
-    indexes: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    indexes: dict[str, IndexDigest] = dataclasses.field(default_factory=dict)
 
     def encode(self) -> bytes:
         body = orjson.dumps(
@@ -46,7 +66,7 @@ class Checkpoint:
                 "actions_at": list(self.actions_at),
                 "groups": self.groups,
                 "written_at_us": self.written_at_us,
-                "indexes": {name: list(digest) for name, digest in self.indexes.items()},
+                "indexes": {name: digest.encode() for name, digest in self.indexes.items()},
             },
             option=orjson.OPT_SORT_KEYS,
         )
@@ -64,14 +84,17 @@ class Checkpoint:
                 doc = doc["checkpoint"]
             if doc["format"] != FORMAT_VERSION:
                 raise ValueError(f"unsupported format {doc['format']}")
+            digests = doc.get("indexes", {})
             checkpoint = cls(
                 messages_at=(int(doc["messages_at"][0]), int(doc["messages_at"][1])),
                 actions_at=(int(doc["actions_at"][0]), int(doc["actions_at"][1])),
                 groups=dict(doc["groups"]),
                 written_at_us=int(doc["written_at_us"]),
                 indexes={
-                    str(name): (int(count), int(crc))
-                    for name, (count, crc) in doc.get("indexes", {}).items()
+                    str(name): IndexDigest(
+                        count=int(d[0]), crc=int(d[1]), first_seq=int(d[2]), bytes=int(d[3])
+                    )
+                    for name, d in digests.items()
                 },
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, IndexError, ValueError) as exc:

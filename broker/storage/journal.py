@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import os
 import time
+import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,16 +30,20 @@ from pathlib import Path
 from broker.config import FsyncPolicy
 from broker.errors import StorageError
 from broker.format import (
+    INDEX_CHUNK_ENTRIES,
     INDEX_ENTRY,
+    INDEX_ENTRY_SIZE,
+    INDEX_HEADER,
     KIND_DIRS,
     SegmentKind,
     frame,
+    index_chunk_path,
     index_header,
-    index_path,
     segment_header,
 )
 from broker.storage.buckets import BucketFiles, BucketKey, BucketPlacer
-from broker.storage.fsync import sync_all, sync_data, sync_new_file
+from broker.storage.fsync import sync_all, sync_data, sync_dir, sync_new_file
+from broker.storage.index_files import CHUNK_BYTES
 from broker.storage.segments import LogPlacer, Position, segment_path
 
 logger = logging.getLogger(__name__)
@@ -50,7 +55,7 @@ FsyncObserver = Callable[[float], None]
 class _Batch:
     messages: list[tuple[Position, bytes]] = dataclasses.field(default_factory=list)
     actions: list[tuple[Position, bytes]] = dataclasses.field(default_factory=list)
-    index: dict[str, list[bytes]] = dataclasses.field(default_factory=dict)
+    index: dict[str, tuple[int, list[bytes]]] = dataclasses.field(default_factory=dict)
     buckets: list[tuple[SegmentKind, Position, bytes]] = dataclasses.field(default_factory=list)
     jobs: list[Callable[[], None]] = dataclasses.field(default_factory=list)
     future: asyncio.Future[None] | None = None
@@ -65,7 +70,7 @@ class _AppendFiles:
     def __init__(self, data_dir: Path) -> None:
         self._data_dir = data_dir
         self._logs: dict[SegmentKind, tuple[int, int]] = {}  # kind -> (segment, fd)
-        self._index: dict[str, int] = {}
+        self._index: dict[str, tuple[int, int]] = {}  # subject -> (chunk start, fd)
         self.dirty: set[int] = set()
         self.buckets = BucketFiles(data_dir)
 
@@ -86,16 +91,49 @@ class _AppendFiles:
         self._logs[kind] = (segment, fd)
         return fd
 
-    def index_fd(self, subject: str) -> int:
-        fd = self._index.get(subject)
-        if fd is None:
-            path = index_path(self._data_dir, subject)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            if os.fstat(fd).st_size == 0:
-                os.write(fd, index_header())
-                sync_new_file(fd, path)
-            self._index[subject] = fd
+    def write_index(self, subject: str, first_seq: int, entries: list[bytes]) -> None:
+        """Write a subject's entries from ``first_seq`` into its chunk files, sealing each
+        chunk the entries fill."""
+        seq = first_seq
+        at = 0
+        while at < len(entries):
+            start = seq - seq % INDEX_CHUNK_ENTRIES
+            take = min(len(entries) - at, start + INDEX_CHUNK_ENTRIES - seq)
+            fd = self._index_fd(subject, start)
+            data = b"".join(entries[at : at + take])
+            offset = INDEX_HEADER.size + (seq - start) * INDEX_ENTRY_SIZE
+            if os.pwrite(fd, data, offset) != len(data):
+                raise StorageError(f"short write to the index of {subject}")
+            seq += take
+            at += take
+            if seq - start == INDEX_CHUNK_ENTRIES:
+                self._seal(subject, start, fd)
+
+    def _index_fd(self, subject: str, start: int) -> int:
+        current = self._index.get(subject)
+        if current is not None and current[0] == start:
+            return current[1]
+        if current is not None:  # a chunk left unsealed (cannot happen: seals on filling)
+            sync_all(current[1])
+            os.close(current[1])
+        path = index_chunk_path(self._data_dir, subject, start)
+        if not path.parent.is_dir():
+            path.parent.mkdir(parents=True)
+            sync_dir(path.parent.parent)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        if os.fstat(fd).st_size == 0:
+            os.pwrite(fd, index_header(), 0)
+            sync_new_file(fd, path)
+        self._index[subject] = (start, fd)
         return fd
+
+    def _seal(self, subject: str, start: int, fd: int) -> None:
+        """A full chunk gets its CRC in its header and is forced to disk, once for all."""
+        entries = os.pread(fd, CHUNK_BYTES, INDEX_HEADER.size)
+        os.pwrite(fd, index_header(zlib.crc32(entries)), 0)
+        sync_all(fd)
+        os.close(fd)
+        del self._index[subject]
 
     def fsync_logs(self) -> None:
         for fd in list(self.dirty):
@@ -104,14 +142,14 @@ class _AppendFiles:
         self.buckets.fsync()
 
     def fsync_indexes(self) -> None:
-        for fd in self._index.values():
+        for _, fd in self._index.values():
             sync_data(fd)
 
     def close(self) -> None:
         for _, fd in self._logs.values():
             sync_all(fd)
             os.close(fd)
-        for fd in self._index.values():
+        for _, fd in self._index.values():
             sync_all(fd)
             os.close(fd)
         self._logs.clear()
@@ -176,9 +214,10 @@ class Journal:
         return self._batch.future
 
     def append_message(
-        self, payload: bytes, *, subject: str, stored_at_us: int, hashed_id: int
+        self, payload: bytes, *, subject: str, seq: int, stored_at_us: int, hashed_id: int
     ) -> bytes:
-        """Place one message frame and its index entry; returns the packed index entry.
+        """Place one message frame and the index entry of its ``seq``; returns the packed
+        index entry (seqs of a subject come in order, one after the other).
 
         Durable once ``commit_point()`` resolves.
         """
@@ -189,10 +228,10 @@ class Journal:
         )
         batch = self._batch
         batch.messages.append((position, framed))
-        entries = batch.index.get(subject)
-        if entries is None:  # not setdefault: that builds a list for every message
-            entries = batch.index[subject] = []
-        entries.append(entry)
+        pending = batch.index.get(subject)
+        if pending is None:  # not setdefault: that builds a list for every message
+            pending = batch.index[subject] = (seq, [])
+        pending[1].append(entry)
         return entry
 
     def append_action(self, payload: bytes) -> Position:
@@ -283,8 +322,8 @@ class Journal:
         self._write_log(SegmentKind.MESSAGES, batch.messages)
         self._write_log(SegmentKind.ACTIONS, batch.actions)
         self._write_buckets(batch.buckets)
-        for subject, entries in batch.index.items():
-            os.write(self._files.index_fd(subject), b"".join(entries))
+        for subject, (first_seq, entries) in batch.index.items():
+            self._files.write_index(subject, first_seq, entries)
         if self._fsync.mode == "always":
             self._timed_fsync()
         for job in batch.jobs:

@@ -18,9 +18,9 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
-import zlib
 from pathlib import Path
 
 import orjson
@@ -30,17 +30,15 @@ from broker.format import (
     FORMAT_VERSION,
     FRAME_SIZE,
     HEADER_SIZE,
+    INDEX_CHUNK_ENTRIES,
     INDEX_ENTRY,
     INDEX_ENTRY_SIZE,
-    INDEX_HEADER,
-    INDEX_MAGIC,
-    INDEX_SUFFIX,
     ActionRecord,
     BadRegion,
     MessageRecord,
     SegmentKind,
+    chunk_start,
     id_hash,
-    index_header,
     is_action_record,
     is_message_record,
     list_segments,
@@ -49,13 +47,16 @@ from broker.format import (
     walk_frames,
 )
 from broker.groups import GroupTable
-from broker.storage.checkpoint import Checkpoint
-from broker.storage.fsync import rewrite_file, truncate_file
+from broker.storage.checkpoint import Checkpoint, IndexDigest
+from broker.storage.fsync import truncate_file
+from broker.storage.index_files import ChunkReader, remove_chunk
+from broker.storage.index_recovery import WorkingIndex, load_indexes
+from broker.storage.index_repair import rebuild_chunk
+from broker.storage.migrate import FORMAT_FILE, migrate
 from broker.storage.segments import segment_path
-from broker.subjects import SubjectTable
+from broker.subjects import RecoveredSubject, SubjectTable
 
 logger = logging.getLogger(__name__)
-FORMAT_FILE = "FORMAT"
 
 
 @dataclasses.dataclass(slots=True)
@@ -69,17 +70,20 @@ class Recovered:
     seconds: float = 0.0
 
 
-def check_format(data_dir: Path) -> None:
+def check_format(data_dir: Path) -> list[str]:
+    """Make ``data_dir`` a data directory of the current format (migrating an older one);
+    returns what a migration did."""
     data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / FORMAT_FILE
-    if path.exists():
-        version = orjson.loads(path.read_bytes()).get("format")
-        if version != FORMAT_VERSION:
-            raise StorageError(
-                f"{data_dir} holds format {version}; this broker reads {FORMAT_VERSION}"
-            )
-    else:
+    if not path.exists():
         path.write_bytes(orjson.dumps({"format": FORMAT_VERSION}))
+        return []
+    version = orjson.loads(path.read_bytes()).get("format")
+    if version == FORMAT_VERSION:
+        return []
+    if isinstance(version, int) and version < FORMAT_VERSION:
+        return migrate(data_dir, version)
+    raise StorageError(f"{data_dir} holds format {version}; this broker reads {FORMAT_VERSION}")
 
 
 def recover(
@@ -119,21 +123,34 @@ def recover(
     )
     segments = list_segments(data_dir, SegmentKind.MESSAGES)
     oldest = segment_number(segments[0]) if segments else 0
-    rewrite: set[str] = set()  # subjects whose index file must be written anew
-    rebuild: set[str] = set()  # subjects whose index is rebuilt from the log
-    entries = _load_indexes(data_dir, segments, valid_ends, checkpoint, problems, rewrite, rebuild)
-    scan_from = (oldest, HEADER_SIZE) if rebuild else max(messages_from, (oldest, HEADER_SIZE))
-    _index_tail(segments, scan_from, valid_ends, entries, rebuild, problems, rewrite)
     newest = segment_number(segments[-1]) if segments else 0
-    _keep_checkpointed_seqs(entries, checkpoint.indexes, newest, rebuild)
-    _keep_seqs_groups_saw(entries, groups, newest, problems, rewrite)
-    _save_indexes(data_dir, entries, rewrite)
+    scan_from = max(messages_from, (oldest, HEADER_SIZE))
+    loaded = load_indexes(
+        data_dir, checkpoint.indexes, hold_from_segment=scan_from[0], problems=problems
+    )
+    indexes, rebuild = loaded.indexes, loaded.rebuild
+    _trim_past_valid_data(indexes, segments, valid_ends, checkpoint, problems)
+    if rebuild:
+        scan_from = (oldest, HEADER_SIZE)
+    _index_tail(segments, scan_from, valid_ends, indexes, rebuild, problems, data_dir)
+    _keep_checkpointed_seqs(indexes, checkpoint.indexes, newest, rebuild)
+    _keep_seqs_groups_saw(indexes, groups, newest, problems, data_dir)
     for subject, _ in groups:  # a subject its groups pulled from before anything was stored
-        entries.setdefault(subject, bytearray())
+        indexes.setdefault(subject, WorkingIndex(data_dir=data_dir, name=subject))
+    for index in indexes.values():
+        index.save()
+    reader = ChunkReader(data_dir, repair=functools.partial(rebuild_chunk, data_dir))
     subjects = SubjectTable.recovered(
-        entries,
-        oldest_segment=oldest,
-        dedup_horizon_us=now_us - int(dedup_window_s * 1_000_000),
+        reader,
+        [
+            _recovered_subject(
+                index,
+                checkpoint.indexes.get(name),
+                oldest_segment=oldest,
+                dedup_horizon_us=now_us - int(dedup_window_s * 1_000_000),
+            )
+            for name, index in indexes.items()
+        ],
     )
 
     recovered = Recovered(
@@ -246,116 +263,67 @@ def _cost(kind: SegmentKind) -> str:
     return "the group changes in them are lost (their messages may be delivered again)"
 
 
-def _load_indexes(
-    data_dir: Path,
+def _trim_past_valid_data(
+    indexes: dict[str, WorkingIndex],
     segments: list[Path],
     valid_ends: dict[int, int],
     checkpoint: Checkpoint,
     problems: list[str],
-    rewrite: set[str],
-    rebuild: set[str],
-) -> dict[str, bytearray]:
-    """Each subject's packed index entries, checked against the checkpoint and the log.
-
-    An index whose first entries do not match the checkpoint's digest of them is damaged:
-    it is emptied and its subject added to ``rebuild`` (the index is derived data).
-
-    Entries past valid data and past the checkpoint are a torn batch (never acknowledged):
-    they are trimmed. Entries past valid data but covered by the checkpoint were durable
-    (their log was cut or replaced since): they keep their seqs, so no seq is reused, and
-    point at the segment header, where no frame can ever be, so they read as unreadable.
-    """
+) -> None:
+    """Entries past valid data and past the checkpoint are a torn batch (never
+    acknowledged): they are trimmed. Entries past valid data but covered by the checkpoint
+    were durable (their log was cut or replaced since): they keep their seqs, so no seq is
+    reused, and point at the segment header, where no frame can ever be, so they read as
+    unreadable."""
     checkpointed = checkpoint.messages_at
     last_segment = segment_number(segments[-1]) if segments else -1
-    subjects: dict[str, bytearray] = {}
-    folder = data_dir / "index"
-    if not folder.is_dir():
-        return subjects
 
-    def gone(entries: bytearray, seq: int) -> tuple[bool, bool]:
-        segment, length, offset, _, _ = INDEX_ENTRY.unpack_from(entries, seq * INDEX_ENTRY_SIZE)
+    def gone(index: WorkingIndex, seq: int) -> tuple[bool, bool]:
+        segment, length, offset, _, _ = index.entry(seq)
         end = valid_ends.get(segment)
         lost = segment > last_segment or (end is not None and offset + length > end)
         return lost, (segment, offset + length) <= checkpointed
 
-    for path in sorted(folder.glob(f"*{INDEX_SUFFIX}")):
-        name = path.name[: -len(INDEX_SUFFIX)]
-        data = path.read_bytes()
-        if len(data) < INDEX_HEADER.size or data[:8] != INDEX_MAGIC:
-            problems.append(f"{path}: unreadable header; rebuilt from the log")
-            entries = bytearray()
-        else:
-            count = (len(data) - INDEX_HEADER.size) // INDEX_ENTRY_SIZE
-            entries = bytearray(
-                data[INDEX_HEADER.size : INDEX_HEADER.size + count * INDEX_ENTRY_SIZE]
-            )
-        if not _matches_digest(entries, checkpoint.indexes.get(name)):
-            problems.append(f"{path}: does not match the checkpoint; rebuilt from the log")
-            subjects[name] = bytearray()
-            rebuild.add(name)
-            continue
-        keep = len(entries) // INDEX_ENTRY_SIZE
-        while keep and gone(entries, keep - 1) == (True, False):
+    for name, index in indexes.items():
+        keep = index.count
+        while keep > index.first_chunk and gone(index, keep - 1) == (True, False):
             keep -= 1
-        del entries[keep * INDEX_ENTRY_SIZE :]
+        index.truncate(keep)
         seq = keep - 1
-        while seq >= 0 and gone(entries, seq)[0]:
-            segment, _, _, stored, _ = INDEX_ENTRY.unpack_from(entries, seq * INDEX_ENTRY_SIZE)
-            INDEX_ENTRY.pack_into(
-                entries, seq * INDEX_ENTRY_SIZE, segment, FRAME_SIZE, 0, stored, 0
-            )
+        while seq >= index.first_chunk and gone(index, seq)[0]:
+            segment, _, _, stored, _ = index.entry(seq)
+            index.set(seq, INDEX_ENTRY.pack(segment, FRAME_SIZE, 0, stored, 0))
             seq -= 1
         if seq < keep - 1:
-            rewrite.add(name)
             problems.append(
-                f"{path}: seqs {seq + 1}..{keep - 1} were checkpointed but their "
+                f"index of {name}: seqs {seq + 1}..{keep - 1} were checkpointed but their "
                 "records are gone; they stay allocated and read as unreadable"
             )
-        subjects[name] = entries
-    for name in checkpoint.indexes.keys() - subjects.keys():  # index file gone
-        if checkpoint.indexes[name][0] > 0:
-            problems.append(f"index of {name}: missing; rebuilt from the log")
-            subjects[name] = bytearray()
-            rebuild.add(name)
-    rewrite |= rebuild
-    return subjects
-
-
-def _matches_digest(entries: bytearray, digest: tuple[int, int] | None) -> bool:
-    """Whether the first entries are the ones the checkpoint covered (no digest: trusted)."""
-    if digest is None:
-        return True
-    count, crc = digest
-    covered = memoryview(entries)[: count * INDEX_ENTRY_SIZE]  # no copy of a large index
-    matches = len(covered) == count * INDEX_ENTRY_SIZE and zlib.crc32(covered) == crc
-    covered.release()
-    return matches
 
 
 def _keep_checkpointed_seqs(
-    subjects: dict[str, bytearray],
-    digests: dict[str, tuple[int, int]],
+    indexes: dict[str, WorkingIndex],
+    digests: dict[str, IndexDigest],
     segment: int,
     rebuild: set[str],
 ) -> None:
     """A rebuilt index keeps every seq the checkpoint covered, found in the log or not:
     those were acknowledged, so they are never handed out again (unreadable if gone)."""
     for name in rebuild:
-        count = digests.get(name, (0, 0))[0]
-        entries = subjects[name]
-        have = len(entries) // INDEX_ENTRY_SIZE
-        if have < count:
-            entries += INDEX_ENTRY.pack(segment, FRAME_SIZE, 0, 0, 0) * (count - have)
+        count = digests[name].count if name in digests else 0
+        index = indexes[name]
+        if index.count < count:
+            index.entries += INDEX_ENTRY.pack(segment, FRAME_SIZE, 0, 0, 0) * (count - index.count)
 
 
 def _index_tail(
     segments: list[Path],
     scan_from: tuple[int, int],
     valid_ends: dict[int, int],
-    subjects: dict[str, bytearray],
+    indexes: dict[str, WorkingIndex],
     rebuild: set[str],
     problems: list[str],
-    rewrite: set[str],
+    data_dir: Path,
 ) -> None:
     """Add index entries for records past ``scan_from`` that the index files lack, and
     correct entries that disagree with the record they index.
@@ -384,16 +352,18 @@ def _index_tail(
             offset, payload = item
             record = MessageRecord.decode(payload, path=str(path), offset=offset)
             name = record.subject
-            entries = subjects.setdefault(name, bytearray())
-            next_seq = len(entries) // INDEX_ENTRY_SIZE
+            index = indexes.get(name)
+            if index is None:
+                index = indexes[name] = WorkingIndex(data_dir=data_dir, name=name)
+            entries = index.entries
+            next_seq = index.count
             entry = INDEX_ENTRY.pack(
                 number, len(payload) + 8, offset, record.stored_at_us, id_hash(record.id)
             )
             if record.seq < next_seq:
-                at = record.seq * INDEX_ENTRY_SIZE
-                if entries[at : at + INDEX_ENTRY_SIZE] != entry:
-                    entries[at : at + INDEX_ENTRY_SIZE] = entry
-                    rewrite.add(name)
+                if record.seq < index.base and name not in rebuild:
+                    continue  # in a sealed chunk: its CRC vouched for it
+                if index.set(record.seq, entry):
                     problems.append(f"index of {name}: seq {record.seq} corrected from the log")
                 continue
             if record.seq > next_seq:
@@ -415,11 +385,11 @@ def _index_tail(
 
 
 def _keep_seqs_groups_saw(
-    subjects: dict[str, bytearray],
+    indexes: dict[str, WorkingIndex],
     groups: GroupTable,
     segment: int,
     problems: list[str],
-    rewrite: set[str],
+    data_dir: Path,
 ) -> None:
     """Seqs a group already read must never be handed out again, even when the log lost them
     (a tail cut past the checkpoint): they stay allocated and read as unreadable (their
@@ -430,27 +400,63 @@ def _keep_seqs_groups_saw(
             top = max((state.cursor - 1, *state.leases, *state.retries, *state.dead))
             seen[subject] = max(seen.get(subject, -1), top)
     for subject, top in seen.items():
-        entries = subjects.setdefault(subject, bytearray())
-        count = len(entries) // INDEX_ENTRY_SIZE
+        index = indexes.get(subject)
+        if index is None:
+            index = indexes[subject] = WorkingIndex(data_dir=data_dir, name=subject)
+        count = index.count
         if top >= count:
-            entries += INDEX_ENTRY.pack(segment, FRAME_SIZE, 0, 0, 0) * (top + 1 - count)
-            rewrite.add(subject)
+            index.entries += INDEX_ENTRY.pack(segment, FRAME_SIZE, 0, 0, 0) * (top + 1 - count)
             problems.append(
                 f"{subject}: seqs {count}..{top} were read by a group but are gone from the "
                 "log; they stay allocated and read as unreadable"
             )
 
 
-def _save_indexes(data_dir: Path, subjects: dict[str, bytearray], rewrite: set[str]) -> None:
-    folder = data_dir / "index"
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, entries in subjects.items():
-        path = folder / f"{name}{INDEX_SUFFIX}"
-        wanted = INDEX_HEADER.size + len(entries)
-        current = path.stat().st_size if path.exists() else -1
-        if current == wanted and name not in rewrite:
-            continue
-        rewrite_file(path, index_header(), entries)
+def _recovered_subject(
+    index: WorkingIndex,
+    digest: IndexDigest | None,
+    *,
+    oldest_segment: int,
+    dedup_horizon_us: int,
+) -> RecoveredSubject:
+    """A subject's counters from its index, reading only what the checkpoint does not
+    vouch for; chunks that retention emptied are deleted."""
+    count = index.count
+    first_seq = index.first_seq_where(index.first_chunk, lambda entry: entry[0] >= oldest_segment)
+    stored = -1
+    if (
+        digest is not None
+        and not index.rebuilt
+        and 0 <= digest.first_seq <= first_seq
+        and digest.bytes >= 0
+        and digest.count <= count
+    ):
+        try:
+            stored = (
+                digest.bytes
+                - index.lengths(digest.first_seq, first_seq)
+                + index.lengths(digest.count, count)
+            )
+        except FileNotFoundError:  # retention removed chunks the checkpoint still counted
+            stored = -1
+    if stored < 0:
+        stored = index.lengths(first_seq, count)
+    for start in range(index.first_chunk, chunk_start(first_seq), INDEX_CHUNK_ENTRIES):
+        remove_chunk(index.data_dir, index.name, start)
+    horizon = index.first_seq_where(first_seq, lambda entry: entry[3] >= dedup_horizon_us)
+    dedup: dict[int, int] = {}
+    for seq in range(horizon, count):
+        dedup[index.entry(seq)[4]] = seq
+    open_start = chunk_start(count)
+    at = (open_start - index.base) * INDEX_ENTRY_SIZE
+    return RecoveredSubject(
+        name=index.name,
+        open_start=open_start,
+        open_entries=bytearray(index.entries[at:]),
+        first_seq=first_seq,
+        bytes=stored,
+        dedup=dedup,
+    )
 
 
 def _replay_actions(segments: list[Path], start: tuple[int, int], groups: GroupTable) -> None:

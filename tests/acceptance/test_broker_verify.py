@@ -19,6 +19,7 @@ from broker.format import (
     INDEX_ENTRY_SIZE,
     INDEX_HEADER,
     SegmentKind,
+    index_chunk_path,
     iter_frames,
     list_segments,
 )
@@ -130,7 +131,7 @@ def test_a_flipped_bit_in_an_action_segment_is_named(data_dir: Path) -> None:
 
 
 def test_a_flipped_bit_in_an_index_entry_is_repaired(data_dir: Path) -> None:
-    index = data_dir / "index" / f"{SUBJECTS[1]}.idx"
+    index = index_chunk_path(data_dir, SUBJECTS[1], 0)
     entry = INDEX_HEADER.size + 3 * INDEX_ENTRY_SIZE
     flip_bit(index, entry + 24)  # the id hash
     segments = {p: p.read_bytes() for p in data_dir.glob("messages/*.seg")}

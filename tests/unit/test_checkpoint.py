@@ -10,6 +10,7 @@ import pytest
 from broker.engine import Broker
 from broker.errors import StorageError
 from broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE, Checkpoint
+from broker.storage.migrate import migrate
 from broker.storage.recovery import recover
 from tests.support.engine import incoming, run_broker
 
@@ -32,7 +33,9 @@ def test_an_edited_field_fails_the_crc() -> None:
         Checkpoint.decode(edited, path="c")
 
 
-def test_a_checkpoint_without_a_crc_is_the_first_layout_and_still_read() -> None:
+def test_a_checkpoint_of_the_first_layout_is_migrated_and_then_read(tmp_path: Path) -> None:
+    """Format 1 without a CRC (the first layout): the start of a format-2 broker rewrites
+    it with a CRC, its contents unchanged."""
     legacy = orjson.dumps(
         {
             "format": 1,
@@ -42,7 +45,12 @@ def test_a_checkpoint_without_a_crc_is_the_first_layout_and_still_read() -> None
             "written_at_us": 42,
         }
     )
-    assert Checkpoint.decode(legacy, path="c") == sample()
+    with pytest.raises(StorageError, match="unsupported format 1"):
+        Checkpoint.decode(legacy, path="c")
+    (tmp_path / CHECKPOINT_FILE).write_bytes(legacy)
+    migrate(tmp_path, 1)
+    assert Checkpoint.load(tmp_path) == sample()
+    assert orjson.loads((tmp_path / "FORMAT").read_bytes()) == {"format": 2}
 
 
 def test_writing_keeps_the_previous_and_loading_falls_back_to_it(tmp_path: Path) -> None:

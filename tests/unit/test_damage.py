@@ -22,6 +22,7 @@ from broker.errors import StorageError
 from broker.format import (
     ActionType,
     SegmentKind,
+    index_chunk_path,
     iter_action_records,
     list_segments,
     segment_number,
@@ -268,7 +269,7 @@ def test_an_unreadable_segment_header_fails_recovery_unless_skipped(tmp_path: Pa
 @pytest.mark.parametrize("field", ["segment", "offset", "id hash"])
 def test_a_damaged_index_is_rebuilt_from_the_log(tmp_path: Path, field: str) -> None:
     run_broker(tmp_path, produce_all)  # closing writes a checkpoint with the index digests
-    index = tmp_path / "index" / "orders.idx"
+    index = index_chunk_path(tmp_path, "orders", 0)
     entry = 16 + 123 * 32  # seq 123's entry, past the 16-byte header
     flip(index, entry + {"segment": 0, "offset": 8, "id hash": 24}[field], bit=2)
     problems = recover(tmp_path, dedup_window_s=3600).problems
@@ -284,7 +285,7 @@ def test_a_damaged_index_is_rebuilt_from_the_log(tmp_path: Path, field: str) -> 
 def test_an_index_entry_past_the_checkpoint_is_corrected_from_the_log(tmp_path: Path) -> None:
     run_broker(tmp_path, produce_all)
     crash_before_checkpoint(tmp_path, keep_index=True)
-    index = tmp_path / "index" / "orders.idx"
+    index = index_chunk_path(tmp_path, "orders", 0)
     flip(index, 16 + 200 * 32 + 24, bit=5)  # seq 200's id hash
     problems = recover(tmp_path, dedup_window_s=3600).problems
     assert [p for p in problems if "seq 200 corrected from the log" in p] != []
@@ -302,7 +303,7 @@ def test_a_rebuilt_index_keeps_every_seq_the_checkpoint_covered(tmp_path: Path) 
     _, offset, _ = frame_of(tmp_path, MESSAGES - 2)
     with open(last, "r+b") as handle:
         handle.truncate(offset)  # the last two records are gone
-    flip(tmp_path / "index" / "orders.idx", 16 + 5 * 32 + 24)  # and the index is damaged
+    flip(index_chunk_path(tmp_path, "orders", 0), 16 + 5 * 32 + 24)  # and the index is damaged
     recovered = recover(tmp_path, dedup_window_s=3600)
     assert recovered.subjects["orders"].next_seq == MESSAGES
     assert [p for p in recovered.problems if "rebuilt from the log" in p] != []

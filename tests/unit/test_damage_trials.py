@@ -29,6 +29,7 @@ from broker.format import (
     HEADER_SIZE,
     ActionRecord,
     SegmentKind,
+    index_chunk_path,
     iter_frames,
     list_segments,
     segment_number,
@@ -134,7 +135,7 @@ def damage(data_dir: Path, kind: str, rng: random.Random) -> tuple[set[int], set
         path.unlink()
         return seqs_in(segment_number(path), 0, 10**12), set()
     if kind == "index bit":
-        path = data_dir / "index" / "orders.idx"
+        path = index_chunk_path(data_dir, "orders", 0)
         flip(path, rng.randrange(path.stat().st_size), rng.randrange(8))
         return set(), set()
     if kind == "checkpoint bit":

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.engine import Broker
-from broker.format import HEADER_SIZE, SegmentKind, frame, list_segments
+from broker.format import HEADER_SIZE, SegmentKind, frame, index_chunk_path, list_segments
 from broker.messages import IncomingMessage
 from broker.storage.recovery import recover
 from tests.support.engine import run_broker as engine_run
@@ -66,19 +66,19 @@ def test_torn_tail_is_truncated_and_whole_records_kept(tmp_path: Path) -> None:
 
 def test_index_is_rebuilt_from_the_log_when_lost(tmp_path: Path) -> None:
     run_broker(tmp_path, produce_pull_ack)
-    original = (tmp_path / "index" / "orders.idx").read_bytes()
-    (tmp_path / "index" / "orders.idx").unlink()
+    original = index_chunk_path(tmp_path, "orders", 0).read_bytes()
+    index_chunk_path(tmp_path, "orders", 0).unlink()
     (tmp_path / "checkpoint.json").unlink()
     recovered = recover(tmp_path, dedup_window_s=3600)
     assert recovered.subjects["orders"].next_seq == 40
-    assert (tmp_path / "index" / "orders.idx").read_bytes() == original
+    assert index_chunk_path(tmp_path, "orders", 0).read_bytes() == original
     assert recovered.subjects["orders"].dedup_size == 40
     assert len(list_segments(tmp_path, SegmentKind.MESSAGES)) > 1  # rolled at 4 KiB
 
 
 def test_index_entries_past_the_log_are_trimmed(tmp_path: Path) -> None:
     run_broker(tmp_path, produce_pull_ack)
-    index = tmp_path / "index" / "payments.idx"
+    index = index_chunk_path(tmp_path, "payments", 0)
     data = index.read_bytes()
     index.write_bytes(data + data[-32:].replace(b"\x00", b"\x7f"))  # points past every segment
     recovered = recover(tmp_path, dedup_window_s=3600)
