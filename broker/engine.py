@@ -234,6 +234,8 @@ class Broker:
             self._spawn(pulls.run_worker, f"qmq-pull-worker-{index}")
         self._spawn(upkeep.checkpoint_loop, "qmq-checkpointer")
         self._spawn(upkeep.retention_loop, "qmq-retention")
+        self._spawn(upkeep.dedup_loop, "qmq-dedup")
+        metrics.watch_storage(subjects)
         self.gate.open(journal)
 
     def _spawn(self, loop: Callable[[], Awaitable[None]], name: str) -> None:
@@ -274,7 +276,7 @@ class Broker:
             self._delayed.close()
         self._reader.close()
         if self.recovered is not None:
-            self.recovered.subjects.reader.close()
+            await asyncio.to_thread(self.recovered.subjects.close)
         logger.info("broker stopped", extra={"action": "broker.stopped"})
 
 

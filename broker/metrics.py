@@ -9,6 +9,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from broker.groups import GroupStats
+from broker.subjects import SubjectTable
 
 _LATENCY_BUCKETS = (
     0.0005,
@@ -89,6 +90,10 @@ class BrokerMetrics:
             registry=r,
         )
 
+    def watch_storage(self, subjects: SubjectTable) -> None:
+        """Expose what the index and the dedup stores hold in memory, at scrape time."""
+        self.registry.register(_StorageCollector(subjects))
+
     def watch_groups(self, stats: GroupStatsSource) -> None:
         """Expose backlog, in-flight, retrying and dead counts per group at scrape time."""
         self.registry.register(_GroupCollector(stats))
@@ -111,6 +116,57 @@ class _GroupCollector(Collector):
             for name, family in families.items():
                 family.add_metric([subject, group], float(getattr(stats, name)))
         yield from families.values()
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())
+
+
+class _StorageCollector(Collector):
+    """Memory the subjects' indexes and dedup stores hold, summed over subjects."""
+
+    def __init__(self, subjects: SubjectTable) -> None:
+        self._subjects = subjects
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        subjects = self._subjects
+        logs = list(subjects.values())  # a snapshot: scrapes may run off the event loop
+        stats = [s for s in (log.dedup_stats() for log in logs) if s is not None]
+        lookups = sum(s.filter_lookups for s in stats)
+        false_positives = sum(s.filter_false_positives for s in stats)
+        values = {
+            "qmq_broker_index_memory_bytes": (
+                "Index entries held in memory (the newest chunk of each subject)",
+                subjects.memory_bytes(),
+            ),
+            "qmq_broker_index_open_chunk_files": (
+                "Sealed index chunk files open for reads",
+                subjects.reader.open_files,
+            ),
+            "qmq_broker_dedup_recent_ids": (
+                "Ids in the dedup stores' in-memory dicts, not yet in a run",
+                sum(s.recent_ids for s in stats),
+            ),
+            "qmq_broker_dedup_run_ids": (
+                "Ids in the dedup stores' run files",
+                sum(s.run_ids for s in stats),
+            ),
+            "qmq_broker_dedup_run_bytes": (
+                "Bytes of the dedup stores' run files (on disk, mapped)",
+                sum(s.run_bytes for s in stats),
+            ),
+            "qmq_broker_dedup_filter_bytes": (
+                "Bytes of the dedup stores' filters (in memory)",
+                sum(s.filter_bytes for s in stats),
+            ),
+            "qmq_broker_dedup_filter_false_positive_ratio": (
+                "Filter lookups that said maybe and no run held the id, of all lookups",
+                false_positives / lookups if lookups else 0.0,
+            ),
+        }
+        for name, (documentation, value) in values.items():
+            family = GaugeMetricFamily(name, documentation)
+            family.add_metric([], float(value))
+            yield family
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         return iter(())

@@ -15,6 +15,8 @@ import zlib
 from collections import defaultdict
 from pathlib import Path
 
+from broker.dedup.filter import FILTER_FILE
+from broker.dedup.runs import parse_run_name
 from broker.errors import CorruptRecord, StorageError
 from broker.format import (
     FRAME_SIZE,
@@ -61,9 +63,34 @@ def repair(data_dir: Path, report: Report) -> Repaired:
         path.unlink()
         done.append(f"removed {path} (did not check out)")
     done += rebuild_indexes(data_dir)
+    done += _drop_damaged_dedup_files(
+        [f.path for f in report.findings if f.path.parent.parent.name == "dedup"]
+    )
     if bad_checkpoints:
         done.append(_checkpoint_anew(data_dir, report))
     return Repaired(done=tuple(done))
+
+
+def _drop_damaged_dedup_files(damaged: list[Path]) -> list[str]:
+    """A damaged run goes with every newer run of its store (so the runs left end where the
+    damage began, and the broker adds those ids again from the index when it opens the
+    store); a damaged filter goes (the broker rebuilds it from the runs)."""
+    done = []
+    for path in sorted(set(damaged)):
+        if not path.exists():
+            continue  # went with an older damaged run
+        if path.suffix != ".run":
+            path.unlink()
+            done.append(f"removed {path} (rebuilt from the runs on start)")
+            continue
+        first = parse_run_name(path.name)
+        for run in sorted(path.parent.glob("*.run")):
+            found = parse_run_name(run.name)
+            if first is not None and found is not None and found[0] >= first[0]:
+                run.unlink()
+                done.append(f"removed {run} (its ids are added again from the index on start)")
+        (path.parent / FILTER_FILE).unlink(missing_ok=True)
+    return done
 
 
 def rebuild_indexes(data_dir: Path) -> list[str]:

@@ -42,7 +42,7 @@ class StatsService:
         self._gate.require(write=False)
         log = self._subjects.get(name)
         if log is None and self._delayed.knows(name):
-            log = SubjectLog(name, self._subjects.reader)  # only delayed messages so far
+            log = SubjectLog(name, self._subjects.reader, None)  # only delayed messages so far
         if log is None:
             raise NotFound(
                 code="subject_not_found", message=f"no subject {name!r}", field="subject"

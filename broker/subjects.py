@@ -1,4 +1,4 @@
-"""Subjects: each one's index, visible end, dedup table and counters.
+"""Subjects: each one's index, visible end, dedup store and counters.
 
 ``SubjectTable`` is the only code that changes a subject. It keeps the invariants
 ``first_seq <= end_seq <= next_seq``: ``next_seq`` counts allocated messages, ``end_seq`` the
@@ -12,7 +12,9 @@ import dataclasses
 import struct
 import zlib
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 
+from broker.dedup import DedupStats, DedupStore
 from broker.format import INDEX_CHUNK_ENTRIES, INDEX_ENTRY, INDEX_ENTRY_SIZE, chunk_start
 from broker.storage.checkpoint import IndexDigest
 from broker.storage.index_files import CHUNK_BYTES, ChunkReader
@@ -55,6 +57,7 @@ class SubjectLog:
         self,
         name: str,
         reader: ChunkReader,
+        dedup: DedupStore | None,
         *,
         open_start: int = 0,
         open_entries: bytearray | None = None,
@@ -65,7 +68,7 @@ class SubjectLog:
         self._open = open_entries if open_entries is not None else bytearray()
         self._first_seq = 0
         self._end_seq = self.next_seq
-        self._dedup: dict[int, int] = {}  # id hash -> seq, oldest first
+        self._dedup = dedup  # None: a subject known only to delayed messages so far
         self._bytes = 0
         self._crc = zlib.crc32(self._open)  # of the newest chunk's entries up to _crc_end
         self._crc_end = len(self._open)  # appends leave the CRC to the next checkpoint
@@ -97,14 +100,13 @@ class SubjectLog:
             values = INDEX_ENTRY.unpack(self._reader.entry(self.name, seq))
         return values
 
-    @property
-    def dedup_size(self) -> int:
-        """How many ids the dedup table holds."""
-        return len(self._dedup)
+    def dedup_stats(self) -> DedupStats | None:
+        return None if self._dedup is None else self._dedup.stats()
 
     def seq_of(self, hashed_id: int) -> int | None:
-        """The seq stored under an id hash within the dedup window, if any."""
-        return self._dedup.get(hashed_id)
+        """The seq stored under an id hash within the dedup window, if any (the hash's: the
+        caller confirms it against the stored id)."""
+        return None if self._dedup is None else self._dedup.find(hashed_id)
 
     def first_stored_at_or_after(self, stored_us: int) -> int:
         """The first visible seq stored at or after ``stored_us`` (``end_seq`` if none):
@@ -137,15 +139,22 @@ class RecoveredSubject:
     open_entries: bytearray
     first_seq: int
     bytes: int
-    dedup: dict[int, int]  # id hash -> seq for the ids inside the dedup window, seq order
+    dedup: DedupStore  # opened, with the ids of the index tail its runs lack added
 
 
 class SubjectTable(Mapping[str, SubjectLog]):
     """Every subject of the broker by name; the one writer of their fields."""
 
-    def __init__(self, reader: ChunkReader) -> None:
+    def __init__(self, reader: ChunkReader, *, dedup_dir: Path, dedup_flush_at: int) -> None:
         self._subjects: dict[str, SubjectLog] = {}
         self.reader = reader
+        self._dedup_dir = dedup_dir
+        self._dedup_flush_at = dedup_flush_at
+
+    def _new(self, name: str) -> SubjectLog:
+        store = DedupStore.open(self._dedup_dir / name, flush_at=self._dedup_flush_at)
+        subject = self._subjects[name] = SubjectLog(name, self.reader, store)
+        return subject
 
     # --- reading ---------------------------------------------------------------------------
 
@@ -194,7 +203,7 @@ class SubjectTable(Mapping[str, SubjectLog]):
         """Allocate the next seq of a subject for a message placed in the journal."""
         subject = self._subjects.get(name)
         if subject is None:
-            subject = self._subjects[name] = SubjectLog(name, self.reader)
+            subject = self._new(name)
         entries = subject._open
         seq = subject._open_start + len(entries) // INDEX_ENTRY_SIZE
         entries += packed_entry
@@ -203,14 +212,16 @@ class SubjectTable(Mapping[str, SubjectLog]):
             subject._open = bytearray()
             subject._crc = subject._crc_end = 0
         subject._bytes += _FRAME_LENGTH.unpack_from(packed_entry)[0]
-        subject._dedup[hashed_id] = seq
+        dedup = subject._dedup
+        assert dedup is not None  # made by _new or recovery
+        dedup.add(hashed_id, seq)
         return seq
 
     def ensure(self, name: str) -> SubjectLog:
         """The subject, created empty if a pull names it before anything was stored."""
         subject = self._subjects.get(name)
         if subject is None:
-            subject = self._subjects[name] = SubjectLog(name, self.reader)
+            subject = self._new(name)
         return subject
 
     def make_visible(self, name: str, end: int) -> None:
@@ -246,31 +257,43 @@ class SubjectTable(Mapping[str, SubjectLog]):
         """Forget ids stored before ``horizon_us`` (the dedup window's start)."""
         for subject in self._subjects.values():
             horizon = subject.first_stored_at_or_after(horizon_us)
-            if horizon <= subject._first_seq:
+            if horizon <= subject._first_seq or subject._dedup is None:
                 # Ids of messages retention removed have no stored time left to compare:
                 # kept until the window has passed the first retained message.
                 continue
-            dedup = subject._dedup
-            stale = []
-            for hashed, seq in dedup.items():  # in seq order
-                if seq >= horizon:
-                    break
-                stale.append(hashed)
-            for hashed in stale:
-                del dedup[hashed]
+            subject._dedup.expire_below(horizon)
+
+    def dedup_stores(self) -> list[DedupStore]:
+        return [s._dedup for s in self._subjects.values() if s._dedup is not None]
+
+    def close(self) -> None:
+        """Save each dedup store's state and release it (blocking: shutdown)."""
+        for store in self.dedup_stores():
+            store.close()
+        self.reader.close()
 
     # --- recovery --------------------------------------------------------------------------
 
     @classmethod
-    def recovered(cls, reader: ChunkReader, subjects: list[RecoveredSubject]) -> SubjectTable:
+    def recovered(
+        cls,
+        reader: ChunkReader,
+        subjects: list[RecoveredSubject],
+        *,
+        dedup_dir: Path,
+        dedup_flush_at: int,
+    ) -> SubjectTable:
         """Subjects as recovery rebuilt them; everything indexed is durable."""
-        table = cls(reader)
+        table = cls(reader, dedup_dir=dedup_dir, dedup_flush_at=dedup_flush_at)
         for found in subjects:
             subject = table._subjects[found.name] = SubjectLog(
-                found.name, reader, open_start=found.open_start, open_entries=found.open_entries
+                found.name,
+                reader,
+                found.dedup,
+                open_start=found.open_start,
+                open_entries=found.open_entries,
             )
             subject._first_seq = found.first_seq
             subject._end_seq = subject.next_seq
             subject._bytes = found.bytes
-            subject._dedup = found.dedup
         return table

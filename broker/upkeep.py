@@ -1,7 +1,7 @@
-"""Upkeep: checkpoints, retention of old segments and eviction of old dedup entries.
+"""Upkeep: checkpoints, retention of old segments, the dedup window and its stores' files.
 
-Two supervised loops run these (``qmq-checkpointer``, ``qmq-retention``); shutdown writes a
-last checkpoint.
+Three supervised loops run these (``qmq-checkpointer``, ``qmq-retention``, ``qmq-dedup``);
+shutdown writes a last checkpoint.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from broker.clock import Clock
+from broker.errors import StorageError
 from broker.format import SegmentKind, list_segments, segment_number
 from broker.groups import GroupTable
 from broker.metrics import BrokerMetrics
@@ -22,6 +23,7 @@ from broker.storage.segments import SegmentReader
 from broker.subjects import SubjectTable
 
 logger = logging.getLogger(__name__)
+DEDUP_IDLE_S = 0.2  # how often idle dedup stores are asked for work
 
 
 class Upkeep:
@@ -125,3 +127,32 @@ class Upkeep:
         for path in doomed_actions:
             path.unlink()
         self._subjects.evict_dedup(now - int(self._dedup_window_s * 1_000_000))
+
+    async def dedup_loop(self) -> None:
+        """Write the dedup stores' recent ids into runs, merge runs, keep filters: each
+        store's background work, one job at a time, on a worker thread."""
+        while True:
+            try:
+                worked = await self.dedup_step()
+            except StorageError:
+                # The store is unchanged by a failed job and plans it again: retry later.
+                logger.error(
+                    "dedup store job failed", extra={"action": "broker.dedup_failed"}, exc_info=True
+                )
+                worked = False
+            if not worked:
+                await asyncio.sleep(DEDUP_IDLE_S)
+
+    async def dedup_step(self) -> bool:
+        """Run the next job of every dedup store that has one; whether any had."""
+        worked = False
+        for store in self._subjects.dedup_stores():
+            job = store.plan()
+            if job is None:
+                continue
+            try:
+                await asyncio.to_thread(job.run)
+            finally:
+                store.commit(job)
+            worked = True
+        return worked

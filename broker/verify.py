@@ -16,6 +16,8 @@ from pathlib import Path
 
 import orjson
 
+from broker.dedup.filter import FILTER_FILE, BloomFilter
+from broker.dedup.runs import MappedRun, read_run_header, verify_run
 from broker.errors import CorruptRecord, QmqBrokerError, StorageError
 from broker.format import (
     FORMAT_VERSION,
@@ -133,6 +135,7 @@ def verify(data_dir: Path) -> Report:
 def _verify(data_dir: Path) -> Report:
     findings: list[Finding] = []
     findings += check_checkpoints(data_dir)
+    findings += check_dedup_stores(data_dir)
     indexed, index_findings = read_indexes(data_dir)
     findings += index_findings
     by_segment: dict[int, list[Indexed]] = defaultdict(list)
@@ -192,6 +195,36 @@ def check_checkpoints(data_dir: Path) -> list[Finding]:
         )
         for path, why in bad
     ]
+
+
+# --- dedup stores --------------------------------------------------------------------------
+
+_DEDUP_COST = "the broker rebuilds it from the index when it opens the store"
+
+
+def check_dedup_stores(data_dir: Path) -> list[Finding]:
+    """Every run's header and body CRCs, and each filter file's, of every subject."""
+    findings: list[Finding] = []
+    folder = data_dir / "dedup"
+    for path in sorted(folder.glob("*/*.run")) if folder.is_dir() else []:
+        try:
+            header = read_run_header(path)
+        except CorruptRecord as exc:
+            findings.append(_dedup_finding(path, f"run header does not check out ({exc})"))
+            continue
+        findings += (_dedup_finding(path, p) for p in verify_run(MappedRun(path, header)))
+    for path in sorted(folder.glob(f"*/{FILTER_FILE}")) if folder.is_dir() else []:
+        try:
+            BloomFilter.decode(path.read_bytes(), path=str(path))
+        except CorruptRecord as exc:
+            findings.append(_dedup_finding(path, f"filter does not check out ({exc})"))
+    return findings
+
+
+def _dedup_finding(path: Path, damage: str) -> Finding:
+    return Finding(
+        path=path, offset=0, damage=damage, cost=f"{DERIVED}; {_DEDUP_COST}", derived=True
+    )
 
 
 # --- indexes -----------------------------------------------------------------------------

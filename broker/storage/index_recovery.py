@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from broker.format import (
@@ -109,27 +109,29 @@ class WorkingIndex:
                 low = mid + 1
         return low
 
-    def lengths(self, start: int, end: int) -> int:
-        """The stored bytes of seqs ``[start, end)``, read chunk by chunk."""
-        total = 0
+    def entries_between(self, start: int, end: int) -> Iterator[tuple[int, Entry]]:
+        """``(seq, entry)`` for seqs ``[start, end)``, read a chunk at a time."""
         seq = start
         while seq < end:
             chunk = chunk_start(seq)
             stop = min(end, chunk + INDEX_CHUNK_ENTRIES)
             if chunk >= self.base:
-                view = memoryview(self.entries)[
-                    (seq - self.base) * INDEX_ENTRY_SIZE : (stop - self.base) * INDEX_ENTRY_SIZE
-                ]
+                data: bytes | bytearray = self.entries
+                first = self.base
             else:
                 found = read_chunk(index_chunk_path(self.data_dir, self.name, chunk))
                 data = found.entries if found is not None else b""
-                view = memoryview(data)[
-                    (seq - chunk) * INDEX_ENTRY_SIZE : (stop - chunk) * INDEX_ENTRY_SIZE
-                ]
-            total += sum(length for _, length, _, _, _ in INDEX_ENTRY.iter_unpack(view))
+                first = chunk
+            view = memoryview(data)[
+                (seq - first) * INDEX_ENTRY_SIZE : (stop - first) * INDEX_ENTRY_SIZE
+            ]
+            yield from enumerate(INDEX_ENTRY.iter_unpack(view), start=seq)
             view.release()
             seq = stop
-        return total
+
+    def lengths(self, start: int, end: int) -> int:
+        """The stored bytes of seqs ``[start, end)``."""
+        return sum(entry[1] for _, entry in self.entries_between(start, end))
 
     def save(self) -> list[int]:
         """Write back the chunks from ``base`` that differ from their files (all of them

@@ -9,8 +9,9 @@
    from the message log past the checkpoint. A seq whose record sits in corrupt bytes gets
    an index entry pointing at them: it reads as unreadable, so pulls dead-letter it
    (``unreadable record``) and serve the rest; seqs are not reused.
-3. The dedup table is rebuilt from index entries inside the dedup window (ids are hashed in
-   the index, so the log is not re-read).
+3. Each subject's dedup store (``broker.dedup``) is opened from its files, and the ids of
+   the index entries its runs do not cover yet (the last few thousand) are added to it:
+   ids are hashed in the index, so the log is not re-read.
 4. Group state is the checkpoint's plus a replay of the action log past it; corrupt action
    records are skipped (a lost ack means a redelivery, never a loss).
 """
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import orjson
 
+from broker.dedup import DedupStore
 from broker.errors import CorruptRecord, StorageError
 from broker.format import (
     FORMAT_VERSION,
@@ -57,6 +59,7 @@ from broker.storage.segments import segment_path
 from broker.subjects import RecoveredSubject, SubjectTable
 
 logger = logging.getLogger(__name__)
+DEDUP_FLUSH_AT = INDEX_CHUNK_ENTRIES  # ids a subject's dedup store holds in a dict at most
 
 
 @dataclasses.dataclass(slots=True)
@@ -92,6 +95,7 @@ def recover(
     dedup_window_s: float,
     now_us: int | None = None,
     on_damage: str = "fail",
+    dedup_flush_at: int = DEDUP_FLUSH_AT,
 ) -> Recovered:
     """Bring ``data_dir`` to a consistent state and rebuild what lives in memory.
 
@@ -148,9 +152,14 @@ def recover(
                 checkpoint.indexes.get(name),
                 oldest_segment=oldest,
                 dedup_horizon_us=now_us - int(dedup_window_s * 1_000_000),
+                dedup_dir=data_dir / "dedup",
+                dedup_flush_at=dedup_flush_at,
+                problems=problems,
             )
             for name, index in indexes.items()
         ],
+        dedup_dir=data_dir / "dedup",
+        dedup_flush_at=dedup_flush_at,
     )
 
     recovered = Recovered(
@@ -418,6 +427,9 @@ def _recovered_subject(
     *,
     oldest_segment: int,
     dedup_horizon_us: int,
+    dedup_dir: Path,
+    dedup_flush_at: int,
+    problems: list[str],
 ) -> RecoveredSubject:
     """A subject's counters from its index, reading only what the checkpoint does not
     vouch for; chunks that retention emptied are deleted."""
@@ -444,9 +456,16 @@ def _recovered_subject(
     for start in range(index.first_chunk, chunk_start(first_seq), INDEX_CHUNK_ENTRIES):
         remove_chunk(index.data_dir, index.name, start)
     horizon = index.first_seq_where(first_seq, lambda entry: entry[3] >= dedup_horizon_us)
-    dedup: dict[int, int] = {}
-    for seq in range(horizon, count):
-        dedup[index.entry(seq)[4]] = seq
+    # Ids of messages retention removed are kept until the window passes the first retained
+    # one (their stored times are gone with their chunks): no horizon below that.
+    dedup = DedupStore.open(
+        dedup_dir / index.name,
+        flush_at=dedup_flush_at,
+        horizon=horizon if horizon > first_seq else 0,
+    )
+    problems += (f"{dedup.directory}: {problem}" for problem in dedup.problems)
+    for seq, entry in index.entries_between(max(dedup.covered_end, horizon), count):
+        dedup.add(entry[4], seq)
     open_start = chunk_start(count)
     at = (open_start - index.base) * INDEX_ENTRY_SIZE
     return RecoveredSubject(

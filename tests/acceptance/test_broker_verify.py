@@ -182,3 +182,31 @@ def test_a_missing_data_dir_exits_2_with_one_line(tmp_path: Path) -> None:
     assert len(lines) == 1, done.stderr
     assert "nowhere" in lines[0]
     assert done.stdout == ""
+
+
+def test_a_damaged_dedup_run_is_named_removed_by_repair_and_refilled_from_the_index(
+    data_dir: Path,
+) -> None:
+    (run,) = sorted((data_dir / "dedup" / SUBJECTS[0]).glob("*.run"))  # written at shutdown
+    flip_bit(run, run.stat().st_size - 3)  # in the seqs column
+    done = qmq_verify(data_dir)
+    assert done.returncode != 0
+    assert str(run) in done.stdout
+    assert "seqs CRC mismatch" in done.stdout
+
+    repaired = qmq_verify(data_dir, "--repair")
+    assert repaired.returncode == 0, repaired.stdout + repaired.stderr
+    assert f"removed {run}" in repaired.stdout
+    assert qmq_verify(data_dir).returncode == 0
+    broker = BrokerProcess(data_dir).start()
+    try:
+        with BrokerClient(broker.url, timeout=10) as client:
+            again = client.produce(
+                [
+                    OutgoingMessage(id=f"{SUBJECTS[0]}-{n}", subject=SUBJECTS[0], body=BODY)
+                    for n in (0, 24)
+                ]
+            )
+        assert [(a.status, a.seq) for a in again] == [("duplicate", 0), ("duplicate", 24)]
+    finally:
+        broker.stop()
