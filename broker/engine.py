@@ -31,6 +31,7 @@ from broker.errors import QmqBrokerError, Unavailable
 from broker.format import SegmentKind
 from broker.gate import Gate
 from broker.groups import Policy
+from broker.memory import malloc_trim
 from broker.metrics import BrokerMetrics
 from broker.produce import ProduceService
 from broker.pulls import SCHEDULERS, ActorMetrics, PullScheduler
@@ -122,6 +123,11 @@ class Broker:
                 "recovery failed", extra={"action": "broker.recovery_failed"}, exc_info=True
             )
             raise
+        for store in recovered.subjects.dedup_stores():
+            store.release_pages()  # what opening the stores read
+        trim = malloc_trim()
+        if trim is not None:
+            await asyncio.to_thread(trim)  # recovery's temporaries
         self.recovered = recovered
         self.metrics.recovery_problems.set(len(recovered.problems) + len(scheduled.problems))
         self._wire(recovered, scheduled)

@@ -364,6 +364,29 @@ class MessageRecord:
         )
 
 
+_MSG_PEEK = struct.Struct("<BxQ8xq8xH")  # type, seq, stored_us, the subject's length
+
+
+def peek_message(payload: bytes) -> tuple[int, int, str, str]:
+    """``(seq, stored_at_us, subject, id)`` of a message record, decoding nothing else
+    (recovery indexes the log with it); ``CorruptRecord`` when they do not read."""
+    try:
+        kind, seq, stored, length = _MSG_PEEK.unpack_from(payload, 0)
+        if kind != RECORD_MESSAGE or length == NONE_LEN:
+            raise ValueError("not a message record")
+        at = _MSG_PEEK.size
+        raw_subject = payload[at : at + length]
+        at += length
+        (id_length,) = _U16.unpack_from(payload, at)
+        raw_id = payload[at + 2 : at + 2 + id_length]
+        if len(raw_subject) != length or id_length == NONE_LEN or len(raw_id) != id_length:
+            raise ValueError("string cut short")
+        subject, message_id = raw_subject.decode(), raw_id.decode()
+    except (struct.error, ValueError) as exc:
+        raise CorruptRecord(path="?", offset=-1, reason=str(exc)) from exc
+    return seq, stored, subject, message_id
+
+
 def encode_message(
     *,
     seq: int,

@@ -150,6 +150,7 @@ class SubjectTable(Mapping[str, SubjectLog]):
         self.reader = reader
         self._dedup_dir = dedup_dir
         self._dedup_flush_at = dedup_flush_at
+        self.appended = 0  # messages appended since start (checkpoints count them)
 
     def _new(self, name: str) -> SubjectLog:
         store = DedupStore.open(self._dedup_dir / name, flush_at=self._dedup_flush_at)
@@ -212,6 +213,7 @@ class SubjectTable(Mapping[str, SubjectLog]):
             subject._open = bytearray()
             subject._crc = subject._crc_end = 0
         subject._bytes += _FRAME_LENGTH.unpack_from(packed_entry)[0]
+        self.appended += 1
         dedup = subject._dedup
         assert dedup is not None  # made by _new or recovery
         dedup.add(hashed_id, seq)

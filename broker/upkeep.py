@@ -12,9 +12,11 @@ import time
 from pathlib import Path
 
 from broker.clock import Clock
+from broker.dedup import DedupJob
 from broker.errors import StorageError
 from broker.format import SegmentKind, list_segments, segment_number
 from broker.groups import GroupTable
+from broker.memory import malloc_trim
 from broker.metrics import BrokerMetrics
 from broker.storage.checkpoint import Checkpoint
 from broker.storage.index_files import remove_chunk
@@ -24,6 +26,8 @@ from broker.subjects import SubjectTable
 
 logger = logging.getLogger(__name__)
 DEDUP_IDLE_S = 0.2  # how often idle dedup stores are asked for work
+CHECKPOINT_EVERY_MESSAGES = 200_000  # stored since the last checkpoint: write one now
+CHECKPOINT_POLL_S = 0.5
 
 
 class Upkeep:
@@ -76,11 +80,20 @@ class Upkeep:
         await journal.run_after_flush(job)
 
     async def checkpoint_loop(self) -> None:
+        """A checkpoint every ``checkpoint_interval_s``, and sooner once
+        ``CHECKPOINT_EVERY_MESSAGES`` were stored since the last: what recovery scans past
+        the checkpoint stays bounded at any produce rate."""
+        poll_s = min(self._checkpoint_interval_s, CHECKPOINT_POLL_S)
+        last_at, last_count = time.monotonic(), self._subjects.appended
         while True:
-            await asyncio.sleep(self._checkpoint_interval_s)
-            began = time.perf_counter()
+            await asyncio.sleep(poll_s)
+            stored = self._subjects.appended - last_count
+            elapsed = time.monotonic() - last_at
+            if elapsed < self._checkpoint_interval_s and stored < CHECKPOINT_EVERY_MESSAGES:
+                continue
+            last_at, last_count = time.monotonic(), self._subjects.appended
             await self.checkpoint()
-            self._metrics.checkpoint_seconds.observe(time.perf_counter() - began)
+            self._metrics.checkpoint_seconds.observe(time.monotonic() - last_at)
 
     async def retention_loop(self) -> None:
         while True:
@@ -141,6 +154,8 @@ class Upkeep:
                 )
                 worked = False
             if not worked:
+                for store in self._subjects.dedup_stores():
+                    store.release_pages()  # what lookups mapped in since the last tick
                 await asyncio.sleep(DEDUP_IDLE_S)
 
     async def dedup_step(self) -> bool:
@@ -151,8 +166,20 @@ class Upkeep:
             if job is None:
                 continue
             try:
-                await asyncio.to_thread(job.run)
+                await asyncio.to_thread(_run_and_trim, job)
             finally:
                 store.commit(job)
+                store.release_pages()
             worked = True
         return worked
+
+
+_TRIM = malloc_trim()
+
+
+def _run_and_trim(job: DedupJob) -> None:
+    """A dedup job, then the big arrays it freed given back to the OS (glibc keeps them
+    in its heap otherwise: a merge or a filter rebuild of millions of ids)."""
+    job.run()
+    if _TRIM is not None and job.kind in ("merge", "rebuild-filter"):
+        _TRIM()

@@ -162,13 +162,14 @@ def read_run_header(path: Path) -> RunHeader:
 class MappedRun:
     """A run file mapped read-only; unmapped when the last reference to it goes."""
 
-    __slots__ = ("hashes", "header", "path", "seqs")
+    __slots__ = ("_mapped", "hashes", "header", "path", "seqs")
 
     def __init__(self, path: Path, header: RunHeader) -> None:
         self.path = path
         self.header = header
         with open(path, "rb") as handle:
             mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        self._mapped = mapped
         count = header.count
         self.hashes: NDArray[np.uint64] = np.frombuffer(
             mapped, dtype=U64, count=count, offset=RUN_HEADER_SIZE
@@ -176,6 +177,11 @@ class MappedRun:
         self.seqs: NDArray[np.uint64] = np.frombuffer(
             mapped, dtype=U64, count=count, offset=RUN_HEADER_SIZE + 8 * count
         )
+
+    def release_pages(self) -> None:
+        """Drop the pages lookups and scans brought in from this process's memory (they
+        stay in the OS page cache while it has room): a run costs the broker no RAM."""
+        self._mapped.madvise(mmap.MADV_DONTNEED)
 
     def find(self, key: np.uint64) -> int | None:
         """The largest seq stored under hash ``key``, None when the run does not hold it."""

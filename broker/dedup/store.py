@@ -26,6 +26,14 @@ run (the expired half is estimated from the runs' seq ranges). Plus 8 KiB, the m
 filter. A rebuild holds the old and the new filter until it is committed; a merge holds
 about ``CHUNK_IDS`` entries of each input at a time.
 
+Start-up: opening reads the run headers and ``filter.bin``, then adds to the filter the
+runs written after ``filter.bin`` was saved. That is saved whenever the ids not in it pass
+10 % of those in it or ``MAX_UNSAVED_IDS``, and a merge never combines runs from both
+sides of what it holds, so a large merged run is never read again on open: what opening
+reads is bounded. Run pages that lookups and jobs map in are dropped from the process
+(``release_pages``) by the caller after each job and now and then: the runs cost the OS
+page cache, not the broker's resident memory.
+
 Threading: every method of ``DedupStore`` runs on the caller's event loop and returns
 quickly, except ``open``, ``flush_all``, ``close`` and ``verify``, which block (start-up,
 shutdown, tests, offline checks). Blocking work is planned as a ``DedupJob``::
@@ -67,6 +75,7 @@ from broker.dedup.runs import (
 from broker.errors import ConfigError, CorruptRecord, StorageError
 from broker.storage.fsync import rewrite_file, sync_dir
 
+MAX_UNSAVED_IDS = 2_000_000  # filter.bin is saved before more ids than this are not in it
 SIZE_CLASS_BASE = 4  # a run's size class: floor(log4(count / flush_at)), 0 below 4 x flush_at
 
 
@@ -194,10 +203,10 @@ class _SaveFilter(DedupJob):
     def __init__(self, directory: Path, *, bloom: BloomFilter, runs_end: int) -> None:
         super().__init__(directory)
         self._bloom = bloom
-        self._runs_end = runs_end
+        self.runs_end = runs_end
 
     def _work(self) -> None:
-        _save_filter(self.directory, self._bloom, self._runs_end)
+        _save_filter(self.directory, self._bloom, self.runs_end)
 
 
 def _filter_of(runs: tuple[MappedRun, ...] | list[MappedRun], horizon: int) -> BloomFilter:
@@ -231,6 +240,7 @@ class DedupStore:
         runs: list[MappedRun],
         bloom: BloomFilter,
         filter_end: int,
+        saved_end: int,
         unsaved: int,
         problems: list[str],
     ) -> None:
@@ -244,6 +254,7 @@ class DedupStore:
         self._filter = bloom
         self._filter_end = filter_end  # runs ending at or below it are in the filter
         self._unsaved = unsaved  # ids inserted in the filter since filter.bin was written
+        self._saved_end = saved_end  # filter.bin holds the runs ending at or below it
         estimated_live = sum(run.header.live_estimate(horizon) for run in runs)
         self._stale = max(0, bloom.ids - estimated_live)  # estimated ids in it not live
         self._recent: dict[int, int] = {}
@@ -321,6 +332,7 @@ class DedupStore:
             runs=runs,
             bloom=bloom,
             filter_end=max(saved_end, runs_end),
+            saved_end=saved_end,
             unsaved=unsaved,
             problems=problems,
         )
@@ -432,6 +444,7 @@ class DedupStore:
             assert job.built is not None
             self._filter = job.built
             self._filter_end = job.runs_end
+            self._saved_end = job.runs_end
             self._unsaved = 0
             self._stale = sum(
                 run.header.live_estimate(job.horizon) - run.header.live_estimate(self._horizon)
@@ -439,7 +452,14 @@ class DedupStore:
             )
         elif isinstance(job, _SaveFilter):
             self._unsaved = 0  # nothing changes the filter while a job is outstanding
+            self._saved_end = job.runs_end
         return True
+
+    def release_pages(self) -> None:
+        """Drop the run pages lookups and jobs mapped in (see ``MappedRun.release_pages``);
+        the caller does this now and then, and after each job."""
+        for run in self._runs:
+            run.release_pages()
 
     def stats(self) -> DedupStats:
         return DedupStats(
@@ -546,8 +566,15 @@ class DedupStore:
 
     def _plan_merge(self) -> DedupJob | None:
         classes = [self._size_class(run.header.count) for run in self._runs]
-        for size_class in sorted(set(classes)):
-            members = [at for at, found in enumerate(classes) if found == size_class]
+        saved = self._saved_end
+        for size_class, side in itertools.product(sorted(set(classes)), (True, False)):
+            # A merge takes runs from one side of what filter.bin holds, never both: on
+            # open, the runs past it are read again, and only those (see MAX_UNSAVED_IDS).
+            members = [
+                at
+                for at, found in enumerate(classes)
+                if found == size_class and (self._runs[at].header.end_seq <= saved) == side
+            ]
             if len(members) >= self._fan_in:
                 # the newest fan_in of the class, and any run between them, so that the
                 # merged run's range covers only its own inputs
@@ -565,7 +592,7 @@ class DedupStore:
         bloom = self._filter
         if bloom.ids > bloom.capacity or 2 * self._stale > bloom.ids > 0:
             return _RebuildFilter(self.directory, runs=tuple(self._runs), horizon=self._horizon)
-        if 10 * self._unsaved > bloom.ids:
+        if 10 * self._unsaved > bloom.ids or self._unsaved > MAX_UNSAVED_IDS:
             return _SaveFilter(self.directory, bloom=bloom, runs_end=self._filter_end)
         return None
 

@@ -37,13 +37,13 @@ from broker.format import (
     INDEX_ENTRY_SIZE,
     ActionRecord,
     BadRegion,
-    MessageRecord,
     SegmentKind,
     chunk_start,
     id_hash,
     is_action_record,
     is_message_record,
     list_segments,
+    peek_message,
     read_segment_header,
     segment_number,
     walk_frames,
@@ -359,24 +359,23 @@ def _index_tail(
                 damaged = (number, item)
                 continue
             offset, payload = item
-            record = MessageRecord.decode(payload, path=str(path), offset=offset)
-            name = record.subject
+            seq, stored_at_us, name, message_id = peek_message(payload)
             index = indexes.get(name)
             if index is None:
                 index = indexes[name] = WorkingIndex(data_dir=data_dir, name=name)
             entries = index.entries
             next_seq = index.count
             entry = INDEX_ENTRY.pack(
-                number, len(payload) + 8, offset, record.stored_at_us, id_hash(record.id)
+                number, len(payload) + 8, offset, stored_at_us, id_hash(message_id)
             )
-            if record.seq < next_seq:
-                if record.seq < index.base and name not in rebuild:
+            if seq < next_seq:
+                if seq < index.base and name not in rebuild:
                     continue  # in a sealed chunk: its CRC vouched for it
-                if index.set(record.seq, entry):
-                    problems.append(f"index of {name}: seq {record.seq} corrected from the log")
+                if index.set(seq, entry):
+                    problems.append(f"index of {name}: seq {seq} corrected from the log")
                 continue
-            if record.seq > next_seq:
-                gap = record.seq - next_seq
+            if seq > next_seq:
+                gap = seq - next_seq
                 if name in rebuild and next_seq == 0 and oldest > 0:
                     entries += INDEX_ENTRY.pack(oldest - 1, FRAME_SIZE, 0, 0, 0) * gap
                 elif damaged is not None:
@@ -387,7 +386,7 @@ def _index_tail(
                     entries += INDEX_ENTRY.pack(number, FRAME_SIZE, 0, 0, 0) * gap
                 else:
                     raise StorageError(
-                        f"{path} at {offset}: {name} seq {record.seq} follows "
+                        f"{path} at {offset}: {name} seq {seq} follows "
                         f"{next_seq - 1}; the index lost entries before the checkpoint"
                     )
             entries += entry

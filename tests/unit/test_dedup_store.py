@@ -49,9 +49,11 @@ def size_class(count: int) -> int:
 
 
 def runs_bound(directory: Path) -> int:
-    """fan_in x the number of size classes up to the largest run's (files = runs, drained)."""
+    """Per size class up to the largest run's, fan_in - 1 runs on each side of what
+    filter.bin holds (merges never mix the two sides), and one merge's worth in flight."""
     counts = [read_run_header(directory / name).count for name in run_files(directory)]
-    return FAN_IN * (max(map(size_class, counts)) + 1) if counts else 0
+    classes = max(map(size_class, counts)) + 1 if counts else 0
+    return 2 * (FAN_IN - 1) * classes + 1 if counts else 0
 
 
 @dataclasses.dataclass
@@ -132,7 +134,7 @@ def test_recent_dict_never_exceeds_flush_at_plus_one_frozen(filled: Filled) -> N
 def test_merges_keep_the_number_of_runs_logarithmic(filled: Filled) -> None:
     assert filled.runs_over_bound == []
     stats = filled.store.stats()
-    assert stats.runs <= FAN_IN * 4  # 100 flushes of 1000: size classes 0..3
+    assert stats.runs <= 2 * (FAN_IN - 1) * 4 + 1  # 100 flushes of 1000: size classes 0..3
     assert len(run_files(filled.store.directory)) == stats.runs  # merged inputs deleted
 
 
@@ -189,7 +191,10 @@ def test_the_filter_is_rebuilt_smaller_when_most_ids_expire(tmp_path: Path) -> N
     store.expire_below(36_000)
     drain(store)  # deletes the expired runs, rebuilds the filter from the live ids
     shrunk = store.stats()
-    assert (shrunk.run_ids, shrunk.filter_ids) == (4000, 4000)
+    # the filter holds the live ids only; a run that straddles the horizon still holds
+    # expired entries until a merge drops them
+    assert shrunk.filter_ids == 4000
+    assert shrunk.run_ids >= 4000
     assert shrunk.filter_bytes == 2 * MIN_FILTER_IDS  # sized for max(4000, the minimum)
     assert [store.find(hashed) for hashed in hashes[36_000:]] == list(range(36_000, 40_000))
     assert store.verify() == []
