@@ -70,18 +70,19 @@ class ProduceService:
         name: str | None = None
         log: SubjectLog | None = None
         next_seq = 0
-        for message in messages:
+        hashes = [id_hash(message.id) for message in messages]
+        known = self._known(messages, hashes)
+        this_batch: dict[tuple[str, int], int] = {}  # ids stored by this request so far
+        for message, hashed, seq in zip(messages, hashes, known, strict=True):
             message_id = message.id
             subject = message.subject
             if subject != name:  # a batch mostly names one subject: look it up once per run
                 name, log = subject, self._subjects.find(subject)
                 next_seq = 0 if log is None else log.next_seq
-            hashed = id_hash(message_id)
-            seq: int | None = None
-            if log is not None:
-                seq = log.seq_of(hashed)
-                if seq is not None:
-                    seq = self._confirmed(log, seq, message_id)
+            if seq is None and this_batch:
+                seq = this_batch.get((subject, hashed))
+            if seq is not None and log is not None:
+                seq = self._confirmed(log, seq, message_id)
             status: ProduceStatus
             if seq is not None or delayed.is_scheduled(subject, message_id):
                 status = "duplicate"
@@ -90,6 +91,7 @@ class ProduceService:
                 status = "scheduled"
             else:
                 seq = self._append(message, next_seq, hashed, now)
+                this_batch[subject, hashed] = seq
                 next_seq += 1
                 visible[subject] = next_seq
                 if log is None:  # the subject's first message created it
@@ -139,6 +141,24 @@ class ProduceService:
         await self._settle(visible)
         self._metrics.produced.inc(sum(1 for seq in seqs if seq >= 0))
         return seqs, now
+
+    def _known(self, messages: list[IncomingMessage], hashes: list[int]) -> list[int | None]:
+        """The seq each message's id hash is stored under in its subject's dedup window
+        (asked a subject at a time, so the dedup filter sees whole batches)."""
+        found: list[int | None] = [None] * len(messages)
+        positions: dict[str, list[int]] = {}
+        for at, message in enumerate(messages):
+            at_subject = positions.get(message.subject)
+            if at_subject is None:
+                at_subject = positions[message.subject] = []
+            at_subject.append(at)
+        for subject, at_subject in positions.items():
+            log = self._subjects.find(subject)
+            if log is not None:
+                seqs = log.seqs_of([hashes[at] for at in at_subject])
+                for at, seq in zip(at_subject, seqs, strict=True):
+                    found[at] = seq
+        return found
 
     def _confirmed(self, subject: SubjectLog, seq: int, message_id: str) -> int | None:
         """``seq``, found in the dedup table under this id's hash, if it holds this id."""

@@ -108,6 +108,12 @@ class SubjectLog:
         caller confirms it against the stored id)."""
         return None if self._dedup is None else self._dedup.find(hashed_id)
 
+    def seqs_of(self, hashed_ids: list[int]) -> list[int | None]:
+        """``seq_of`` of each id hash (one filter query for the lot)."""
+        if self._dedup is None:
+            return [None] * len(hashed_ids)
+        return self._dedup.find_many(hashed_ids)
+
     def first_stored_at_or_after(self, stored_us: int) -> int:
         """The first visible seq stored at or after ``stored_us`` (``end_seq`` if none):
         stored times grow with seqs, so a binary search (a few reads of old chunks)."""

@@ -133,6 +133,13 @@ class BloomFilter:
         p = (a + 2 * b) % m
         return bool(bits[p >> 3] >> (p & 7) & 1)
 
+    def might_contain_many(self, hashes: NDArray[np.uint64]) -> NDArray[np.bool_]:
+        """``might_contain`` of each hash, vectorised (a produce batch at a time)."""
+        positions = _positions(hashes, self.bit_count)
+        set_ = (self._view[(positions >> _THREE).astype(np.intp)] >> (positions & _SEVEN)) & 1
+        found: NDArray[np.bool_] = np.all(set_.reshape(HASH_COUNT, len(hashes)) == 1, axis=0)
+        return found
+
     def contains_all(self, hashes: NDArray[np.uint64]) -> int:
         """How many of ``hashes`` the filter would wrongly reject (0 when it is sound)."""
         if len(hashes) == 0:

@@ -75,6 +75,7 @@ from broker.dedup.runs import (
 from broker.errors import ConfigError, CorruptRecord, StorageError
 from broker.storage.fsync import rewrite_file, sync_dir
 
+VECTOR_MIN = 16  # find_many asks the filter per id below this many ids, with numpy above
 MAX_UNSAVED_IDS = 2_000_000  # filter.bin is saved before more ids than this are not in it
 SIZE_CLASS_BASE = 4  # a run's size class: floor(log4(count / flush_at)), 0 below 4 x flush_at
 
@@ -382,6 +383,33 @@ class DedupStore:
         if seq is None or seq < self._horizon:
             return None
         return seq
+
+    def find_many(self, hashes: list[int]) -> list[int | None]:
+        """``find`` of each hash; the filter is asked once for the whole list (numpy), so
+        a produce batch of hundreds costs a fraction of a microsecond per id."""
+        if len(hashes) < VECTOR_MIN or not self._runs:
+            return [self.find(hashed) for hashed in hashes]
+        if self._closed:
+            raise StorageError(f"dedup store {self.directory} is closed")
+        recent, frozen = self._recent, self._frozen
+        found = [recent.get(hashed) for hashed in hashes]
+        if frozen is not None:
+            found = [frozen.get(h) if s is None else s for h, s in zip(hashes, found, strict=True)]
+        unknown = [at for at, seq in enumerate(found) if seq is None]
+        if unknown:
+            self._lookups += len(unknown)
+            keys = np.fromiter((hashes[at] for at in unknown), dtype=np.uint64, count=len(unknown))
+            for at in np.flatnonzero(self._filter.might_contain_many(keys)).tolist():
+                key = keys[at]
+                for run in reversed(self._runs):
+                    seq = run.find(key)
+                    if seq is not None:
+                        found[unknown[at]] = seq
+                        break
+                else:
+                    self._false_positives += 1
+        horizon = self._horizon
+        return [None if seq is None or seq < horizon else seq for seq in found]
 
     def expire_below(self, seq: int) -> None:
         """Move the window's start to ``seq``: ids of lower seqs are no longer found."""

@@ -436,3 +436,13 @@ def test_flush_all_finishes_the_outstanding_job(tmp_path: Path) -> None:
     reopened = DedupStore.open(tmp_path, flush_at=FLUSH_AT, fan_in=FAN_IN)
     assert reopened.problems == []
     assert [reopened.find(hashed) for hashed in hashes] == list(range(FLUSH_AT + 10))
+
+
+def test_find_many_answers_what_find_answers(filled: Filled) -> None:
+    """The vectorised lookup of a produce batch: ids in runs, absent ids, expired ones."""
+    store = filled.store
+    absent = random_hashes(500, seed=7)
+    batch = [h for pair in zip(filled.hashes[::200], absent, strict=False) for h in pair]
+    assert store.find_many(batch) == [store.find(h) for h in batch]
+    assert store.find_many(batch[:5]) == [store.find(h) for h in batch[:5]]  # below VECTOR_MIN
+    assert [s for s in store.find_many(filled.hashes[:3000:3]) if s is None] == []

@@ -92,3 +92,24 @@ def test_ids_of_every_dedup_layer_answer_after_restarts(tmp_path: Path) -> None:
         ]
     runs = sorted((tmp_path / "dedup" / "orders").glob("*.run"))
     assert runs != []
+
+
+def test_one_request_with_old_ids_new_ids_and_an_id_twice(tmp_path: Path) -> None:
+    """A batch big enough for the vectorised lookup: ids in runs answer duplicate with
+    their seqs, new ones are stored, and an id given twice is stored once."""
+    clock = SkewedClock()
+
+    async def fill(broker: Broker) -> None:
+        await produce(broker, range(20_000))
+
+    run(tmp_path, clock, fill)  # closing writes the dedup store's runs
+    old = list(range(0, 20_000, 1_000))
+    numbers = [*old, 30_000, 30_001, 30_000, *range(30_002, 30_010)]
+    answers = run(tmp_path, clock, lambda b: produce(b, numbers))
+    assert answers[: len(old)] == [("duplicate", n) for n in old]
+    assert answers[len(old) :] == [
+        ("stored", 20_000),
+        ("stored", 20_001),
+        ("duplicate", 20_000),
+        *[("stored", 20_002 + i) for i in range(8)],
+    ]
