@@ -157,8 +157,17 @@ class BloomFilter:
         self.ids += update.ids
 
     def insert(self, hashes: NDArray[np.uint64]) -> None:
-        """Add many hashes at once."""
-        self.apply(bit_update(hashes, self.bit_count))
+        """Add many hashes at once (a filter being built or opened: nobody reads it now).
+
+        ``bitwise_or.at`` takes repeated bytes as they come, so no sort is needed: a third
+        of ``bit_update``'s cost, which sorts so that ``apply`` can be one quick OR.
+        """
+        if len(hashes) == 0:
+            return
+        positions = _positions(hashes, self.bit_count)
+        masks = np.left_shift(np.uint8(1), (positions & _SEVEN).astype(np.uint8))
+        np.bitwise_or.at(self._view, (positions >> _THREE).astype(np.intp), masks)
+        self.ids += len(hashes)
 
     def encode(self, *, runs_end: int) -> tuple[bytes, bytearray]:
         """Header and bits of ``filter.bin``; the bits are this filter's own buffer."""
