@@ -72,14 +72,17 @@ class ProduceService:
         next_seq = 0
         hashes = [id_hash(message.id) for message in messages]
         known = self._known(messages, hashes)
-        this_batch: dict[tuple[str, int], int] = {}  # ids stored by this request so far
+        # ids this request stored so far, kept only when an id hash comes twice in it
+        this_batch: dict[tuple[str, int], int] | None = (
+            {} if len(set(hashes)) < len(hashes) else None
+        )
         for message, hashed, seq in zip(messages, hashes, known, strict=True):
             message_id = message.id
             subject = message.subject
             if subject != name:  # a batch mostly names one subject: look it up once per run
                 name, log = subject, self._subjects.find(subject)
                 next_seq = 0 if log is None else log.next_seq
-            if seq is None and this_batch:
+            if seq is None and this_batch is not None:
                 seq = this_batch.get((subject, hashed))
             if seq is not None and log is not None:
                 seq = self._confirmed(log, seq, message_id)
@@ -91,7 +94,8 @@ class ProduceService:
                 status = "scheduled"
             else:
                 seq = self._append(message, next_seq, hashed, now)
-                this_batch[subject, hashed] = seq
+                if this_batch is not None:
+                    this_batch[subject, hashed] = seq
                 next_seq += 1
                 visible[subject] = next_seq
                 if log is None:  # the subject's first message created it
@@ -145,6 +149,10 @@ class ProduceService:
     def _known(self, messages: list[IncomingMessage], hashes: list[int]) -> list[int | None]:
         """The seq each message's id hash is stored under in its subject's dedup window
         (asked a subject at a time, so the dedup filter sees whole batches)."""
+        subject = messages[0].subject if messages else ""
+        if all(message.subject == subject for message in messages):  # the usual request
+            log = self._subjects.find(subject)
+            return [None] * len(messages) if log is None else log.seqs_of(hashes)
         found: list[int | None] = [None] * len(messages)
         positions: dict[str, list[int]] = {}
         for at, message in enumerate(messages):

@@ -3,7 +3,8 @@
 Bits: ``m`` bits in a ``bytearray``, bit ``p`` being ``bits[p >> 3] >> (p & 7) & 1``. An id
 hash ``h`` (64 uniform bits) sets ``k = 3`` positions by double hashing: ``a = h & 0xFFFFFFFF``,
 ``b = (h >> 32) | 1``, ``p_i = (a + i * b) % m`` for ``i = 0, 1, 2``. Single tests run in
-pure Python (three byte reads); inserts of many hashes are vectorised with numpy.
+pure Python (three byte reads); inserts and queries of many hashes are vectorised with
+numpy.
 
 Sizing: a filter is sized for ``n = max(live ids, MIN_FILTER_IDS)`` with ``m = 16 * n`` bits
 (2 bytes per id it is sized for) and takes up to ``capacity = 1.5 * n`` ids, where it still
@@ -26,7 +27,6 @@ has 10.7 bits per id: a false-positive rate of at most 1.5 % (0.5 % right after 
 
 from __future__ import annotations
 
-import dataclasses
 import struct
 import zlib
 
@@ -53,31 +53,6 @@ _THREE = np.uint64(3)
 _SEVEN = np.uint64(7)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class BitUpdate:
-    """Bits to set in a filter of ``bit_count`` bits: distinct byte offsets and their masks.
-
-    Computed off the event loop; applying it is one vectorised OR.
-    """
-
-    bit_count: int
-    byte_offsets: NDArray[np.intp]
-    masks: NDArray[np.uint8]
-    ids: int
-
-
-def bit_update(hashes: NDArray[np.uint64], bit_count: int) -> BitUpdate:
-    """The bits ``hashes`` set in a filter of ``bit_count`` bits (distinct bytes, ORed masks)."""
-    if len(hashes) == 0:
-        return BitUpdate(bit_count, np.empty(0, np.intp), np.empty(0, np.uint8), 0)
-    positions = np.sort(_positions(hashes, bit_count))
-    byte_offsets = (positions >> _THREE).astype(np.intp)
-    masks = np.left_shift(np.uint8(1), (positions & _SEVEN).astype(np.uint8))
-    starts = np.flatnonzero(np.r_[True, byte_offsets[1:] != byte_offsets[:-1]])
-    merged: NDArray[np.uint8] = np.bitwise_or.reduceat(masks, starts)
-    return BitUpdate(bit_count, byte_offsets[starts], merged, len(hashes))
-
-
 def _positions(hashes: NDArray[np.uint64], bit_count: int) -> NDArray[np.uint64]:
     # a + 2b < 3 * 2**32: no overflow in uint64
     a = hashes & _LOW_32
@@ -87,10 +62,12 @@ def _positions(hashes: NDArray[np.uint64], bit_count: int) -> NDArray[np.uint64]
 
 
 class BloomFilter:
-    """``m`` bits over the id hashes of a subject's runs; not thread-safe.
+    """``m`` bits over the id hashes of a subject's runs.
 
-    Only the event loop changes a filter (``apply``, ``insert`` on a filter nobody else sees
-    yet); a worker thread may read it (to save it) while nothing changes it.
+    The store's one outstanding job may set bits (``insert``) while the event loop tests
+    them: bits are only ever set, so a test sees each byte before or after, and the ids
+    being inserted are still answered by the store's frozen dict until the job commits.
+    A job that saves the filter reads it while nothing changes it.
     """
 
     __slots__ = ("_bits", "_view", "bit_count", "ids", "sized_for")
@@ -149,18 +126,11 @@ class BloomFilter:
         present = set_.reshape(HASH_COUNT, len(hashes)).all(axis=0)
         return int(len(hashes) - np.count_nonzero(present))
 
-    def apply(self, update: BitUpdate) -> None:
-        """Set the bits of ``update`` (computed for this filter's size)."""
-        if update.bit_count != self.bit_count:
-            raise ValueError("the update was computed for a filter of another size")
-        self._view[update.byte_offsets] |= update.masks
-        self.ids += update.ids
-
     def insert(self, hashes: NDArray[np.uint64]) -> None:
-        """Add many hashes at once (a filter being built or opened: nobody reads it now).
+        """Add many hashes at once.
 
-        ``bitwise_or.at`` takes repeated bytes as they come, so no sort is needed: a third
-        of ``bit_update``'s cost, which sorts so that ``apply`` can be one quick OR.
+        ``bitwise_or.at`` takes repeated bytes as they come, so no sort is needed. Only bits
+        are set: a reader on another thread sees each byte before or after, never torn.
         """
         if len(hashes) == 0:
             return

@@ -61,7 +61,7 @@ from pathlib import Path
 
 import numpy as np
 
-from broker.dedup.filter import FILTER_FILE, BitUpdate, BloomFilter, bit_update
+from broker.dedup.filter import FILTER_FILE, BloomFilter
 from broker.dedup.runs import (
     TEMP_SUFFIX,
     MappedRun,
@@ -133,15 +133,23 @@ class DedupJob:
 
 
 class _Flush(DedupJob):
+    """Write the frozen ids as a run, then set their bits in the live filter.
+
+    The bits are set from the worker thread, with no sort: only bits are set, the filter
+    is not resized while a job is outstanding, and until ``commit`` the frozen dict still
+    answers for these ids, so a lookup meanwhile is right whichever bits it sees.
+    """
+
     kind = "flush"
 
-    def __init__(self, directory: Path, *, ids: dict[int, int], horizon: int, bits: int) -> None:
+    def __init__(
+        self, directory: Path, *, ids: dict[int, int], horizon: int, bloom: BloomFilter
+    ) -> None:
         super().__init__(directory)
         self.ids = ids
         self._horizon = horizon
-        self._bits = bits
+        self._bloom = bloom
         self.run_written: MappedRun | None = None
-        self.update: BitUpdate | None = None
 
     def _work(self) -> None:
         count = len(self.ids)
@@ -152,7 +160,7 @@ class _Flush(DedupJob):
         header = write_run(self.directory, hashes, seqs)
         if header is not None:
             self.run_written = MappedRun(self.directory / header.name, header)
-            self.update = bit_update(hashes, self._bits)
+            self._bloom.insert(hashes)
 
 
 class _Merge(DedupJob):
@@ -356,10 +364,7 @@ class DedupStore:
             raise StorageError(f"dedup store {self.directory} is closed")
         if seq < self._floor:
             return  # a run holds it already, or it is expired
-        recent = self._recent
-        known = recent.get(hashed)
-        if known is None or known < seq:
-            recent[hashed] = seq
+        self._recent[hashed] = seq  # seqs come in increasing order: the newest wins
         if seq >= self._recent_end:
             self._recent_end = seq + 1
 
@@ -588,9 +593,7 @@ class DedupStore:
                 return None
             self._frozen, self._recent = self._recent, {}
             self._floor = max(self._floor, self._recent_end)
-        return _Flush(
-            self.directory, ids=self._frozen, horizon=self._horizon, bits=self._filter.bit_count
-        )
+        return _Flush(self.directory, ids=self._frozen, horizon=self._horizon, bloom=self._filter)
 
     def _plan_merge(self) -> DedupJob | None:
         classes = [self._size_class(run.header.count) for run in self._runs]
@@ -634,9 +637,8 @@ class DedupStore:
 
     def _install_flush(self, job: _Flush) -> None:
         run = job.run_written
-        if run is not None and job.update is not None:
+        if run is not None:
             bisect.insort(self._runs, run, key=lambda mapped: mapped.header.first_seq)
-            self._filter.apply(job.update)
             self._unsaved += run.header.count
             self._filter_end = max(self._filter_end, run.header.end_seq)
         self._frozen = None

@@ -113,3 +113,29 @@ def test_one_request_with_old_ids_new_ids_and_an_id_twice(tmp_path: Path) -> Non
         ("duplicate", 20_000),
         *[("stored", 20_002 + i) for i in range(8)],
     ]
+
+
+def test_one_request_over_two_subjects_with_an_id_twice_in_each(tmp_path: Path) -> None:
+    clock = SkewedClock()
+
+    async def script(broker: Broker) -> list[tuple[str, int | None]]:
+        await produce(broker, range(3))  # orders 0..2
+        batch = [
+            incoming(1),  # stored before: duplicate
+            incoming(7, subject="refunds"),
+            incoming(8),
+            incoming(7, subject="refunds"),  # twice in this request
+            incoming(8),  # twice in this request
+            incoming(8, subject="refunds"),  # same id, another subject: its own
+        ]
+        answers = await broker.producer.produce(batch)
+        return [(a["status"], a["seq"]) for a in answers]
+
+    assert run(tmp_path, clock, script) == [
+        ("duplicate", 1),
+        ("stored", 0),
+        ("stored", 3),
+        ("duplicate", 0),
+        ("duplicate", 3),
+        ("stored", 1),
+    ]
