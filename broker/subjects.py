@@ -35,9 +35,10 @@ class SubjectLog:
     """One subject's counters and index.
 
     Only the newest index chunk's entries are held in memory (at most
-    ``INDEX_CHUNK_ENTRIES``); older entries are read from their chunk files. Every seq
-    below ``end_seq`` is written to its chunk file (the journal writes index entries before
-    a batch becomes visible), so reads of sealed chunks never race the writer.
+    ``INDEX_CHUNK_ENTRIES``), and the chunk that filled before it until all of it is
+    visible; older entries are read from their chunk files. The journal writes a batch's
+    index entries, and seals a chunk it fills, before the batch becomes visible, so a
+    chunk read from its file is whole and sealed: reads never race the writer.
     """
 
     __slots__ = (
@@ -46,6 +47,7 @@ class SubjectLog:
         "_crc_end",
         "_dedup",
         "_end_seq",
+        "_filled",
         "_first_seq",
         "_open",
         "_open_start",
@@ -66,6 +68,9 @@ class SubjectLog:
         self._reader = reader
         self._open_start = open_start
         self._open = open_entries if open_entries is not None else bytearray()
+        # The chunk that filled last, until all of it is visible (so written and sealed):
+        # reads of it must not reach a file the writer may still be finishing.
+        self._filled: bytes | None = None
         self._first_seq = 0
         self._end_seq = self.next_seq
         self._dedup = dedup  # None: a subject known only to delayed messages so far
@@ -96,6 +101,9 @@ class SubjectLog:
             values = INDEX_ENTRY.unpack_from(
                 self._open, (seq - self._open_start) * INDEX_ENTRY_SIZE
             )
+        elif self._filled is not None and seq >= self._open_start - INDEX_CHUNK_ENTRIES:
+            at = seq - self._open_start + INDEX_CHUNK_ENTRIES
+            values = INDEX_ENTRY.unpack_from(self._filled, at * INDEX_ENTRY_SIZE)
         else:
             values = INDEX_ENTRY.unpack(self._reader.entry(self.name, seq))
         return values
@@ -192,7 +200,10 @@ class SubjectTable(Mapping[str, SubjectLog]):
 
     def memory_bytes(self) -> int:
         """Bytes of index entries held in memory (the newest chunk of each subject)."""
-        return sum(len(s._open) for s in self._subjects.values())
+        return sum(
+            len(s._open) + (len(s._filled) if s._filled is not None else 0)
+            for s in self._subjects.values()
+        )
 
     def find(self, name: str) -> SubjectLog | None:
         """The subject, if anything was stored or pulled there (``get`` without the detour
@@ -216,6 +227,7 @@ class SubjectTable(Mapping[str, SubjectLog]):
         entries += packed_entry
         if len(entries) == CHUNK_BYTES:  # the chunk is full: the writer seals it on disk
             subject._open_start += INDEX_CHUNK_ENTRIES
+            subject._filled = bytes(entries)
             subject._open = bytearray()
             subject._crc = subject._crc_end = 0
         subject._bytes += _FRAME_LENGTH.unpack_from(packed_entry)[0]
@@ -237,6 +249,8 @@ class SubjectTable(Mapping[str, SubjectLog]):
         subject = self._subjects[name]
         if end > subject._end_seq:
             subject._end_seq = min(end, subject.next_seq)
+            if subject._end_seq >= subject._open_start:
+                subject._filled = None  # written and sealed: its file serves reads now
 
     def drop_segments_before(self, oldest_segment: int) -> list[tuple[str, int]]:
         """Retention deleted every message segment below ``oldest_segment``.

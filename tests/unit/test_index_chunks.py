@@ -17,8 +17,10 @@ import pytest
 
 from broker.config import BrokerConfig
 from broker.engine import Broker
+from broker.errors import StorageError
 from broker.format import (
     INDEX_CHUNK_ENTRIES,
+    INDEX_ENTRY,
     INDEX_ENTRY_SIZE,
     INDEX_HEADER,
     INDEX_MAGIC,
@@ -30,7 +32,7 @@ from broker.format import (
 from broker.metrics import BrokerMetrics
 from broker.pulls.reads import read_message
 from broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE
-from broker.storage.index_files import read_chunk
+from broker.storage.index_files import ChunkReader, read_chunk
 from broker.storage.recovery import recover
 from broker.storage.segments import SegmentReader
 from broker.subjects import SubjectStats, SubjectTable
@@ -271,3 +273,21 @@ def test_a_damaged_format_1_index_is_rebuilt_from_the_log_when_migrated(tmp_path
     assert any("rebuilt from the log" in p for p in recovered.problems)
     recovered.subjects.reader.close()
     assert run_broker(tmp_path, resend_and_read) == EXPECTED
+
+
+def test_a_chunk_that_just_filled_is_read_from_memory_until_all_of_it_is_visible(
+    tmp_path: Path,
+) -> None:
+    """Seqs of a full chunk whose last entries are still being written are not read from
+    its file (the first read of a file checks its seal: an unfinished file would look
+    damaged)."""
+    reader = ChunkReader(tmp_path)  # no chunk file exists at all
+    table = SubjectTable(reader, dedup_dir=tmp_path / "dedup", dedup_flush_at=1000)
+    for seq in range(INDEX_CHUNK_ENTRIES + 10):
+        table.append("orders", INDEX_ENTRY.pack(0, 40, 16 + 40 * seq, seq, seq), seq)
+    table.make_visible("orders", 100)  # the rest of the chunk is still in flight
+    assert table["orders"].raw(5) == (0, 40, 16 + 200, 5, 5)
+    table.make_visible("orders", INDEX_CHUNK_ENTRIES + 10)
+    with pytest.raises(StorageError, match="is gone"):
+        table["orders"].raw(5)  # all visible: the file serves it (here: there is none)
+    table.close()
