@@ -26,6 +26,7 @@ from broker.subjects import SubjectTable
 
 logger = logging.getLogger(__name__)
 DEDUP_IDLE_S = 0.2  # how often idle dedup stores are asked for work
+DEDUP_RETRY_S = 5.0  # after a job failed (a full disk, say): the ids wait in memory
 CHECKPOINT_EVERY_MESSAGES = 200_000  # stored since the last checkpoint: write one now
 CHECKPOINT_POLL_S = 0.5
 
@@ -152,6 +153,7 @@ class Upkeep:
                 logger.error(
                     "dedup store job failed", extra={"action": "broker.dedup_failed"}, exc_info=True
                 )
+                await asyncio.sleep(DEDUP_RETRY_S)
                 worked = False
             if not worked:
                 for store in self._subjects.dedup_stores():
