@@ -31,6 +31,15 @@ class SubjectStats:
     next_seq: int  # the visible end: the seq the next stored message will get
 
 
+def window_start(first_seq: int, horizon: int) -> int:
+    """The seq the dedup window starts at, given the first retained seq stored inside it.
+
+    Ids of messages retention removed have no stored time left to compare: while the first
+    retained message is inside the window they may be too, so the window keeps them (0).
+    """
+    return horizon if horizon > first_seq else 0
+
+
 class SubjectLog:
     """One subject's counters and index.
 
@@ -89,10 +98,6 @@ class SubjectLog:
     @property
     def next_seq(self) -> int:
         return self._open_start + len(self._open) // INDEX_ENTRY_SIZE
-
-    @property
-    def bytes(self) -> int:
-        return self._bytes
 
     def raw(self, seq: int) -> tuple[int, int, int, int, int]:
         """(segment, length, offset, stored_us, id_hash) of a seq, without an object."""
@@ -278,12 +283,9 @@ class SubjectTable(Mapping[str, SubjectLog]):
     def evict_dedup(self, horizon_us: int) -> None:
         """Forget ids stored before ``horizon_us`` (the dedup window's start)."""
         for subject in self._subjects.values():
-            horizon = subject.first_stored_at_or_after(horizon_us)
-            if horizon <= subject._first_seq or subject._dedup is None:
-                # Ids of messages retention removed have no stored time left to compare:
-                # kept until the window has passed the first retained message.
-                continue
-            subject._dedup.expire_below(horizon)
+            if subject._dedup is not None:
+                horizon = subject.first_stored_at_or_after(horizon_us)
+                subject._dedup.expire_below(window_start(subject._first_seq, horizon))
 
     def dedup_stores(self) -> list[DedupStore]:
         return [s._dedup for s in self._subjects.values() if s._dedup is not None]

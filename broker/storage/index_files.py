@@ -26,6 +26,7 @@ from broker.format import (
     INDEX_HEADER,
     INDEX_MAGIC,
     INDEX_VERSION,
+    chunk_start,
     index_chunk_path,
     index_header,
 )
@@ -113,7 +114,7 @@ class ChunkReader:
         if block is not None and 0 <= seq - block[0] < len(block[1]) // INDEX_ENTRY_SIZE:
             at = (seq - block[0]) * INDEX_ENTRY_SIZE
             return block[1][at : at + INDEX_ENTRY_SIZE]
-        start = seq - seq % INDEX_CHUNK_ENTRIES
+        start = chunk_start(seq)
         first = seq - seq % _READ_BLOCK
         data = os.pread(
             self._fd(subject, start),

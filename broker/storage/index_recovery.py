@@ -60,7 +60,7 @@ class WorkingIndex:
         start = chunk_start(seq)
         path = index_chunk_path(self.data_dir, self.name, start)
         with open(path, "rb") as handle:
-            handle.seek(16 + (seq - start) * INDEX_ENTRY_SIZE)
+            handle.seek(INDEX_HEADER.size + (seq - start) * INDEX_ENTRY_SIZE)
             raw = handle.read(INDEX_ENTRY_SIZE)
         unpacked: Entry = INDEX_ENTRY.unpack(raw)
         return unpacked

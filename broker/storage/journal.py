@@ -36,6 +36,7 @@ from broker.format import (
     INDEX_HEADER,
     KIND_DIRS,
     SegmentKind,
+    chunk_start,
     frame,
     index_chunk_path,
     index_header,
@@ -97,7 +98,7 @@ class _AppendFiles:
         seq = first_seq
         at = 0
         while at < len(entries):
-            start = seq - seq % INDEX_CHUNK_ENTRIES
+            start = chunk_start(seq)
             take = min(len(entries) - at, start + INDEX_CHUNK_ENTRIES - seq)
             fd = self._index_fd(subject, start)
             data = b"".join(entries[at : at + take])

@@ -56,7 +56,7 @@ from broker.storage.index_recovery import WorkingIndex, load_indexes
 from broker.storage.index_repair import rebuild_chunk
 from broker.storage.migrate import FORMAT_FILE, migrate
 from broker.storage.segments import segment_path
-from broker.subjects import RecoveredSubject, SubjectTable
+from broker.subjects import RecoveredSubject, SubjectTable, window_start
 
 logger = logging.getLogger(__name__)
 DEDUP_FLUSH_AT = INDEX_CHUNK_ENTRIES  # ids a subject's dedup store holds in a dict at most
@@ -455,12 +455,8 @@ def _recovered_subject(
     for start in range(index.first_chunk, chunk_start(first_seq), INDEX_CHUNK_ENTRIES):
         remove_chunk(index.data_dir, index.name, start)
     horizon = index.first_seq_where(first_seq, lambda entry: entry[3] >= dedup_horizon_us)
-    # Ids of messages retention removed are kept until the window passes the first retained
-    # one (their stored times are gone with their chunks): no horizon below that.
     dedup = DedupStore.open(
-        dedup_dir / index.name,
-        flush_at=dedup_flush_at,
-        horizon=horizon if horizon > first_seq else 0,
+        dedup_dir / index.name, flush_at=dedup_flush_at, horizon=window_start(first_seq, horizon)
     )
     problems += (f"{dedup.directory}: {problem}" for problem in dedup.problems)
     for seq, entry in index.entries_between(max(dedup.covered_end, horizon), count):
