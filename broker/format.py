@@ -1,8 +1,8 @@
 """On-disk formats of the broker's data directory, readable without the broker running.
 
-Layout of a data directory (format 2)::
+Layout of a data directory (format 3)::
 
-    FORMAT                      {"format": 2}
+    FORMAT                      {"format": 3}
     messages/<20 digits>.seg    message log segments, all subjects, append-only
     actions/<20 digits>.seg     action log segments (leases, acks, retries, dead letters)
     index/<subject>/<20 digits>.idx  a subject's index, seq -> (segment, offset, length),
@@ -21,8 +21,10 @@ Layout of a data directory (format 2)::
     checkpoint.json             positions up to which index and group state are saved
     checkpoint.prev.json        the checkpoint before it (both carry a CRC)
 
-Format 1 kept each subject's whole index in one file, ``index/<subject>.idx``; a broker of
-format 2 splits those into chunks on start (``broker.storage.migrate``).
+Format 1 kept each subject's whole index in one file, ``index/<subject>.idx``; format 2
+split it into chunks; format 3 changed the id hash in index entries and dedup runs from
+BLAKE2b-64 to XXH3-64 (``id_hash``). A broker migrates an older data directory on start
+(``broker.storage.migrate``).
 
 Every segment starts with a 16-byte header (magic, kind, format version) and then holds
 frames ``[u32 payload length][u32 crc32(payload)][payload]``. A frame that is cut short
@@ -47,12 +49,13 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import xxhash
 
 from broker.errors import CorruptRecord
 
-FORMAT_VERSION = 2  # of the data directory's layout (FORMAT, checkpoints, indexes)
+FORMAT_VERSION = 3  # of the data directory's layout (FORMAT, checkpoints, indexes, id hash)
 SEGMENT_VERSION = 1  # of the segments' frames and records (unchanged since format 1)
-SEGMENT_LAYOUT_FORMATS = (1, 2)  # data dir formats whose segments a reader of them can read
+SEGMENT_LAYOUT_FORMATS = (1, 2, 3)  # data dir formats whose segments a reader of them can read
 SEGMENT_MAGIC = b"QMQSEG\x00\x01"
 INDEX_MAGIC = b"QMQIDX\x00\x01"
 HEADER = struct.Struct("<8sHHI")  # magic, kind, version, reserved
@@ -401,8 +404,52 @@ def encode_message(
     stored_at_us: int,
     deliver_at_us: int,
 ) -> bytes:
-    """The payload of a message record (``MessageRecord.encode`` without building one first;
-    the produce path calls it for every message, so it packs with as few calls as it can)."""
+    """The payload of a message record (``MessageRecord.encode`` without building one)."""
+    return _message_head(
+        seq, message_id, subject, key, headers, body, body_base64, producer,
+        created_at_us, stored_at_us, deliver_at_us,
+    ) + body  # fmt: skip
+
+
+def message_frame(
+    *,
+    seq: int,
+    message_id: str,
+    subject: str,
+    key: str | None,
+    headers: dict[str, str],
+    body: bytes,
+    body_base64: bool,
+    producer: str | None,
+    created_at_us: int,
+    stored_at_us: int,
+    deliver_at_us: int,
+) -> bytes:
+    """``frame(encode_message(...))`` in one pass, as the produce path stores every message:
+    the body is copied once, and the CRC runs over the head and then the body."""
+    head = _message_head(
+        seq, message_id, subject, key, headers, body, body_base64, producer,
+        created_at_us, stored_at_us, deliver_at_us,
+    )  # fmt: skip
+    crc = zlib.crc32(body, zlib.crc32(head))
+    return b"".join((FRAME.pack(len(head) + len(body), crc), head, body))
+
+
+def _message_head(
+    seq: int,
+    message_id: str,
+    subject: str,
+    key: str | None,
+    headers: dict[str, str],
+    body: bytes,
+    body_base64: bool,
+    producer: str | None,
+    created_at_us: int,
+    stored_at_us: int,
+    deliver_at_us: int,
+) -> bytes:
+    """A message record up to its body (which follows it), packed with as few calls as can
+    be: the produce path calls it for every message."""
     raw_subject = subject.encode()
     raw_id = message_id.encode()
     return b"".join(
@@ -423,7 +470,6 @@ def encode_message(
             _NO_STRING if producer is None else _pack_str(producer),
             _pack_headers(headers) if headers else _NO_HEADERS,
             _U32.pack(len(body)),
-            body,
         )
     )
 
@@ -451,16 +497,13 @@ def _unpack_str(payload: bytes, pos: int) -> tuple[str | None, int]:
     return raw.decode("utf-8"), pos + length
 
 
-_ID_HASH = hashlib.blake2b(digest_size=8)
-"""Copied for each id: cheaper than setting up a BLAKE2b with its parameters every time."""
+_XXH3_64 = xxhash.xxh3_64_intdigest
 
 
 def id_hash(message_id: str) -> int:
-    """64-bit hash of a message id (BLAKE2b-64, little-endian), kept in the index to rebuild
-    dedup without the log."""
-    hashed = _ID_HASH.copy()
-    hashed.update(message_id.encode())
-    return int.from_bytes(hashed.digest(), "little")
+    """64-bit hash of a message id: XXH3-64 (seed 0) of its UTF-8 bytes, kept in the index
+    and the dedup runs (format 3; formats 1 and 2 used BLAKE2b-64, ten times the cost)."""
+    return _XXH3_64(message_id.encode())
 
 
 # --- subject index ---------------------------------------------------------------------

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from broker.clock import Clock
 from broker.errors import CorruptRecord, StorageError
-from broker.format import MessageRecord, encode_message, id_hash
+from broker.format import MessageRecord, id_hash, message_frame
 from broker.gate import Gate, durable
 from broker.messages import IncomingMessage
 from broker.metrics import BrokerMetrics
@@ -183,7 +183,7 @@ class ProduceService:
         durable)."""
         subject = message.subject
         created_at_us = message.created_at_us
-        payload = encode_message(
+        framed = message_frame(
             seq=seq,
             message_id=message.id,
             subject=subject,
@@ -197,7 +197,7 @@ class ProduceService:
             deliver_at_us=message.deliver_at_us,
         )
         entry = self._journal.append_message(
-            payload, subject=subject, seq=seq, stored_at_us=now, hashed_id=hashed
+            framed, subject=subject, seq=seq, stored_at_us=now, hashed_id=hashed
         )
         allocated = self._subjects.append(subject, entry, hashed)
         assert allocated == seq

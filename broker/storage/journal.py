@@ -215,14 +215,14 @@ class Journal:
         return self._batch.future
 
     def append_message(
-        self, payload: bytes, *, subject: str, seq: int, stored_at_us: int, hashed_id: int
+        self, framed: bytes, *, subject: str, seq: int, stored_at_us: int, hashed_id: int
     ) -> bytes:
-        """Place one message frame and the index entry of its ``seq``; returns the packed
-        index entry (seqs of a subject come in order, one after the other).
+        """Place one message frame (``message_frame``) and the index entry of its ``seq``;
+        returns the packed index entry (seqs of a subject come in order, one after the
+        other).
 
         Durable once ``commit_point()`` resolves.
         """
-        framed = frame(payload)
         position = self.messages.place(len(framed))
         entry = INDEX_ENTRY.pack(
             position.segment, position.length, position.offset, stored_at_us, hashed_id

@@ -9,6 +9,7 @@ import pytest
 
 from broker.engine import Broker
 from broker.errors import StorageError
+from broker.format import FORMAT_VERSION
 from broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE, Checkpoint
 from broker.storage.migrate import migrate
 from broker.storage.recovery import recover
@@ -50,7 +51,7 @@ def test_a_checkpoint_of_the_first_layout_is_migrated_and_then_read(tmp_path: Pa
     (tmp_path / CHECKPOINT_FILE).write_bytes(legacy)
     migrate(tmp_path, 1)
     assert Checkpoint.load(tmp_path) == sample()
-    assert orjson.loads((tmp_path / "FORMAT").read_bytes()) == {"format": 2}
+    assert orjson.loads((tmp_path / "FORMAT").read_bytes()) == {"format": FORMAT_VERSION}
 
 
 def test_writing_keeps_the_previous_and_loading_falls_back_to_it(tmp_path: Path) -> None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from broker import format as format_module
 from broker.errors import CorruptRecord
 from broker.format import (
     FRAME_SIZE,
@@ -132,6 +134,26 @@ def message_frame(seq: int, body: bytes = b"x" * 40) -> bytes:
             deliver_at_us=0,
         )
     )
+
+
+def test_the_one_pass_frame_of_the_produce_path_is_the_frame_of_the_payload() -> None:
+    fields: dict[str, Any] = {
+        "seq": 7,
+        "message_id": "m-7",
+        "subject": "orders",
+        "key": "k",
+        "headers": {"h": "v"},
+        "body_base64": True,
+        "producer": "p",
+        "created_at_us": 1,
+        "stored_at_us": 2,
+        "deliver_at_us": 3,
+    }
+    for body in (b"", b"x", bytes(range(256)) * 40):
+        framed = format_module.message_frame(body=body, **fields)
+        assert framed == frame(encode_message(body=body, **fields))
+        record = MessageRecord.decode(read_frame_at(framed, offset=0, path="x"), path="x", offset=0)
+        assert (record.body, record.key, record.headers) == (body, "k", {"h": "v"})
 
 
 def walk(data: bytes) -> list[tuple[int, bytes] | BadRegion]:

@@ -19,6 +19,7 @@ from broker.config import BrokerConfig
 from broker.engine import Broker
 from broker.errors import StorageError
 from broker.format import (
+    FORMAT_VERSION,
     INDEX_CHUNK_ENTRIES,
     INDEX_ENTRY,
     INDEX_ENTRY_SIZE,
@@ -251,7 +252,7 @@ def test_a_format_1_data_dir_is_migrated_on_start(tmp_path: Path) -> None:
     run_broker(tmp_path, lambda b: asyncio.sleep(0))  # a second checkpoint, the previous one
     make_format_1(tmp_path)
     assert run_broker(tmp_path, resend_and_read) == EXPECTED
-    assert orjson.loads((tmp_path / "FORMAT").read_bytes()) == {"format": 2}
+    assert orjson.loads((tmp_path / "FORMAT").read_bytes()) == {"format": FORMAT_VERSION}
     assert not (tmp_path / "index" / "orders.idx").exists()
     assert list_index_chunks(tmp_path, "orders") == [
         0,
