@@ -64,48 +64,60 @@ class ProduceService:
         delayed = self._delayed
         assert delayed is not None, "attach() the delayed-message service first"
         now = self._clock.wall_us()
-        results: list[ProduceResultJson] = []
-        visible: dict[str, int] = {}
-        stored = 0
-        name: str | None = None
-        log: SubjectLog | None = None
-        next_seq = 0
         hashes = [id_hash(message.id) for message in messages]
         known = self._known(messages, hashes)
-        # ids this request stored so far, kept only when an id hash comes twice in it
-        this_batch: dict[tuple[str, int], int] | None = (
+        # the message this request stores under a (subject, id hash), kept only when an id
+        # hash comes twice in it; a later one is its duplicate
+        stored_at: dict[tuple[str, int], int] | None = (
             {} if len(set(hashes)) < len(hashes) else None
         )
-        for message, hashed, seq in zip(messages, hashes, known, strict=True):
-            message_id = message.id
+        repeats: list[tuple[int, int]] = []  # (message, the earlier one it repeats)
+        to_store: dict[str, list[int]] = {}  # per subject, the messages it stores, in order
+        statuses: list[ProduceStatus] = []
+        seqs: list[int | None] = []
+        name: str | None = None
+        log: SubjectLog | None = None
+        for at, (message, hashed, seq) in enumerate(zip(messages, hashes, known, strict=True)):
             subject = message.subject
             if subject != name:  # a batch mostly names one subject: look it up once per run
                 name, log = subject, self._subjects.find(subject)
-                next_seq = 0 if log is None else log.next_seq
-            if seq is None and this_batch is not None:
-                seq = this_batch.get((subject, hashed))
             if seq is not None and log is not None:
-                seq = self._confirmed(log, seq, message_id)
+                seq = self._confirmed(log, seq, message.id)
             status: ProduceStatus
-            if seq is not None or delayed.is_scheduled(subject, message_id):
+            earlier = None if stored_at is None else stored_at.get((subject, hashed))
+            if earlier is not None:
+                repeats.append((at, earlier))
+                status = "duplicate"
+            elif seq is not None or delayed.is_scheduled(subject, message.id):
                 status = "duplicate"
             elif message.deliver_at_us > now:
                 delayed.accept(message, now_us=now)
                 status = "scheduled"
             else:
-                seq = self._append(message, next_seq, hashed, now)
-                if this_batch is not None:
-                    this_batch[subject, hashed] = seq
-                next_seq += 1
-                visible[subject] = next_seq
-                if log is None:  # the subject's first message created it
-                    log = self._subjects.find(subject)
-                stored += 1
+                run = to_store.get(subject)
+                if run is None:
+                    run = to_store[subject] = []
+                run.append(at)
+                if stored_at is not None:
+                    stored_at[subject, hashed] = at
                 status = "stored"
-            results.append({"id": message_id, "subject": subject, "status": status, "seq": seq})
+            statuses.append(status)
+            seqs.append(seq)
+        visible: dict[str, int] = {}
+        for subject, run in to_store.items():
+            stored = [messages[at] for at in run]
+            first = self._store(subject, stored, [hashes[at] for at in run], now)
+            for offset, at in enumerate(run):
+                seqs[at] = first + offset
+            visible[subject] = first + len(run)
+        for at, earlier in repeats:
+            seqs[at] = seqs[earlier]
         await self._settle(visible)
-        self._metrics.produced.inc(stored)
-        return results
+        self._metrics.produced.inc(sum(map(len, to_store.values())))
+        return [
+            {"id": message.id, "subject": message.subject, "status": status, "seq": seq}
+            for message, status, seq in zip(messages, statuses, seqs, strict=True)
+        ]
 
     async def store_due(self, records: list[MessageRecord]) -> tuple[list[int], int]:
         """Store due delayed messages like produced ones, same ids and dedup.
@@ -139,7 +151,7 @@ class ProduceService:
                 created_at_us=record.created_at_us,
                 deliver_at_us=record.deliver_at_us,
             )
-            seq = self._append(message, self._subjects.next_seq(record.subject), hashed, now)
+            seq = self._store(record.subject, [message], [hashed], now)
             visible[record.subject] = seq + 1
             seqs.append(seq)
         await self._settle(visible)
@@ -178,30 +190,36 @@ class ProduceService:
             same = True
         return seq if same else None
 
-    def _append(self, message: IncomingMessage, seq: int, hashed: int, now: int) -> int:
-        """Frame a message into the journal as its subject's next ``seq`` (visible once
-        durable)."""
-        subject = message.subject
-        created_at_us = message.created_at_us
-        framed = message_frame(
-            seq=seq,
-            message_id=message.id,
-            subject=subject,
-            key=message.key,
-            headers=message.headers,
-            body=message.body,
-            body_base64=message.body_base64,
-            producer=message.producer,
-            created_at_us=now if created_at_us is None else created_at_us,
-            stored_at_us=now,
-            deliver_at_us=message.deliver_at_us,
+    def _store(
+        self, subject: str, messages: list[IncomingMessage], hashes: list[int], now: int
+    ) -> int:
+        """Frame messages of one subject into the journal as its next seqs (visible once
+        durable); returns the first seq."""
+        first = self._subjects.next_seq(subject)
+        frames = [
+            message_frame(
+                seq=seq,
+                message_id=message.id,
+                subject=subject,
+                key=message.key,
+                headers=message.headers,
+                body=message.body,
+                body_base64=message.body_base64,
+                producer=message.producer,
+                created_at_us=now if message.created_at_us is None else message.created_at_us,
+                stored_at_us=now,
+                deliver_at_us=message.deliver_at_us,
+            )
+            for seq, message in enumerate(messages, first)
+        ]
+        entries = self._journal.append_messages(
+            frames, subject=subject, first_seq=first, stored_at_us=now, hashed_ids=hashes
         )
-        entry = self._journal.append_message(
-            framed, subject=subject, seq=seq, stored_at_us=now, hashed_id=hashed
+        allocated = self._subjects.append(
+            subject, entries, hashes, framed_bytes=sum(map(len, frames))
         )
-        allocated = self._subjects.append(subject, entry, hashed)
-        assert allocated == seq
-        return seq
+        assert allocated == first
+        return first
 
     async def _settle(self, visible: dict[str, int]) -> None:
         """Wait until everything appended so far is durable; then make new seqs visible.

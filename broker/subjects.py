@@ -9,7 +9,6 @@ Everyone else reads a ``SubjectLog`` through its properties.
 from __future__ import annotations
 
 import dataclasses
-import struct
 import zlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -18,8 +17,6 @@ from broker.dedup import DedupStats, DedupStore
 from broker.format import INDEX_CHUNK_ENTRIES, INDEX_ENTRY, INDEX_ENTRY_SIZE, chunk_start
 from broker.storage.checkpoint import IndexDigest
 from broker.storage.index_files import CHUNK_BYTES, ChunkReader
-
-_FRAME_LENGTH = struct.Struct("<4xI")  # the frame length field of a packed INDEX_ENTRY
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -222,25 +219,32 @@ class SubjectTable(Mapping[str, SubjectLog]):
 
     # --- live changes ----------------------------------------------------------------------
 
-    def append(self, name: str, packed_entry: bytes, hashed_id: int) -> int:
-        """Allocate the next seq of a subject for a message placed in the journal."""
+    def append(
+        self, name: str, entries: list[bytes], hashed_ids: list[int], *, framed_bytes: int
+    ) -> int:
+        """Allocate the next seqs of a subject, one per packed index entry, for messages
+        placed in the journal (``framed_bytes`` in all); returns the first."""
         subject = self._subjects.get(name)
         if subject is None:
             subject = self._new(name)
-        entries = subject._open
-        seq = subject._open_start + len(entries) // INDEX_ENTRY_SIZE
-        entries += packed_entry
-        if len(entries) == CHUNK_BYTES:  # the chunk is full: the writer seals it on disk
-            subject._open_start += INDEX_CHUNK_ENTRIES
-            subject._filled = bytes(entries)
-            subject._open = bytearray()
-            subject._crc = subject._crc_end = 0
-        subject._bytes += _FRAME_LENGTH.unpack_from(packed_entry)[0]
-        self.appended += 1
+        first = subject._open_start + len(subject._open) // INDEX_ENTRY_SIZE
+        at = 0
+        while at < len(entries):
+            room = INDEX_CHUNK_ENTRIES - len(subject._open) // INDEX_ENTRY_SIZE
+            part = entries[at : at + room]
+            subject._open += b"".join(part)
+            at += len(part)
+            if len(subject._open) == CHUNK_BYTES:  # full: the writer seals it on disk
+                subject._open_start += INDEX_CHUNK_ENTRIES
+                subject._filled = bytes(subject._open)
+                subject._open = bytearray()
+                subject._crc = subject._crc_end = 0
+        subject._bytes += framed_bytes
+        self.appended += len(entries)
         dedup = subject._dedup
         assert dedup is not None  # made by _new or recovery
-        dedup.add(hashed_id, seq)
-        return seq
+        dedup.add_many(hashed_ids, first)
+        return first
 
     def ensure(self, name: str) -> SubjectLog:
         """The subject, created empty if a pull names it before anything was stored."""

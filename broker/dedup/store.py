@@ -368,6 +368,20 @@ class DedupStore:
         if seq >= self._recent_end:
             self._recent_end = seq + 1
 
+    def add_many(self, hashes: list[int], first_seq: int) -> None:
+        """``add`` of ``hashes[i]`` at ``first_seq + i``, in one dict update."""
+        if self._closed:
+            raise StorageError(f"dedup store {self.directory} is closed")
+        if first_seq < self._floor:
+            for seq, hashed in enumerate(hashes, first_seq):
+                self.add(hashed, seq)
+            return
+        end = first_seq + len(hashes)
+        # later pairs win: a hash twice keeps its newest seq
+        self._recent.update(zip(hashes, range(first_seq, end), strict=True))
+        if end > self._recent_end:
+            self._recent_end = end
+
     def find(self, hashed: int) -> int | None:
         """The newest seq stored under ``hashed`` within the window, None if there is none."""
         if self._closed:

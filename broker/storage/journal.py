@@ -214,26 +214,33 @@ class Journal:
         self._wake.set()
         return self._batch.future
 
-    def append_message(
-        self, framed: bytes, *, subject: str, seq: int, stored_at_us: int, hashed_id: int
-    ) -> bytes:
-        """Place one message frame (``message_frame``) and the index entry of its ``seq``;
-        returns the packed index entry (seqs of a subject come in order, one after the
-        other).
+    def append_messages(
+        self, frames: list[bytes], *, subject: str, first_seq: int, stored_at_us: int,
+        hashed_ids: list[int],
+    ) -> list[bytes]:  # fmt: skip
+        """Place message frames (``message_frame``) of seqs ``first_seq`` on of a subject,
+        and their index entries; returns the packed entries (a subject's seqs come in order,
+        one after the other).
 
         Durable once ``commit_point()`` resolves.
         """
-        position = self.messages.place(len(framed))
-        entry = INDEX_ENTRY.pack(
-            position.segment, position.length, position.offset, stored_at_us, hashed_id
-        )
+        place = self.messages.place
+        pack = INDEX_ENTRY.pack
         batch = self._batch
-        batch.messages.append((position, framed))
+        placed = batch.messages
+        entries = []
+        for framed, hashed in zip(frames, hashed_ids, strict=True):
+            position = place(len(framed))
+            placed.append((position, framed))
+            entries.append(
+                pack(position.segment, position.length, position.offset, stored_at_us, hashed)
+            )
         pending = batch.index.get(subject)
-        if pending is None:  # not setdefault: that builds a list for every message
-            pending = batch.index[subject] = (seq, [])
-        pending[1].append(entry)
-        return entry
+        if pending is None:
+            batch.index[subject] = (first_seq, list(entries))
+        else:
+            pending[1].extend(entries)
+        return entries
 
     def append_action(self, payload: bytes) -> Position:
         framed = frame(payload)

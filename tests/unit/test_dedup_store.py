@@ -365,6 +365,25 @@ def test_seqs_below_what_was_flushed_are_ignored(tmp_path: Path) -> None:
     assert store.find(late) == 1000
 
 
+def test_add_many_is_add_of_each_in_turn(tmp_path: Path) -> None:
+    one = DedupStore.open(tmp_path / "one", flush_at=FLUSH_AT, fan_in=FAN_IN)
+    many = DedupStore.open(tmp_path / "many", flush_at=FLUSH_AT, fan_in=FAN_IN)
+    hashes = random_hashes(1200, seed=15)
+    new = hashes[FLUSH_AT:]
+    batch = [*new[:50], new[10], *new[50:60]]  # a hash twice: its newest seq wins
+    fill(one, hashes[:FLUSH_AT])
+    fill(many, hashes[:FLUSH_AT])
+    assert many.covered_end == FLUSH_AT
+    first = FLUSH_AT - 10  # the first ten seqs are below what was flushed
+    for seq, hashed in enumerate(batch, first):
+        one.add(hashed, seq)
+    many.add_many(batch, first)
+    assert many.find_many(hashes) == one.find_many(hashes)
+    assert many.find(new[5]) is None  # its seq was below the flushed end: ignored, as by add
+    assert many.find(new[10]) == first + 50
+    assert many.find(new[59]) == first + 60
+
+
 def test_a_job_committed_without_running_is_planned_again(tmp_path: Path) -> None:
     store = DedupStore.open(tmp_path, flush_at=FLUSH_AT, fan_in=FAN_IN)
     hashes = random_hashes(FLUSH_AT, seed=14)

@@ -285,10 +285,45 @@ def test_a_chunk_that_just_filled_is_read_from_memory_until_all_of_it_is_visible
     reader = ChunkReader(tmp_path)  # no chunk file exists at all
     table = SubjectTable(reader, dedup_dir=tmp_path / "dedup", dedup_flush_at=1000)
     for seq in range(INDEX_CHUNK_ENTRIES + 10):
-        table.append("orders", INDEX_ENTRY.pack(0, 40, 16 + 40 * seq, seq, seq), seq)
+        table.append(
+            "orders", [INDEX_ENTRY.pack(0, 40, 16 + 40 * seq, seq, seq)], [seq], framed_bytes=40
+        )
     table.make_visible("orders", 100)  # the rest of the chunk is still in flight
     assert table["orders"].raw(5) == (0, 40, 16 + 200, 5, 5)
     table.make_visible("orders", INDEX_CHUNK_ENTRIES + 10)
     with pytest.raises(StorageError, match="is gone"):
         table["orders"].raw(5)  # all visible: the file serves it (here: there is none)
+    table.close()
+
+
+def test_one_append_across_a_chunk_edge_fills_one_chunk_and_opens_the_next(
+    tmp_path: Path,
+) -> None:
+    table = SubjectTable(ChunkReader(tmp_path), dedup_dir=tmp_path / "dedup", dedup_flush_at=1000)
+
+    def entry(seq: int) -> bytes:
+        return INDEX_ENTRY.pack(0, 40, 16 + 40 * seq, seq, 10_000 + seq)
+
+    first = table.append(
+        "orders", [entry(s) for s in range(100)], list(range(100)), framed_bytes=4000
+    )
+    seqs = range(100, INDEX_CHUNK_ENTRIES + 20)
+    second = table.append(
+        "orders", [entry(s) for s in seqs], [10_000 + s for s in seqs], framed_bytes=40 * len(seqs)
+    )
+    assert (first, second) == (0, 100)
+    log = table["orders"]
+    assert log.next_seq == INDEX_CHUNK_ENTRIES + 20
+    assert log.stats().bytes == 40 * (INDEX_CHUNK_ENTRIES + 20)
+    table.make_visible("orders", 50)  # the filled chunk is still served from memory
+    assert log.raw(INDEX_CHUNK_ENTRIES - 1) == (
+        0,
+        40,
+        16 + 40 * (INDEX_CHUNK_ENTRIES - 1),
+        INDEX_CHUNK_ENTRIES - 1,
+        10_000 + INDEX_CHUNK_ENTRIES - 1,
+    )
+    assert log.raw(INDEX_CHUNK_ENTRIES + 19)[4] == 10_000 + INDEX_CHUNK_ENTRIES + 19
+    assert log.seqs_of([10_000 + INDEX_CHUNK_ENTRIES + 5, 3]) == [INDEX_CHUNK_ENTRIES + 5, 3]
+    assert table.appended == INDEX_CHUNK_ENTRIES + 20
     table.close()
