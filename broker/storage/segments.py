@@ -66,6 +66,7 @@ class SegmentReader:
         self._data_dir = data_dir
         self._kind = kind
         self._fds: dict[int, int] = {}
+        self._paths: dict[int, str] = {}  # for error messages, built once per segment
         self._lock = threading.Lock()
 
     def _fd(self, segment: int) -> int:
@@ -79,13 +80,14 @@ class SegmentReader:
                         fd = os.open(path, os.O_RDONLY)
                     except FileNotFoundError as exc:
                         raise StorageError(f"segment {path} is gone (retention)") from exc
+                    self._paths[segment] = str(path)
                     self._fds[segment] = fd
         return fd
 
     def read(self, segment: int, offset: int, length: int) -> bytes:
         """The payload of the frame at a position, CRC-checked."""
         data = os.pread(self._fd(segment), length, offset)
-        path = str(segment_path(self._data_dir, self._kind, segment))
+        path = self._paths.get(segment) or str(segment_path(self._data_dir, self._kind, segment))
         if len(data) < FRAME_SIZE:
             raise CorruptRecord(path=path, offset=offset, reason="frame beyond end of segment")
         return read_frame_at(data, offset=offset, path=path)
@@ -97,11 +99,13 @@ class SegmentReader:
     def forget(self, segment: int) -> None:
         with self._lock:
             fd = self._fds.pop(segment, None)
+            self._paths.pop(segment, None)
         if fd is not None:
             os.close(fd)
 
     def close(self) -> None:
         with self._lock:
             fds, self._fds = self._fds, {}
+            self._paths = {}
         for fd in fds.values():
             os.close(fd)
