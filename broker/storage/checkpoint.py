@@ -6,9 +6,9 @@ takes the newest one whose CRC and fields check out; when neither does, recovery
 from nothing and rebuilds from the logs (what a lost checkpoint costs: a longer scan, and
 for groups whose early action segments retention already removed, redeliveries). File
 layout: ``{"crc32": <crc of the body>, "checkpoint": <body>}``, the body serialised with
-sorted keys so its bytes, and so its CRC, are canonical. Checkpoints of format 1 (with or
-without a CRC) are rewritten as format 2 when the data directory is migrated on start
-(``broker.storage.migrate``).
+sorted keys so its bytes, and so its CRC, are canonical. Checkpoints of older formats
+(format 1 with or without a CRC, format 2) are rewritten in the current one when the data
+directory is migrated on start (``broker.storage.migrate``).
 """
 
 from __future__ import annotations
