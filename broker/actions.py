@@ -21,8 +21,9 @@ class ActionLog:
         self._journal = journal
         self._groups = groups
 
-    def record(self, record: ActionRecord) -> None:
-        self._journal.append_action(record.encode())
+    def record(self, record: ActionRecord, *, relaxed: bool = False) -> None:
+        """Append and apply; ``relaxed``: a lease, ack or nack (durable per --ack-fsync)."""
+        self._journal.append_action(record.encode(), relaxed=relaxed)
         self._groups.apply(record)
 
 

@@ -72,6 +72,14 @@ class BrokerConfig:
         "always | interval:<ms> | never. With always, a produce is answered after fsync.",
         "fsync",
     )
+    ack_fsync: FsyncPolicy = _option(
+        FsyncPolicy(mode="always"),
+        "always | interval:<ms> | never: when leases, acks and nacks reach the disk under "
+        "--fsync always. always: an ack is answered after fsync; interval: after write(), "
+        "fsynced within <ms> (a crash may forget the newest acks: those messages are "
+        "delivered again); never: with the next produce or checkpoint.",
+        "fsync",
+    )
     on_damage: str = _option(
         "fail",
         "Damage recovery cannot make consistent (a segment missing between two others): "

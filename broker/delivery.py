@@ -161,7 +161,8 @@ class DeliveryService:
             self._actions.record(
                 action(
                     ActionType.ACK, at_us=now, subject=subject, group=group, state=key, seqs=known
-                )
+                ),
+                relaxed=True,
             )
             await durable(self._journal.commit_point())
         self._metrics.acked.inc(len(known))
@@ -199,7 +200,8 @@ class DeliveryService:
                     state=key,
                     seqs=batch,
                     fields=fields,
-                )
+                ),
+                relaxed=True,
             )
 
         retrying = 0

@@ -155,6 +155,7 @@ class Broker:
             actions_at=recovered.actions_at,
             buckets_at=scheduled.ends,
             on_fsync=metrics.fsync_seconds.observe,
+            ack_fsync=config.ack_fsync,
         )
         journal.start()
         actions = ActionLog(journal=journal, groups=groups)

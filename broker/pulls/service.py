@@ -110,7 +110,7 @@ class PullService:
             positions.append((segment, offset, length))
         deadline = now + self._policy.ack_timeout_us
         fields = {"consumer": request.consumer, "deadline": deadline, "attempts": attempts}
-        self._record(_action(ActionType.LEASE, now, request, seqs, fields))
+        self._record(_action(ActionType.LEASE, now, request, seqs, fields), relaxed=True)
         return Batch(
             subject=request.subject, seqs=seqs, attempts=attempts, positions=positions, now_us=now
         )

@@ -6,8 +6,11 @@ task hands each batch to a single writer thread that writes it and, under ``fsyn
 always``, fdatasyncs every log segment it wrote before the batch's future resolves (under
 ``interval:<ms>`` a second task does so on a timer; under ``never`` only checkpoints and
 shutdown do). While one batch is being written the next one fills up, so concurrent
-producers share one write + fsync. Index files are written with each batch but fsynced
-only by checkpoints: recovery rebuilds index entries past the checkpoint from the log.
+producers share one write + fsync. Leases, acks and nacks are "relaxed" actions: under
+``--ack-fsync interval:<ms>`` or ``never`` a batch of nothing else is written but not
+fsynced; they reach the disk with the next fsync. Index files are written with each batch
+but fsynced only by checkpoints: recovery rebuilds index entries past the checkpoint from
+the log.
 
 Every live append of the broker goes through here. The fsync calls themselves, and the
 few writes outside the journal (checkpoints, recovery's repairs), are in
@@ -60,6 +63,7 @@ class _Batch:
     buckets: list[tuple[SegmentKind, Position, bytes]] = dataclasses.field(default_factory=list)
     jobs: list[Callable[[], None]] = dataclasses.field(default_factory=list)
     future: asyncio.Future[None] | None = None
+    needs_fsync: bool = False  # under --fsync always: holds more than relaxed actions
 
     def empty(self) -> bool:
         return not (self.messages or self.actions or self.buckets or self.jobs)
@@ -171,9 +175,16 @@ class Journal:
         actions_at: tuple[int, int],
         buckets_at: dict[BucketKey, int] | None = None,
         on_fsync: FsyncObserver | None = None,
+        ack_fsync: FsyncPolicy | None = None,
     ) -> None:
         self._data_dir = data_dir
         self._fsync = fsync
+        ack_fsync = ack_fsync or fsync
+        # Relaxed actions (leases, acks, nacks) do not make a batch wait for an fsync when
+        # the policy for them is weaker than --fsync always: they reach the disk with the
+        # next fsync, the ack timer's (interval) or a produce's or checkpoint's (never).
+        self._relaxed = fsync.mode == "always" and ack_fsync.mode != "always"
+        self._ack_fsync = ack_fsync
         self.messages = LogPlacer(
             segment_bytes=segment_bytes, segment=messages_at[0], end_offset=messages_at[1]
         )
@@ -199,7 +210,16 @@ class Journal:
         self._tasks.append(asyncio.create_task(self._flush_loop(), name="qmq-journal-flusher"))
         if self._fsync.mode == "interval":
             self._tasks.append(
-                asyncio.create_task(self._interval_fsync_loop(), name="qmq-journal-fsync")
+                asyncio.create_task(
+                    self._interval_fsync_loop(self._fsync.interval_ms), name="qmq-journal-fsync"
+                )
+            )
+        elif self._relaxed and self._ack_fsync.mode == "interval":
+            self._tasks.append(
+                asyncio.create_task(
+                    self._interval_fsync_loop(self._ack_fsync.interval_ms),
+                    name="qmq-journal-fsync",
+                )
             )
 
     def _future(self) -> asyncio.Future[None]:
@@ -235,6 +255,7 @@ class Journal:
             entries.append(
                 pack(position.segment, position.length, position.offset, stored_at_us, hashed)
             )
+        batch.needs_fsync = True
         pending = batch.index.get(subject)
         if pending is None:
             batch.index[subject] = (first_seq, list(entries))
@@ -242,10 +263,14 @@ class Journal:
             pending[1].extend(entries)
         return entries
 
-    def append_action(self, payload: bytes) -> Position:
+    def append_action(self, payload: bytes, *, relaxed: bool = False) -> Position:
+        """Place an action record; ``relaxed`` (a lease, ack or nack) follows --ack-fsync."""
         framed = frame(payload)
         position = self.actions.place(len(framed))
-        self._batch.actions.append((position, framed))
+        batch = self._batch
+        batch.actions.append((position, framed))
+        if not (relaxed and self._relaxed):
+            batch.needs_fsync = True
         return position
 
     def append_bucket(self, kind: SegmentKind, bucket: int, payload: bytes) -> Position:
@@ -253,6 +278,7 @@ class Journal:
         framed = frame(payload)
         position = self.buckets.place(kind, bucket, len(framed))
         self._batch.buckets.append((kind, position, framed))
+        self._batch.needs_fsync = True
         return position
 
     def remove_buckets(self, keys: list[BucketKey]) -> asyncio.Future[None]:
@@ -318,11 +344,11 @@ class Journal:
             if batch.future is not None and not batch.future.done():
                 batch.future.set_result(None)
 
-    async def _interval_fsync_loop(self) -> None:
+    async def _interval_fsync_loop(self, interval_ms: int) -> None:
         loop = asyncio.get_running_loop()
         while not self._closing:
-            await asyncio.sleep(self._fsync.interval_ms / 1000)
-            await loop.run_in_executor(self._executor, self._timed_fsync)
+            await asyncio.sleep(interval_ms / 1000)
+            await loop.run_in_executor(self._executor, self._fsync_if_written)
 
     # --- writer-thread side ---------------------------------------------------------------
 
@@ -332,7 +358,7 @@ class Journal:
         self._write_buckets(batch.buckets)
         for subject, (first_seq, entries) in batch.index.items():
             self._files.write_index(subject, first_seq, entries)
-        if self._fsync.mode == "always":
+        if self._fsync.mode == "always" and (batch.needs_fsync or not self._relaxed):
             self._timed_fsync()
         for job in batch.jobs:
             job()
@@ -363,6 +389,10 @@ class Journal:
             if os.pwrite(fd, data, items[0][0].offset) != len(data):
                 raise StorageError(f"short write to {kind.name} segment {bucket}")
             files.dirty.add(fd)
+
+    def _fsync_if_written(self) -> None:
+        if self._files.dirty or self._files.buckets.dirty:
+            self._timed_fsync()
 
     def _timed_fsync(self) -> None:
         began = time.perf_counter()
