@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import zlib
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from broker.format import (
     segment_header,
     walk_frames,
 )
+from broker.messages import rfc3339
 
 texts = st.text(min_size=0, max_size=50)
 
@@ -216,3 +218,16 @@ def test_reader_reads_records_from_a_segment_file(tmp_path: Path) -> None:
         segment_header(SegmentKind.MESSAGES) + b"".join(frame(r.encode()) for r in records)
     )
     assert [r for _, r in iter_message_records(path)] == records
+
+
+@given(st.integers(min_value=-62_135_596_800_000_000, max_value=253_402_300_799_999_999))
+def test_rfc3339_is_the_isoformat_of_the_instant(micros: int) -> None:
+    instant = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=micros)
+    expected = instant.isoformat(timespec="microseconds").replace("+00:00", "Z")
+    assert rfc3339(micros) == expected
+
+
+def test_rfc3339_refuses_what_no_datetime_holds() -> None:
+    for micros in (-62_135_596_800_000_001, 253_402_300_800_000_000):
+        with pytest.raises(OverflowError):
+            rfc3339(micros)
