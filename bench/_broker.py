@@ -23,9 +23,12 @@ def free_port() -> int:
 class BenchBroker:
     """A ``qmq broker`` subprocess on a data directory, with its log beside it."""
 
-    def __init__(self, data_dir: Path, *args: str) -> None:
+    def __init__(self, data_dir: Path, *args: str, checkout: Path | None = None) -> None:
+        """``checkout``: run the broker of that checkout of the repository (its code is
+        imported from the working directory); default: this one."""
         self.data_dir = data_dir
         self.args = list(args)
+        self.checkout = checkout
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = f"http://127.0.0.1:{self.port}"
@@ -49,6 +52,7 @@ class BenchBroker:
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                cwd=self.checkout,
             )
         while time.monotonic() - began < timeout:
             if self.proc.poll() is not None:

@@ -19,9 +19,7 @@ import argparse
 import asyncio
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,52 +27,29 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import httpx
-
-from bench._broker import free_port
+from bench._broker import BenchBroker
 from bench.broker_throughput import durable_produce
 
 HERE = Path(__file__).resolve().parent.parent
-
-
-def broker_cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def one_run(
     checkout: Path, *, seconds: float, fsync: str, root: Path
 ) -> tuple[float, float, float]:
     """(messages/s, broker CPU us/msg, client CPU us/msg) of one fresh broker of ``checkout``."""
-    run_dir = Path(tempfile.mkdtemp(dir=root))
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with open(run_dir / "broker.log", "wb") as log:
-        broker = subprocess.Popen(
-            [sys.executable, "-m", "qmq_outbox", "broker", "--data-dir", str(run_dir / "data"),
-             "--port", str(port), "--fsync", fsync],
-            cwd=checkout, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+    broker = BenchBroker(
+        Path(tempfile.mkdtemp(dir=root)) / "data", "--fsync", fsync, checkout=checkout
+    )
+    broker.start(timeout=60)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if broker.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the broker of {checkout} did not start: {run_dir}/broker.log")
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.01)
-        cpu_before, client_before = broker_cpu_seconds(broker.pid), time.process_time()
-        rate, sent = asyncio.run(durable_produce(url, seconds))
-        broker_us = (broker_cpu_seconds(broker.pid) - cpu_before) / sent * 1e6
+        cpu_before, client_before = broker.cpu_seconds(), time.process_time()
+        rate, sent = asyncio.run(durable_produce(broker.url, seconds))
+        broker_us = (broker.cpu_seconds() - cpu_before) / sent * 1e6
         client_us = (time.process_time() - client_before) / sent * 1e6
         return rate, broker_us, client_us
     finally:
-        broker.send_signal(signal.SIGTERM)
-        broker.wait(60)
-        shutil.rmtree(run_dir, ignore_errors=True)
+        broker.stop()
+        shutil.rmtree(broker.data_dir.parent, ignore_errors=True)
 
 
 def main() -> None:

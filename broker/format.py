@@ -314,19 +314,14 @@ class MessageRecord:
     deliver_at_us: int  # 0: delivered on arrival
 
     def encode(self) -> bytes:
-        return encode_message(
-            seq=self.seq,
-            message_id=self.id,
-            subject=self.subject,
-            key=self.key,
-            headers=self.headers,
-            body=self.body,
-            body_base64=self.body_base64,
-            producer=self.producer,
-            created_at_us=self.created_at_us,
-            stored_at_us=self.stored_at_us,
-            deliver_at_us=self.deliver_at_us,
-        )
+        return (
+            _message_head(
+                self.seq, self.id, self.subject, self.key, self.headers, len(self.body),
+                self.body_base64, self.producer, self.created_at_us, self.stored_at_us,
+                self.deliver_at_us,
+            )
+            + self.body
+        )  # fmt: skip
 
     @classmethod
     def decode(cls, payload: bytes, *, path: str = "?", offset: int = -1) -> MessageRecord:
@@ -390,27 +385,6 @@ def peek_message(payload: bytes) -> tuple[int, int, str, str]:
     return seq, stored, subject, message_id
 
 
-def encode_message(
-    *,
-    seq: int,
-    message_id: str,
-    subject: str,
-    key: str | None,
-    headers: dict[str, str],
-    body: bytes,
-    body_base64: bool,
-    producer: str | None,
-    created_at_us: int,
-    stored_at_us: int,
-    deliver_at_us: int,
-) -> bytes:
-    """The payload of a message record (``MessageRecord.encode`` without building one)."""
-    return _message_head(
-        seq, message_id, subject, key, headers, body, body_base64, producer,
-        created_at_us, stored_at_us, deliver_at_us,
-    ) + body  # fmt: skip
-
-
 def message_frame(
     *,
     seq: int,
@@ -425,10 +399,10 @@ def message_frame(
     stored_at_us: int,
     deliver_at_us: int,
 ) -> bytes:
-    """``frame(encode_message(...))`` in one pass, as the produce path stores every message:
-    the body is copied once, and the CRC runs over the head and then the body."""
+    """``frame(record.encode())`` of the message in one pass, as the produce path stores every
+    message: the body is copied once, and the CRC runs over the head and then the body."""
     head = _message_head(
-        seq, message_id, subject, key, headers, body, body_base64, producer,
+        seq, message_id, subject, key, headers, len(body), body_base64, producer,
         created_at_us, stored_at_us, deliver_at_us,
     )  # fmt: skip
     crc = zlib.crc32(body, zlib.crc32(head))
@@ -441,7 +415,7 @@ def _message_head(
     subject: str,
     key: str | None,
     headers: dict[str, str],
-    body: bytes,
+    body_length: int,
     body_base64: bool,
     producer: str | None,
     created_at_us: int,
@@ -449,7 +423,8 @@ def _message_head(
     deliver_at_us: int,
 ) -> bytes:
     """A message record up to its body (which follows it), packed with as few calls as can
-    be: the produce path calls it for every message."""
+    be: the produce path calls it for every message (``MessageRecord.encode`` is the
+    layout's reference)."""
     raw_subject = subject.encode()
     raw_id = message_id.encode()
     return b"".join(
@@ -469,7 +444,7 @@ def _message_head(
             _NO_STRING if key is None else _pack_str(key),
             _NO_STRING if producer is None else _pack_str(producer),
             _pack_headers(headers) if headers else _NO_HEADERS,
-            _U32.pack(len(body)),
+            _U32.pack(body_length),
         )
     )
 

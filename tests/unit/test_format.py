@@ -5,7 +5,6 @@ from __future__ import annotations
 import zlib
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 from hypothesis import given
@@ -22,7 +21,6 @@ from broker.format import (
     IndexEntry,
     MessageRecord,
     SegmentKind,
-    encode_message,
     frame,
     is_message_record,
     iter_frames,
@@ -122,40 +120,39 @@ def test_frame_crc_detects_a_flipped_bit() -> None:
 
 def message_frame(seq: int, body: bytes = b"x" * 40) -> bytes:
     return frame(
-        encode_message(
+        record(
             seq=seq,
-            message_id=f"m-{seq}",
+            id=f"m-{seq}",
             subject="s",
             key=None,
             headers={},
             body=body,
-            body_base64=False,
             producer=None,
             created_at_us=1,
             stored_at_us=2,
-            deliver_at_us=0,
-        )
+        ).encode()
     )
 
 
-def test_the_one_pass_frame_of_the_produce_path_is_the_frame_of_the_payload() -> None:
-    fields: dict[str, Any] = {
-        "seq": 7,
-        "message_id": "m-7",
-        "subject": "orders",
-        "key": "k",
-        "headers": {"h": "v"},
-        "body_base64": True,
-        "producer": "p",
-        "created_at_us": 1,
-        "stored_at_us": 2,
-        "deliver_at_us": 3,
-    }
+def test_the_one_pass_frame_of_the_produce_path_is_the_frame_of_the_record() -> None:
     for body in (b"", b"x", bytes(range(256)) * 40):
-        framed = format_module.message_frame(body=body, **fields)
-        assert framed == frame(encode_message(body=body, **fields))
-        record = MessageRecord.decode(read_frame_at(framed, offset=0, path="x"), path="x", offset=0)
-        assert (record.body, record.key, record.headers) == (body, "k", {"h": "v"})
+        expected = record(body=body, key="k", headers={"h": "v"}, producer="p")
+        framed = format_module.message_frame(
+            seq=expected.seq,
+            message_id=expected.id,
+            subject=expected.subject,
+            key=expected.key,
+            headers=expected.headers,
+            body=body,
+            body_base64=expected.body_base64,
+            producer=expected.producer,
+            created_at_us=expected.created_at_us,
+            stored_at_us=expected.stored_at_us,
+            deliver_at_us=expected.deliver_at_us,
+        )
+        assert framed == frame(expected.encode())
+        payload = read_frame_at(framed, offset=0, path="x")
+        assert MessageRecord.decode(payload, path="x", offset=0) == expected
 
 
 def walk(data: bytes) -> list[tuple[int, bytes] | BadRegion]:
