@@ -358,7 +358,7 @@ class Journal:
         self._write_buckets(batch.buckets)
         for subject, (first_seq, entries) in batch.index.items():
             self._files.write_index(subject, first_seq, entries)
-        if self._fsync.mode == "always" and (batch.needs_fsync or not self._relaxed):
+        if self._fsync.mode == "always" and batch.needs_fsync:
             self._timed_fsync()
         for job in batch.jobs:
             job()

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import mmap
 import shutil
 import zlib
 from pathlib import Path
@@ -41,7 +40,6 @@ from broker.dedup.runs import write_run
 from broker.errors import CorruptRecord, StorageError
 from broker.format import (
     FORMAT_VERSION,
-    FRAME_SIZE,
     INDEX_CHUNK_ENTRIES,
     INDEX_ENTRY,
     INDEX_ENTRY_SIZE,
@@ -55,13 +53,12 @@ from broker.format import (
     list_index_chunks,
     list_indexed_subjects,
     peek_message,
-    read_frame_at,
 )
 from broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE
 from broker.storage.fsync import rewrite_file, sync_dir
 from broker.storage.index_files import read_chunk, write_chunk
 from broker.storage.index_repair import rebuild_chunk
-from broker.storage.segments import segment_path
+from broker.storage.segments import SegmentReader
 
 logger = logging.getLogger(__name__)
 FORMAT_FILE = "FORMAT"
@@ -161,7 +158,7 @@ def _format_2_to_3(data_dir: Path) -> list[str]:
         body = _checkpoint_body(data_dir / name)
         if body is not None and body.get("format") == 2:
             checkpoints[name] = body
-    reader = _MappedSegments(data_dir)
+    reader = SegmentReader(data_dir, SegmentKind.MESSAGES)
     shutil.rmtree(data_dir / "dedup", ignore_errors=True)
     try:
         for subject in list_indexed_subjects(data_dir):
@@ -188,7 +185,7 @@ def _checkpoint_body(path: Path) -> dict[str, Any] | None:
 def _rehash_subject(
     data_dir: Path,
     subject: str,
-    reader: _MappedSegments,
+    reader: SegmentReader,
     checkpoints: dict[str, dict[str, Any]],
 ) -> str:
     """Rehash one subject's index chunks and write its dedup runs; says what it did."""
@@ -280,39 +277,3 @@ def _move_digests(
             continue  # the chunk lost entries the checkpoint saw: recovery rebuilds it
         if digest[1] in (zlib.crc32(as_found[:size]), zlib.crc32(as_before[:size])):
             digest[1] = zlib.crc32(rehashed[:size])
-
-
-class _MappedSegments:
-    """Message records by position, read from memory-mapped segments (a pass over every
-    index entry: a ``pread`` each would cost more than the rest of the work)."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self._data_dir = data_dir
-        self._maps: dict[int, mmap.mmap] = {}
-
-    def read(self, segment: int, offset: int, length: int) -> bytes:
-        """The CRC-checked payload of the frame at a position; ``StorageError`` when its
-        segment is gone, ``CorruptRecord`` when the frame does not check out."""
-        mapped = self._maps.get(segment)
-        if mapped is None:
-            mapped = self._map(segment)
-        if offset < 0 or length < FRAME_SIZE or offset + length > len(mapped):
-            raise CorruptRecord(path=str(segment), offset=offset, reason="beyond the segment")
-        return read_frame_at(mapped[offset : offset + length], offset=offset, path=str(segment))
-
-    def _map(self, segment: int) -> mmap.mmap:
-        if len(self._maps) >= 16:  # segments are visited in order: drop the oldest
-            self._maps.pop(next(iter(self._maps))).close()
-        path = segment_path(self._data_dir, SegmentKind.MESSAGES, segment)
-        try:
-            with open(path, "rb") as handle:
-                mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-        except (FileNotFoundError, ValueError) as exc:  # ValueError: an empty file
-            raise StorageError(f"segment {path} is not readable: {exc}") from exc
-        self._maps[segment] = mapped
-        return mapped
-
-    def close(self) -> None:
-        for mapped in self._maps.values():
-            mapped.close()
-        self._maps.clear()

@@ -65,47 +65,43 @@ class SegmentReader:
     def __init__(self, data_dir: Path, kind: SegmentKind) -> None:
         self._data_dir = data_dir
         self._kind = kind
-        self._fds: dict[int, int] = {}
-        self._paths: dict[int, str] = {}  # for error messages, built once per segment
+        self._files: dict[int, tuple[int, str]] = {}  # segment -> (fd, path for errors)
         self._lock = threading.Lock()
 
-    def _fd(self, segment: int) -> int:
-        fd = self._fds.get(segment)
-        if fd is None:
+    def _file(self, segment: int) -> tuple[int, str]:
+        found = self._files.get(segment)
+        if found is None:
             with self._lock:
-                fd = self._fds.get(segment)
-                if fd is None:
+                found = self._files.get(segment)
+                if found is None:
                     path = segment_path(self._data_dir, self._kind, segment)
                     try:
                         fd = os.open(path, os.O_RDONLY)
                     except FileNotFoundError as exc:
                         raise StorageError(f"segment {path} is gone (retention)") from exc
-                    self._paths[segment] = str(path)
-                    self._fds[segment] = fd
-        return fd
+                    found = self._files[segment] = (fd, str(path))
+        return found
 
     def read(self, segment: int, offset: int, length: int) -> bytes:
         """The payload of the frame at a position, CRC-checked."""
-        data = os.pread(self._fd(segment), length, offset)
-        path = self._paths.get(segment) or str(segment_path(self._data_dir, self._kind, segment))
+        fd, path = self._file(segment)
+        data = os.pread(fd, length, offset)
         if len(data) < FRAME_SIZE:
             raise CorruptRecord(path=path, offset=offset, reason="frame beyond end of segment")
         return read_frame_at(data, offset=offset, path=path)
 
     def read_run(self, segment: int, offset: int, length: int) -> bytes:
         """Raw bytes of adjacent frames (still framed: the caller checks each CRC)."""
-        return os.pread(self._fd(segment), length, offset)
+        return os.pread(self._file(segment)[0], length, offset)
 
     def forget(self, segment: int) -> None:
         with self._lock:
-            fd = self._fds.pop(segment, None)
-            self._paths.pop(segment, None)
-        if fd is not None:
-            os.close(fd)
+            found = self._files.pop(segment, None)
+        if found is not None:
+            os.close(found[0])
 
     def close(self) -> None:
         with self._lock:
-            fds, self._fds = self._fds, {}
-            self._paths = {}
-        for fd in fds.values():
+            files, self._files = self._files, {}
+        for fd, _ in files.values():
             os.close(fd)
