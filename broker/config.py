@@ -194,6 +194,14 @@ class BrokerConfig:
         min=0.1,
         max=10_000,
     )
+    anticipation_s: float = _option(
+        0.002,
+        "fair: how long a group answered moments ago keeps its place while its consumers "
+        "pull again; actors more than a time slice ahead of it wait (0: never wait).",
+        "milliseconds",
+        min=0,
+        max=1_000,
+    )
     mailbox_size: int = _option(
         10_000,
         "Pending pulls (queued or parked) per subject+group before 429 mailbox_full.",

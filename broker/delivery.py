@@ -97,11 +97,50 @@ class DeliveryService:
         wait_ms: int,
         mode: str,
         start: str,
+        min_messages: int = 1,
+        linger_ms: int = 0,
     ) -> list[PulledMessageJson]:
         """Queue a pull in its group's actor and wait for the answer.
 
-        Messages as soon as there are some; an empty list when ``wait_ms`` ran out;
-        ``mailbox_full`` or ``deadline_exceeded`` when the group is overloaded.
+        Messages as soon as there are some (at least ``min_messages`` of them during the
+        first ``linger_ms``); an empty list when ``wait_ms`` ran out; ``mailbox_full`` or
+        ``deadline_exceeded`` when the group is overloaded.
+        """
+        messages, _ = await self.ack_and_pull(
+            subject=subject,
+            group=group,
+            consumer=consumer,
+            max_messages=max_messages,
+            wait_ms=wait_ms,
+            mode=mode,
+            start=start,
+            ack=None,
+            min_messages=min_messages,
+            linger_ms=linger_ms,
+        )
+        return messages
+
+    async def ack_and_pull(
+        self,
+        *,
+        subject: str,
+        group: str,
+        consumer: str,
+        max_messages: int,
+        wait_ms: int,
+        mode: str,
+        start: str,
+        ack: list[int] | None,
+        min_messages: int = 1,
+        linger_ms: int = 0,
+    ) -> tuple[list[PulledMessageJson], AckResult | None]:
+        """``pull``, acking ``ack`` (the consumer's previous batch) in the same request.
+
+        The acks are applied once the pull is queued (a pull refused at once applies none)
+        and before it chooses, so both records share a journal batch; the answer waits until
+        the acks are as durable as ``ack`` makes them. A pull that fails later (e.g.
+        ``deadline_exceeded``) has still applied its acks: sent again, they answer as
+        ``unknown``. The ``AckResult`` is None when ``ack`` is.
         """
         self._gate.require()
         key, created = self._join(subject, group, consumer, mode, start)
@@ -116,9 +155,23 @@ class DeliveryService:
             consumer=consumer,
             max_messages=max_messages,
             wait_s=wait_ms / 1000,
+            min_messages=min_messages,
+            linger_s=linger_ms / 1000,
         )
+        try:
+            acked = None if not ack else self._record_acks(subject, group, consumer, ack)
+            if acked is not None and acked.acked:
+                await durable(self._journal.commit_point())
+        except BaseException:
+            future.cancel()  # not served to a caller that will not read the answer
+            raise
         messages: list[PulledMessageJson] = await future
-        return messages
+        return messages, acked
+
+    def charge(self, *, subject: str, group: str, seconds: float) -> None:
+        """Count work done for a group's pull outside the scheduler (reading the request,
+        encoding the answer) toward the group's share of the pull workers."""
+        self._pulls.charge(subject, group, seconds)
 
     def _join(
         self, subject: str, group: str, consumer: str, mode: str, start: str
@@ -152,6 +205,13 @@ class DeliveryService:
 
     async def ack(self, *, subject: str, group: str, consumer: str, seqs: list[int]) -> AckResult:
         self._gate.require()
+        result = self._record_acks(subject, group, consumer, seqs)
+        if result.acked:
+            await durable(self._journal.commit_point())
+        return result
+
+    def _record_acks(self, subject: str, group: str, consumer: str, seqs: list[int]) -> AckResult:
+        """Append the ACK record of the seqs this consumer holds (not yet durable)."""
         state, key = self._state_of(subject, group, consumer)
         unique = list(dict.fromkeys(seqs))
         known = [s for s in unique if state.holds(s, consumer)]
@@ -164,7 +224,6 @@ class DeliveryService:
                 ),
                 relaxed=True,
             )
-            await durable(self._journal.commit_point())
         self._metrics.acked.inc(len(known))
         return AckResult(acked=len(known), unknown=unknown)
 

@@ -165,6 +165,7 @@ class Broker:
             backoff_s=config.backoff_s,
         )
         self._read_pool = ThreadPoolExecutor(config.workers, thread_name_prefix="qmq-pull-read")
+        fair_only = {"anticipation_s": config.anticipation_s} if config.scheduler == "fair" else {}
         pulls = self._pulls = SCHEDULERS[config.scheduler](
             processor=PullService(
                 groups=groups,
@@ -180,6 +181,7 @@ class Broker:
             clock=clock,
             workers=config.workers,
             time_slice_s=config.time_slice_s,
+            **fair_only,
             mailbox_size=config.mailbox_size,
             max_pending=config.max_pending_pulls,
             deadline_grace_s=config.pull_grace_s,

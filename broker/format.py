@@ -325,28 +325,9 @@ class MessageRecord:
 
     @classmethod
     def decode(cls, payload: bytes, *, path: str = "?", offset: int = -1) -> MessageRecord:
-        try:
-            kind, flags, seq, created, stored, deliver = _MSG_FIXED.unpack_from(payload, 0)
-            if kind != RECORD_MESSAGE:
-                raise ValueError(f"record type {kind} is not a message")
-            pos = _MSG_FIXED.size
-            subject, pos = _unpack_str(payload, pos)
-            message_id, pos = _unpack_str(payload, pos)
-            key, pos = _unpack_str(payload, pos)
-            producer, pos = _unpack_str(payload, pos)
-            (hlen,) = _U32.unpack_from(payload, pos)
-            pos += 4
-            headers = orjson.loads(payload[pos : pos + hlen]) if hlen else {}
-            pos += hlen
-            (blen,) = _U32.unpack_from(payload, pos)
-            pos += 4
-            body = payload[pos : pos + blen]
-            if len(body) != blen or pos + blen != len(payload) or subject is None:
-                raise ValueError("lengths do not add up")
-            if message_id is None:
-                raise ValueError("message without id")
-        except (struct.error, ValueError, orjson.JSONDecodeError) as exc:
-            raise CorruptRecord(path=path, offset=offset, reason=str(exc)) from exc
+        seq, flags, created, stored, deliver, subject, message_id, key, producer, headers, body = (
+            message_fields(payload, path=path, offset=offset)
+        )
         return cls(
             seq=seq,
             id=message_id,
@@ -360,6 +341,56 @@ class MessageRecord:
             stored_at_us=stored,
             deliver_at_us=deliver,
         )
+
+
+MessageFields = tuple[
+    int, int, int, int, int, str, str, "str | None", "str | None", dict[str, str], bytes
+]
+
+
+def message_fields(payload: bytes, *, path: str = "?", offset: int = -1) -> MessageFields:
+    """A message record's fields as a plain tuple: ``(seq, flags, created_us, stored_us,
+    deliver_us, subject, id, key, producer, headers, body)``.
+
+    ``MessageRecord.decode`` builds its record from this; a pull turns it straight into the
+    wire form (``broker.messages.pulled_fields``), which spares a record per served message.
+    ``CorruptRecord`` when the payload does not read as a message.
+    """
+    # Unrolled, with no helper calls: a pull decodes every message it serves. Positions
+    # advance by the declared lengths; a length that overruns the payload makes a later
+    # unpack fail or the final sum miss, so one check at the end covers every field.
+    u16 = _U16.unpack_from
+    try:
+        kind, flags, seq, created, stored, deliver = _MSG_FIXED.unpack_from(payload, 0)
+        if kind != RECORD_MESSAGE:
+            raise ValueError(f"record type {kind} is not a message")
+        pos = _MSG_FIXED.size
+        (length,) = u16(payload, pos)
+        subject = None if length == NONE_LEN else payload[pos + 2 : pos + 2 + length].decode()
+        pos += 2 if length == NONE_LEN else 2 + length
+        (length,) = u16(payload, pos)
+        message_id = None if length == NONE_LEN else payload[pos + 2 : pos + 2 + length].decode()
+        pos += 2 if length == NONE_LEN else 2 + length
+        (length,) = u16(payload, pos)
+        key = None if length == NONE_LEN else payload[pos + 2 : pos + 2 + length].decode()
+        pos += 2 if length == NONE_LEN else 2 + length
+        (length,) = u16(payload, pos)
+        producer = None if length == NONE_LEN else payload[pos + 2 : pos + 2 + length].decode()
+        pos += 2 if length == NONE_LEN else 2 + length
+        (hlen,) = _U32.unpack_from(payload, pos)
+        pos += 4
+        headers = orjson.loads(payload[pos : pos + hlen]) if hlen else {}
+        pos += hlen
+        (blen,) = _U32.unpack_from(payload, pos)
+        pos += 4
+        if pos + blen != len(payload) or subject is None:
+            raise ValueError("lengths do not add up")
+        if message_id is None:
+            raise ValueError("message without id")
+    except (struct.error, ValueError, orjson.JSONDecodeError) as exc:
+        raise CorruptRecord(path=path, offset=offset, reason=str(exc)) from exc
+    body = payload[pos:]
+    return seq, flags, created, stored, deliver, subject, message_id, key, producer, headers, body
 
 
 _MSG_PEEK = struct.Struct("<BxQ8xq8xH")  # type, seq, stored_us, the subject's length
@@ -459,17 +490,6 @@ def _pack_str(value: str | None) -> bytes:
         return _U16.pack(NONE_LEN)
     raw = value.encode("utf-8")
     return _U16.pack(len(raw)) + raw
-
-
-def _unpack_str(payload: bytes, pos: int) -> tuple[str | None, int]:
-    (length,) = _U16.unpack_from(payload, pos)
-    pos += 2
-    if length == NONE_LEN:
-        return None, pos
-    raw = payload[pos : pos + length]
-    if len(raw) != length:
-        raise ValueError("string cut short")
-    return raw.decode("utf-8"), pos + length
 
 
 _XXH3_64 = xxhash.xxh3_64_intdigest

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import msgspec
 
-from broker.format import MessageRecord
+from broker.format import FLAG_BODY_BASE64, MessageFields, MessageRecord
 from qmq_wire import BodyEncoding, PulledMessageJson
 
 
@@ -77,4 +77,28 @@ def pulled(record: MessageRecord, *, attempt: int) -> PulledMessageJson:
         "producer": record.producer,
         "created_at": rfc3339(record.created_at_us),
         "stored_at": rfc3339(record.stored_at_us),
+    }
+
+
+def pulled_fields(fields: MessageFields, *, attempt: int) -> PulledMessageJson:
+    """``pulled`` of a record's fields (``broker.format.message_fields``): what a pull
+    serves, with no ``MessageRecord`` in between (a third of the cost of a served message)."""
+    seq, flags, created, stored, _, subject, message_id, key, producer, headers, body = fields
+    encoding: BodyEncoding
+    if flags & FLAG_BODY_BASE64:
+        text, encoding = base64.b64encode(body).decode("ascii"), "base64"
+    else:
+        text, encoding = body.decode(), "utf-8"
+    return {
+        "id": message_id,
+        "subject": subject,
+        "seq": seq,
+        "attempt": attempt,
+        "key": key,
+        "headers": headers,
+        "body": text,
+        "body_encoding": encoding,
+        "producer": producer,
+        "created_at": rfc3339(created),
+        "stored_at": rfc3339(stored),
     }

@@ -113,9 +113,34 @@ def pull(
     wait_ms: int = 0,
     mode: PullMode = "shared",
     start: StartAt = "earliest",
+    min_messages: int = 1,
+    linger_ms: int = 0,
 ) -> Call[list[Message]]:
-    """Lease up to ``max_messages`` of ``subject`` for ``group``, long-polling ``wait_ms``."""
-    doc = {
+    """Lease up to ``max_messages`` of ``subject`` for ``group``, long-polling ``wait_ms``.
+
+    ``min_messages``/``linger_ms``: during the first ``linger_ms`` (within ``wait_ms``) the
+    broker answers only with at least ``min_messages``: fewer, fuller pulls for some
+    latency.
+    """
+    doc = _pull_doc(
+        subject, group, consumer, max_messages, wait_ms, mode, start, min_messages, linger_ms
+    )
+    timeout = DEFAULT_TIMEOUT + wait_ms / 1000
+    return _post("/v1/pull", doc, _messages, timeout=timeout)
+
+
+def _pull_doc(
+    subject: str,
+    group: str,
+    consumer: str,
+    max_messages: int,
+    wait_ms: int,
+    mode: PullMode,
+    start: StartAt,
+    min_messages: int,
+    linger_ms: int,
+) -> dict[str, Any]:
+    doc: dict[str, Any] = {
         "subject": subject,
         "group": group,
         "consumer": consumer,
@@ -124,13 +149,53 @@ def pull(
         "mode": mode,
         "start": start,
     }
-    timeout = DEFAULT_TIMEOUT + wait_ms / 1000
-    return _post("/v1/pull", doc, _messages, timeout=timeout)
+    if min_messages != 1 or linger_ms:
+        doc["min"], doc["linger_ms"] = min_messages, linger_ms
+    return doc
 
 
 def _messages(doc: Any) -> list[Message]:
     adopt = Message.adopt  # the decoded dicts are ours
     return [adopt(m) for m in doc["messages"]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AckedPull:
+    """What ``ack_and_pull`` answers: the new batch, and how the acks it carried went."""
+
+    messages: list[Message]
+    acked: int
+    unknown: list[int]  # seqs that were not leased to this consumer (see ``ack``)
+
+
+def ack_and_pull(
+    subject: str,
+    group: str,
+    consumer: str,
+    ack: Sequence[int],
+    *,
+    max_messages: int = 32,
+    wait_ms: int = 0,
+    mode: PullMode = "shared",
+    start: StartAt = "earliest",
+    min_messages: int = 1,
+    linger_ms: int = 0,
+) -> Call[AckedPull]:
+    """Ack ``ack`` (1..1000 seqs, e.g. the previous batch) and ``pull`` in one request.
+
+    The acks are as durable when this answers as ``ack`` makes them. If it fails after the
+    broker applied them, sending them again answers them as ``unknown``.
+    """
+    doc = _pull_doc(
+        subject, group, consumer, max_messages, wait_ms, mode, start, min_messages, linger_ms
+    )
+    doc["ack"] = list(ack)
+    timeout = DEFAULT_TIMEOUT + wait_ms / 1000
+    return _post("/v1/pull", doc, _acked_pull, timeout=timeout)
+
+
+def _acked_pull(doc: Any) -> AckedPull:
+    return AckedPull(_messages(doc), int(doc.get("acked", 0)), list(doc.get("unknown") or []))
 
 
 def ack(subject: str, group: str, consumer: str, seqs: Sequence[int]) -> Call[dict[str, Any]]:
@@ -277,6 +342,7 @@ class _Client(Generic[HttpClient, Transport, Lean]):
     produce_raw = _Endpoint(produce_raw)
     pull = _Endpoint(pull)
     ack = _Endpoint(ack)
+    ack_and_pull = _Endpoint(ack_and_pull)
     nack = _Endpoint(nack)
     subjects = _Endpoint(subjects)
     subject = _Endpoint(subject)

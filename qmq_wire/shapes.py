@@ -56,8 +56,15 @@ class PulledMessageJson(TypedDict):
     stored_at: str
 
 
-class PullAnswerJson(TypedDict):
+class _PullAnswerMessages(TypedDict):
     messages: list[PulledMessageJson]
+
+
+class PullAnswerJson(_PullAnswerMessages, total=False):
+    # With "ack" in the pull (and only then): as AckAnswerJson answers. Optional keys are
+    # spelled with total=False: under postponed annotations, 3.11 does not see NotRequired.
+    acked: int
+    unknown: list[int]
 
 
 class AckAnswerJson(TypedDict):

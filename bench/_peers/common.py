@@ -39,7 +39,12 @@ class Consumer(Protocol):
         """Up to ``max_messages`` bodies, waiting at most ``wait`` s for the first; [] if none."""
 
     async def ack(self) -> None:
-        """Acknowledge everything the last ``take`` returned."""
+        """Acknowledge everything the last ``take`` returned: at once, or with the next
+        ``take`` where the system's client carries acks on pulls (then ``flush`` sends
+        what is left)."""
+
+    async def flush(self) -> None:
+        """Send acknowledgements still held for the next ``take``, if any."""
 
 
 class Peer(Protocol):

@@ -72,6 +72,9 @@ class NatsPullConsumer:
         for message in self._messages:
             await message.ack()  # not awaited by the server: a publish to the ack subject
 
+    async def flush(self) -> None:
+        pass  # acks are sent at once
+
 
 class NatsPushConsumer:
     def __init__(self) -> None:
@@ -88,6 +91,9 @@ class NatsPushConsumer:
     async def ack(self) -> None:
         for message in self._messages:
             await message.ack()
+
+    async def flush(self) -> None:
+        pass  # acks are sent at once
 
 
 class NatsPeer:

@@ -73,6 +73,9 @@ class PostgresConsumer:
     async def ack(self) -> None:
         await self._conn.commit()
 
+    async def flush(self) -> None:
+        pass  # acks are sent at once
+
 
 class PostgresPeer:
     """A database of its own (created by ``start``, dropped by ``stop``) with one table."""

@@ -35,26 +35,39 @@ class QmqProducer:
 
 
 class QmqConsumer:
+    """Acks ride on the next pull (``ack_and_pull``), as the SDK's ``Consumer`` sends them:
+    a pull + ack is one request."""
+
     def __init__(self, client: AsyncBrokerClient, subject: str, consumer_id: str) -> None:
         self._client = client
         self._subject = subject
         self._consumer_id = consumer_id
-        self._seqs: list[int] = []
+        self._taken: list[int] = []
+        self._acks: list[int] = []
 
     async def take(self, max_messages: int, wait: float) -> list[bytes]:
-        messages = await self._client.pull(
-            self._subject,
-            GROUP,
-            self._consumer_id,
-            max_messages=max_messages,
-            wait_ms=int(wait * 1000),
-        )
-        self._seqs = [m.seq for m in messages]
+        options = {"max_messages": max_messages, "wait_ms": int(wait * 1000)}
+        if self._acks:
+            answer = await self._client.ack_and_pull(
+                self._subject, GROUP, self._consumer_id, self._acks, **options
+            )
+            if answer.acked != len(self._acks):
+                raise RuntimeError(f"qmq acked {answer.acked} of {len(self._acks)}")
+            self._acks = []
+            messages = answer.messages
+        else:
+            messages = await self._client.pull(self._subject, GROUP, self._consumer_id, **options)
+        self._taken = [m.seq for m in messages]
         return [m.body for m in messages]
 
     async def ack(self) -> None:
-        if self._seqs:
-            await self._client.ack(self._subject, GROUP, self._consumer_id, self._seqs)
+        self._acks.extend(self._taken)
+        self._taken = []
+
+    async def flush(self) -> None:
+        if self._acks:
+            await self._client.ack(self._subject, GROUP, self._consumer_id, self._acks)
+            self._acks = []
 
 
 class QmqPeer:
@@ -110,6 +123,7 @@ class QmqPeer:
         return [
             "qmq broker: this checkout, `qmq broker --fsync always` on a temporary data"
             " directory, driven by the project's `AsyncBrokerClient` (one client of one"
-            " connection per producer or consumer; a batch is one `produce`, a pull + ack"
-            " is one `pull` and one `ack`)"
+            " connection per producer or consumer; a batch is one `produce`; a pull carries"
+            " the acks of the batch before it (`ack_and_pull`), so a pull + ack is one"
+            " request)"
         ]

@@ -57,6 +57,9 @@ class RabbitConsumer:
         if self._last is not None:
             await self._last.ack(multiple=True)
 
+    async def flush(self) -> None:
+        pass  # acks are sent at once
+
 
 class RabbitPeer:
     """One durable queue of its own, declared by ``start`` and deleted by ``stop``."""

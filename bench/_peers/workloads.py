@@ -119,6 +119,7 @@ async def pull_ack(peer: Peer, settings: Settings) -> Result:
             if bodies:
                 await consumer.ack()
                 acked += len(bodies)
+        await consumer.flush()  # the acks a last pull would have carried
         window.stop()
 
     async with AsyncExitStack() as stack:
@@ -181,6 +182,7 @@ async def end_to_end(peer: Peer, settings: Settings) -> Result:
                 await consumer.ack()
             if warm_seen >= warm:
                 warmed.set()
+        await consumer.flush()
 
     async def send(pool: asyncio.Queue[Producer], index: int) -> None:
         producer = await pool.get()

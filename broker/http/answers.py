@@ -57,6 +57,12 @@ class DeliveredMessage(_Answer):
 
 class PullResponse(_Answer):
     messages: list[DeliveredMessage]
+    acked: Count | None = Field(
+        default=None, description='present when the pull carried "ack": as POST /v1/ack answers'
+    )
+    unknown: list[int] | None = Field(
+        default=None, description='present when the pull carried "ack": seqs not leased to you'
+    )
 
 
 class AckResponse(_Answer):

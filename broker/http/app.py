@@ -169,10 +169,14 @@ class Api:
 
     async def pull(self, request: Request) -> Response:
         grant = self._grant(request)
+        began = time.perf_counter()
         parsed = bodies.decode(await self._body(request), bodies.PullBody)
         self._require(grant, Right.CONSUME, parsed.subject, group=parsed.group, field="group")
         wait_ms = min(parsed.wait_ms, self.broker.config.max_wait_ms)
-        messages = await self.broker.delivery.pull(
+        if parsed.min > parsed.max:
+            raise Invalid(code="invalid_min", message="min must not exceed max", field="min")
+        decoded = time.perf_counter()
+        messages, acked = await self.broker.delivery.ack_and_pull(
             subject=parsed.subject,
             group=parsed.group,
             consumer=parsed.consumer,
@@ -180,8 +184,20 @@ class Api:
             wait_ms=wait_ms,
             mode=parsed.mode,
             start=parsed.start,
+            ack=parsed.ack,
+            min_messages=parsed.min,
+            linger_ms=parsed.linger_ms,
         )
-        return _json({"messages": messages})
+        answered = time.perf_counter()
+        if acked is None:
+            response = _json({"messages": messages})
+        else:
+            doc = {"messages": messages, "acked": acked.acked, "unknown": acked.unknown}
+            response = _json(doc)
+        # The request's own work outside the pull scheduler counts toward its group's share.
+        spent = decoded - began + time.perf_counter() - answered
+        self.broker.delivery.charge(subject=parsed.subject, group=parsed.group, seconds=spent)
+        return response
 
     async def ack(self, request: Request) -> Response:
         grant = self._grant(request)

@@ -154,6 +154,9 @@ class PullBody(_Body, frozen=True):
     wait_ms: WaitMs = 0
     mode: Literal["shared", "broadcast"] = "shared"
     start: Literal["earliest", "latest"] = "earliest"
+    ack: Seqs | None = None
+    min: PullMax = 1
+    linger_ms: WaitMs = 0
 
 
 class AckBody(_Body, frozen=True):

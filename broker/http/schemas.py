@@ -116,6 +116,28 @@ class PullRequest(_Strict):
     wait_ms: Annotated[int, Field(ge=0, le=wire.MAX_WAIT_MS), _AS_JSON_INTEGER] = 0
     mode: Literal["shared", "broadcast"] = "shared"
     start: Literal["earliest", "latest"] = "earliest"
+    ack: Annotated[
+        Seqs | None,
+        Field(description="Seqs this consumer acks with the pull, as POST /v1/ack would."),
+    ] = None
+    min: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=wire.MAX_PULL,
+            description="During linger_ms, answer only with at least this many (<= max).",
+        ),
+        _AS_JSON_INTEGER,
+    ] = 1
+    linger_ms: Annotated[
+        int,
+        Field(
+            ge=0,
+            le=wire.MAX_WAIT_MS,
+            description="How long the pull may wait for min messages (within wait_ms).",
+        ),
+        _AS_JSON_INTEGER,
+    ] = 0
 
 
 class AckRequest(_Strict):

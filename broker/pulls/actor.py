@@ -73,6 +73,7 @@ class PullActor:
         self.runnable = False  # in the fair run queue
         self.vruntime = 0.0
         self.submitted_at = 0.0
+        self.present_until = 0.0  # served moments ago: its consumers are about to pull again
         # accounting
         self.runs = 0
         self.service_s = 0.0
@@ -80,6 +81,7 @@ class PullActor:
         self.suspended_since: float | None = None
         self.expired = 0
         self.rejected = 0
+        self.charged_s = 0.0  # work done for its requests outside its runs (see ``charge``)
         self.cost_per_request: float | None = None  # recent seconds per served request
 
     def __repr__(self) -> str:

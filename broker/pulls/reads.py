@@ -16,8 +16,8 @@ import dataclasses
 import time
 
 from broker.errors import CorruptRecord, StorageError
-from broker.format import MessageRecord, read_frame_at
-from broker.messages import pulled
+from broker.format import MessageRecord, message_fields, read_frame_at
+from broker.messages import pulled_fields
 from broker.storage.segments import SegmentReader
 from broker.subjects import SubjectLog
 from qmq_wire import PulledMessageJson
@@ -32,20 +32,20 @@ def read_message(reader: SegmentReader, log: SubjectLog, seq: int) -> MessageRec
     segment, length, offset, _, _ = log.raw(seq)
     payload = reader.read(segment, offset, length)
     record = MessageRecord.decode(payload, path=f"messages/{segment}", offset=offset)
-    _check_indexed(record, log.name, seq, segment, offset)
+    _check_fields(record.seq, record.subject, log.name, seq, segment, offset)
     return record
 
 
-def _check_indexed(
-    record: MessageRecord, subject: str, seq: int, segment: int, offset: int
+def _check_fields(
+    found_seq: int, found_subject: str, subject: str, seq: int, segment: int, offset: int
 ) -> None:
     """A record read through the index must be the one indexed: never serve another."""
-    if record.seq != seq or record.subject != subject:
+    if found_seq != seq or found_subject != subject:
         raise CorruptRecord(
             path=f"messages/{segment}",
             offset=offset,
             reason=f"the index entry of {subject} seq {seq} points at "
-            f"{record.subject} seq {record.seq}",
+            f"{found_subject} seq {found_seq}",
         )
 
 
@@ -78,13 +78,13 @@ def _read_batch(reader: SegmentReader, batch: Batch, delay_s: float) -> Read:
             unreadable.append((seq, str(payload)))
             continue
         try:
-            record = MessageRecord.decode(payload, path=f"messages/{segment}", offset=offset)
-            _check_indexed(record, batch.subject, seq, segment, offset)
+            fields = message_fields(payload, path=f"messages/{segment}", offset=offset)
+            _check_fields(fields[0], fields[5], batch.subject, seq, segment, offset)
         except CorruptRecord as exc:
             unreadable.append((seq, str(exc)))
             continue
         try:
-            out.append(pulled(record, attempt=attempt))
+            out.append(pulled_fields(fields, attempt=attempt))
         except (ValueError, OverflowError) as exc:
             # Stored by an older broker that did not check what it accepted (a timestamp no
             # answer can carry, a body that is not the UTF-8 it claims): dead-letter that one

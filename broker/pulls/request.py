@@ -8,6 +8,8 @@ import enum
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+TIMER_SLACK_S = 0.001  # timers fire on a millisecond grid; treat "due within 1 ms" as due
+
 
 class PullStatus(enum.Enum):
     QUEUED = "queued"  # in the actor's mailbox, waiting for a worker
@@ -21,7 +23,9 @@ class QueuedPull:
     """One ``POST /v1/pull``; times are on the scheduler's clock (monotonic seconds).
 
     ``wait_until`` ends the long poll (then an empty answer is right); ``deadline`` is the
-    latest time a worker may start on it (then it is answered 503, never dropped).
+    latest time a worker may start on it (then it is answered 503, never dropped). Until
+    ``linger_until`` (never after ``wait_until``) it is not answered with fewer than
+    ``min_messages``: it waits for a fuller batch.
     """
 
     subject: str
@@ -33,6 +37,8 @@ class QueuedPull:
     wait_until: float
     deadline: float
     future: asyncio.Future[list[Any]]
+    min_messages: int = 1
+    linger_until: float = 0.0
     status: PullStatus = PullStatus.QUEUED
     timed_out: bool = False  # its wait ended while parked: answer now, data or not
     queued_at: float = 0.0
@@ -47,11 +53,13 @@ class PullOutcome:
     """What one serving step found: messages to answer with, or nothing yet.
 
     ``wake_at`` (scheduler clock) says when the group next has something due without a new
-    message (a retry, an expiring lease), so a parked request can be resumed then.
+    message (a retry, an expiring lease, the end of a linger), so a parked request can be
+    resumed then.
     """
 
     messages: list[Any] | None
     wake_at: float | None = None
+    lingering: bool = False  # messages were there, fewer than the request's min
 
 
 class Processor(Protocol):

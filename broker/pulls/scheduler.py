@@ -20,6 +20,18 @@ suspended starts no lower than the smallest virtual runtime of the runnable and 
 actors, so a group that was quiet for an hour cannot then monopolise the workers (the
 flaw QMQ hit when it ordered by total runtime).
 
+Small pulls. Part of a pull's cost is not in the actor's run: reading the request,
+decoding it, encoding and writing the answer. ``charge`` adds that part to the group's
+virtual runtime (the HTTP layer measures it). And a group with few consumers is empty
+between its answers and its consumers' next pulls: with every pull small, a group of 100
+consumers would get nearly every turn while the 2 consumers of another are on their way
+back. So a group answered moments ago stays *present* for ``anticipation_s`` (a consumer's
+round trip): while it is, an actor more than one time slice of virtual runtime ahead of it
+waits (a worker idles briefly rather than run it), and a present group that comes back
+keeps its virtual runtime instead of being lifted to the floor. A group that does not come
+back within that time stops counting; a group whose pulls wait for data (parked) is not
+present.
+
 ``FifoScheduler``: the plain request queue the actor design replaces, kept for
 benchmarks: one shared FIFO of requests, each served by whichever worker is free, so a
 group's share follows its number of consumers and a slow group can hold every worker.
@@ -37,16 +49,15 @@ from collections.abc import Iterable
 from functools import partial
 from typing import Any
 
-from broker.clock import Clock
+from broker.clock import Clock, Timer
 from broker.errors import RequestError
 from broker.pulls.actor import PullActor, PullCounts
 from broker.pulls.errors import DeadlineExceeded, MailboxFull, ShuttingDown, TooManyPulls
 from broker.pulls.metrics import ActorMetrics
-from broker.pulls.request import Processor, PullOutcome, PullStatus, QueuedPull
+from broker.pulls.request import TIMER_SLACK_S, Processor, PullOutcome, PullStatus, QueuedPull
 
 logger = logging.getLogger(__name__)
 
-TIMER_SLACK_S = 0.001  # timers fire on a millisecond grid; treat "due within 1 ms" as due
 MAX_BATCH = 64  # requests served per hand-off to the read pool, at most
 
 
@@ -98,8 +109,13 @@ class PullScheduler:
         consumer: str,
         max_messages: int,
         wait_s: float,
+        min_messages: int = 1,
+        linger_s: float = 0.0,
     ) -> asyncio.Future[list[Any]]:
         """Queue a pull in its group's mailbox; the future resolves with the messages.
+
+        ``min_messages``/``linger_s``: for up to ``linger_s`` (within ``wait_s``) it is not
+        answered with fewer than ``min_messages`` messages.
 
         Raises ``MailboxFull`` (429) at once when the group has ``mailbox_size`` pending,
         ``TooManyPulls`` (429) when all groups together have ``max_pending``. Parked long
@@ -119,6 +135,8 @@ class PullScheduler:
             key=key,
             consumer=consumer,
             max_messages=max_messages,
+            min_messages=min_messages,
+            linger_until=now + min(linger_s, wait_s),
             arrived=now,
             wait_until=now + wait_s,
             deadline=now + wait_s + self.deadline_grace_s,
@@ -306,7 +324,8 @@ class PullScheduler:
             if actor.has_parked(request.key) and actor.promote(request.key):
                 self._ready(actor, 1)  # data flowed: let the next waiter of this key look
             return
-        actor.empty_keys.add(request.key)
+        if not outcome.lingering:  # a lingering one saw messages: others of its key may not
+            actor.empty_keys.add(request.key)
         if outcome.wake_at is not None:
             actor.wake_at = (
                 outcome.wake_at if actor.wake_at is None else min(actor.wake_at, outcome.wake_at)
@@ -376,6 +395,17 @@ class PullScheduler:
     def _finished(self, actor: PullActor, elapsed: float) -> None:
         """A run ended after ``elapsed`` seconds."""
 
+    def charge(self, subject: str, group: str, seconds: float) -> None:
+        """Work done for a group's pull outside its actor's run (decoding the request,
+        encoding the answer): it counts toward the group's share."""
+        actor = self._actors.get((subject, group))
+        if actor is not None:
+            actor.charged_s += seconds
+            self._charged(actor, seconds)
+
+    def _charged(self, actor: PullActor, seconds: float) -> None:
+        """``seconds`` of work outside its runs were done for ``actor``."""
+
     def _gauges(self) -> Iterable[tuple[str, str, int, int, float]]:
         for actor in list(self._actors.values()):
             yield actor.subject, actor.group, len(actor.mailbox), actor.parked_count, actor.vruntime
@@ -386,16 +416,24 @@ class FairScheduler(PullScheduler):
 
     name = "fair"
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, anticipation_s: float = 0.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if anticipation_s < 0:
+            raise ValueError("anticipation_s must be >= 0")
+        self.anticipation_s = anticipation_s
         self._queue: list[tuple[float, float, int, PullActor]] = []
         self._order = itertools.count()
         self._running: set[PullActor] = set()
+        self._present: set[PullActor] = set()  # idle, answered within anticipation_s
+        self._hold_timer: Timer | None = None
+        self._hold_until: float | None = None
         self._floor = 0.0  # min virtual runtime seen; never goes down
 
     def min_vruntime(self) -> float:
-        """The smallest virtual runtime among runnable and running actors (monotonic)."""
+        """The smallest virtual runtime among runnable, running and present actors
+        (monotonic)."""
         candidates = [actor.vruntime for actor in self._running]
+        candidates.extend(actor.vruntime for actor in self._present)
         if self._queue:
             candidates.append(self._queue[0][0])
         if candidates:
@@ -408,7 +446,10 @@ class FairScheduler(PullScheduler):
     def _ready(self, actor: PullActor, added: int) -> None:
         if actor.runnable or actor.running or not actor.mailbox:
             return  # queued already, or re-queued by _finished when its run ends
-        actor.vruntime = max(actor.vruntime, self.min_vruntime())
+        if actor in self._present:
+            self._present.discard(actor)  # back in time: it keeps its place
+        else:
+            actor.vruntime = max(actor.vruntime, self.min_vruntime())
         self._push(actor)
 
     def _push(self, actor: PullActor) -> None:
@@ -420,10 +461,34 @@ class FairScheduler(PullScheduler):
     def next_run(self) -> tuple[PullActor, float, float] | None:
         if not self._queue:
             return None
+        if self._present and self._held(self._queue[0][0]):
+            return None
         actor = heapq.heappop(self._queue)[3]
         actor.runnable = False
         self._running.add(actor)
         return actor, self.time_slice_s, math.inf
+
+    def _held(self, vruntime: float) -> bool:
+        """Whether the next actor waits for a present one it is more than a slice ahead of;
+        arms the timer that ends the wait when the presence does."""
+        now = self._clock.now()
+        gone = [actor for actor in self._present if actor.present_until <= now]
+        self._present.difference_update(gone)
+        ahead_of = [a for a in self._present if vruntime > a.vruntime + self.time_slice_s]
+        if not ahead_of:
+            return False
+        until = min(actor.present_until for actor in ahead_of)
+        if self._hold_until is None or until < self._hold_until:
+            if self._hold_timer is not None:
+                self._hold_timer.cancel()
+            self._hold_until = until
+            self._hold_timer = self._clock.call_at(until, self._hold_ended)
+        return True
+
+    def _hold_ended(self) -> None:
+        self._hold_timer = None
+        self._hold_until = None
+        self._kick(self.workers)
 
     def _finished(self, actor: PullActor, elapsed: float) -> None:
         actor.vruntime += elapsed
@@ -431,6 +496,14 @@ class FairScheduler(PullScheduler):
         self._running.discard(actor)
         if actor.mailbox:
             self._push(actor)
+        elif self.anticipation_s > 0 and not actor.parked_count:
+            actor.present_until = self._clock.now() + self.anticipation_s
+            self._present.add(actor)
+
+    def _charged(self, actor: PullActor, seconds: float) -> None:
+        # A runnable actor's queue entry keeps the key it was pushed with; the charge
+        # orders it from its next push on (re-keying the heap per request would cost more).
+        actor.vruntime += seconds
 
     def runnable(self) -> list[PullActor]:
         """Runnable actors in the order they would run (for tests and debugging)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
 from typing import Any
@@ -21,11 +22,19 @@ from broker.format import ActionRecord, ActionType
 from broker.groups import DeliveryState, GroupTable, Policy
 from broker.metrics import BrokerMetrics
 from broker.pulls.reads import Batch, read_batches
-from broker.pulls.request import PullOutcome, QueuedPull
+from broker.pulls.request import TIMER_SLACK_S, PullOutcome, QueuedPull
 from broker.storage.segments import SegmentReader
 from broker.subjects import SubjectTable
 
 logger = logging.getLogger(__name__)
+
+
+class _Linger:
+    """What ``_decide`` returns for a pull that found fewer messages than its ``min``
+    while it may still wait for more (its ``linger_until``)."""
+
+
+LINGER = _Linger()
 
 
 class PullService:
@@ -65,7 +74,11 @@ class PullService:
                 request = requests[index]
                 state = self._groups[(request.subject, request.group)].states[request.key]
                 batch = self._decide(request, state)
-                if batch is None:
+                if isinstance(batch, _Linger):
+                    # fewer than its min: back when the linger ends, or with new data
+                    wake_at = min(self._wake_at(state) or math.inf, request.linger_until)
+                    outcomes[index] = PullOutcome(None, wake_at=wake_at, lingering=True)
+                elif batch is None:
                     outcomes[index] = PullOutcome(None, wake_at=self._wake_at(state))
                 else:
                     delay = self._read_delays.get((request.subject, request.group), 0.0)
@@ -86,7 +99,7 @@ class PullService:
                     todo.append(index)  # all it chose was unreadable (now dead): choose again
         return [o if o is not None else PullOutcome(None) for o in outcomes]
 
-    def _decide(self, request: QueuedPull, state: DeliveryState) -> Batch | None:
+    def _decide(self, request: QueuedPull, state: DeliveryState) -> Batch | _Linger | None:
         now = self._clock.wall_us()
         for kind, seqs, fields in state.expire(now_us=now, policy=self._policy):
             self._record(_action(kind, now, request, seqs, fields))
@@ -104,6 +117,9 @@ class PullService:
             self._record(_action(ActionType.DEAD, now, request, gone, {"error": error}))
         if not seqs:
             return None
+        lingering = self._clock.now() + TIMER_SLACK_S < request.linger_until
+        if len(seqs) < request.min_messages and lingering:
+            return LINGER  # chooses nothing yet: waits for a fuller batch
         positions = []
         for seq in seqs:
             segment, length, offset, _, _ = log.raw(seq)

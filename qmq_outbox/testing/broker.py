@@ -118,6 +118,9 @@ class _LongPoll:
     consumer: str
     limit: int
     deadline: float  # time.monotonic()
+    acks: dict[str, Any]  # the answer to the acks the pull carried, merged into its answer
+    min_messages: int = 1
+    linger_until: float = 0.0  # time.monotonic(); fewer than min_messages are not served before
 
 
 class InMemoryBroker:
@@ -405,10 +408,14 @@ class InMemoryBroker:
             shelf = self._shelf(subject)
             group.owners[owner] = Standing(len(shelf.messages) if pull["start"] == "latest" else 0)
         deadline = time.monotonic() + pull["wait_ms"] / 1000
-        poll = _LongPoll(subject, name, owner, consumer, pull["max"], deadline)
+        acks = {} if pull.get("ack") is None else self._apply_acks({**pull, "seqs": pull["ack"]})
+        linger_until = time.monotonic() + min(pull["linger_ms"], pull["wait_ms"]) / 1000
+        poll = _LongPoll(
+            subject, name, owner, consumer, pull["max"], deadline, acks, pull["min"], linger_until
+        )
         messages = self._lease(poll)
         if messages or pull["wait_ms"] == 0:
-            return {"messages": messages}
+            return {"messages": messages, **acks}
         return poll
 
     def _lease(self, poll: _LongPoll) -> list[wire.PulledMessageJson]:
@@ -417,6 +424,10 @@ class InMemoryBroker:
         owner = self._groups[(poll.subject, poll.group)].owners[poll.owner]
         owner.expire(now_us=now, policy=self.policy)
         shelf = self._shelves[poll.subject]
+        if poll.min_messages > 1 and time.monotonic() < poll.linger_until:
+            ready = owner.ready(end_seq=len(shelf.messages), now_us=now)
+            if ready < poll.min_messages:
+                return []  # waits for a fuller batch until linger_until
         chosen = owner.lease(
             consumer=poll.consumer,
             limit=poll.limit,
@@ -447,8 +458,8 @@ class InMemoryBroker:
             self._changed.wait(timeout)
             messages = self._lease(poll)
             if messages:
-                return {"messages": messages}
-        return {"messages": []}
+                return {"messages": messages, **poll.acks}
+        return {"messages": [], **poll.acks}
 
     async def _wait_async(self, poll: _LongPoll) -> Answer:
         loop = asyncio.get_running_loop()
@@ -465,14 +476,14 @@ class InMemoryBroker:
                 with self._lock:
                     timeout = self._timeout(poll)
                 if timeout is None:
-                    return {"messages": []}
+                    return {"messages": [], **poll.acks}
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), timeout)
                 event.clear()
                 with self._lock:
                     messages = self._lease(poll)
                 if messages:
-                    return {"messages": messages}
+                    return {"messages": messages, **poll.acks}
         finally:
             with self._lock:
                 self._wakers.discard(wake)
@@ -486,6 +497,9 @@ class InMemoryBroker:
         times = [t for t in (owner.next_due_us(), self._due[0][0] if self._due else None) if t]
         if times:
             remaining = min(remaining, max((min(times) - self.now_us()) / 1_000_000, 0.001))
+        lingering = poll.linger_until - time.monotonic()
+        if lingering > 0:
+            remaining = min(remaining, lingering)
         return remaining
 
     def _wake(self) -> None:
@@ -507,7 +521,11 @@ class InMemoryBroker:
         return owner
 
     def _ack(self, doc: Any) -> Answer:
-        owner = self._owner(check_ack(doc))
+        return self._apply_acks(check_ack(doc))
+
+    def _apply_acks(self, doc: dict[str, Any]) -> Answer:
+        """Ack a checked ``{subject, group, consumer, seqs}`` (an ack, or a pull's acks)."""
+        owner = self._owner(doc)
         unique = list(dict.fromkeys(doc["seqs"]))
         known = [seq for seq in unique if owner.holds(seq, doc["consumer"])]
         owner.ack(known)

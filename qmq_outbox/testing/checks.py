@@ -183,7 +183,11 @@ _PULL: dict[str, tuple[bool, Check]] = {
 
 def check_pull(doc: Any) -> dict[str, Any]:
     _object(body_object(doc), _PULL)
-    return {"max": wire.DEFAULT_PULL, "wait_ms": 0, "mode": "shared", "start": "earliest", **doc}
+    defaults = {"max": wire.DEFAULT_PULL, "wait_ms": 0, "mode": "shared", "start": "earliest"}
+    pull = {**defaults, "min": 1, "linger_ms": 0, **doc}
+    if pull["min"] > pull["max"]:
+        raise Rejected(400, "invalid_min", "min must not exceed max", "min")
+    return pull
 
 
 def _seqs(doc: Any, where: str) -> bool:
@@ -191,8 +195,13 @@ def _seqs(doc: Any, where: str) -> bool:
         return False
     for index, seq in enumerate(doc):
         if not _integer(seq, 0, wire.MAX_SEQ):
-            raise invalid("seqs", f"{where}[{index}]", "a seq is an integer >= 0")
+            raise invalid(where, f"{where}[{index}]", "a seq is an integer >= 0")
     return True
+
+
+_PULL["ack"] = (False, _optional(_seqs))  # the acks a pull carries
+_PULL["min"] = (False, lambda v, w: _integer(v, 1, wire.MAX_PULL))
+_PULL["linger_ms"] = (False, lambda v, w: _integer(v, 0, wire.MAX_WAIT_MS))
 
 
 def check_ack(doc: Any, *, nack: bool = False) -> dict[str, Any]:

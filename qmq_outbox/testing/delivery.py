@@ -81,6 +81,11 @@ class Standing:
             self.leases[seq] = Held(consumer, attempt, deadline)
         return chosen
 
+    def ready(self, *, end_seq: int, now_us: int) -> int:
+        """How many seqs ``lease`` would hand out now, at most."""
+        due = sum(1 for w in self.retries.values() if w.due_us <= now_us)
+        return due + max(end_seq - self.cursor, 0)
+
     def holds(self, seq: int, consumer: str) -> bool:
         """Only the consumer holding a lease may ack or nack it."""
         lease = self.leases.get(seq)

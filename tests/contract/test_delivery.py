@@ -57,6 +57,79 @@ def test_pull_ack_and_subject_stats(target: Target) -> None:
     assert listed[subject]["next_seq"] == 3
 
 
+def test_a_pull_carries_the_acks_of_the_previous_batch(target: Target) -> None:
+    subject = target.subject()
+    produce(target, subject, 5)
+    first = target.client.pull(subject, "g", "c1", max_messages=2)
+    assert [m.seq for m in first] == [0, 1]
+    second = target.client.ack_and_pull(subject, "g", "c1", [0, 1, 1, 9], max_messages=2)
+    assert [m.seq for m in second.messages] == [2, 3]
+    assert (second.acked, second.unknown) == (2, [9])
+    # another consumer's seqs are not its to ack; the pull is served all the same
+    third = target.client.ack_and_pull(subject, "g", "c2", [2, 3], max_messages=5)
+    assert [m.seq for m in third.messages] == [4]
+    assert (third.acked, third.unknown) == (0, [2, 3])
+    # a long poll that finds nothing still answers the acks it carried
+    last = target.client.ack_and_pull(subject, "g", "c1", [2, 3], wait_ms=100)
+    assert (last.messages, last.acked, last.unknown) == ([], 2, [])
+    group = target.client.subject(subject)["groups"][0]
+    assert (group["acked"], group["in_flight"], group["backlog"]) == (4, 1, 0)
+    # a plain pull answers without the ack keys
+    plain = target.post("/v1/pull", {"subject": subject, "group": "g", "consumer": "c1"})
+    assert plain.json() == {"messages": []}
+
+
+def test_a_pull_lingers_for_min_messages_then_takes_what_is_there(target: Target) -> None:
+    subject = target.subject()
+    produce(target, subject, 2)
+    began = time.monotonic()
+    lingered = target.client.pull(
+        subject, "g", "c", max_messages=10, min_messages=5, linger_ms=300, wait_ms=5_000
+    )
+    waited = time.monotonic() - began
+    assert [m.seq for m in lingered] == [0, 1]  # fewer than min once the linger ran out
+    assert 0.25 <= waited < 2.5
+    # enough there: answered at once
+    produce_more = [
+        OutgoingMessage(id=f"more-{i}", subject=subject, body=b"x", producer="tests")
+        for i in range(6)
+    ]
+    target.client.produce(produce_more)
+    began = time.monotonic()
+    full = target.client.pull(
+        subject, "g", "c", max_messages=10, min_messages=5, linger_ms=5_000, wait_ms=5_000
+    )
+    assert len(full) == 6 and time.monotonic() - began < 1.0
+
+
+def test_a_lingering_pull_answers_once_min_messages_arrive(target: Target) -> None:
+    subject = target.subject()
+    result: dict[str, Any] = {}
+
+    def waiter() -> None:
+        with BrokerClient(target.base_url, transport=target.client._http._transport) as own:
+            result["messages"] = own.pull(
+                subject, "g", "a", max_messages=10, min_messages=3, linger_ms=10_000, wait_ms=10_000
+            )
+            result["at"] = time.monotonic()
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    time.sleep(0.3)
+    produce(target, subject, 1)  # one is not enough: the pull keeps waiting
+    time.sleep(0.3)
+    assert "at" not in result
+    more = [
+        OutgoingMessage(id=f"more-{i}", subject=subject, body=b"x", producer="tests")
+        for i in range(2)
+    ]
+    produced_at = time.monotonic()
+    target.client.produce(more)
+    thread.join(5)
+    assert len(result["messages"]) == 3
+    assert result["at"] - produced_at < 1.0
+
+
 def test_shared_group_divides_and_latest_skips_the_backlog(target: Target) -> None:
     subject = target.subject()
     produce(target, subject, 5)

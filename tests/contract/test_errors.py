@@ -60,6 +60,16 @@ BAD_PULLS = [
     ({"subject": "s", "group": "g/x", "consumer": "c"}, "invalid_group", "group"),
     ({"subject": "s", "group": "g", "consumer": ""}, "invalid_consumer", "consumer"),
     ({"subject": "s", "group": "g", "consumer": "c", "colour": 1}, "unknown_field", "colour"),
+    ({"subject": "s", "group": "g", "consumer": "c", "ack": []}, "invalid_ack", "ack"),
+    ({"subject": "s", "group": "g", "consumer": "c", "ack": [-1]}, "invalid_ack", "ack[0]"),
+    ({"subject": "s", "group": "g", "consumer": "c", "ack": "1"}, "invalid_ack", "ack"),
+    ({"subject": "s", "group": "g", "consumer": "c", "max": 5, "min": 6}, "invalid_min", "min"),
+    ({"subject": "s", "group": "g", "consumer": "c", "min": 0}, "invalid_min", "min"),
+    (
+        {"subject": "s", "group": "g", "consumer": "c", "linger_ms": -1},
+        "invalid_linger_ms",
+        "linger_ms",
+    ),
 ]
 
 

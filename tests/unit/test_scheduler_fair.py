@@ -204,3 +204,73 @@ async def test_group_share_does_not_follow_its_consumer_count(
     fair_counts = await closed_loop(fair_scheduler, {"a": 100, "b": 2}, runs=3000)
     fair_share = fair_counts["b"] / sum(fair_counts.values())
     assert fair_share >= 0.40
+
+
+async def closed_loop_with_round_trips(
+    scheduler: FairScheduler,
+    clock: ManualClock,
+    consumers: dict[str, int],
+    *,
+    round_trip_s: float,
+    seconds: float,
+) -> Counter[str]:
+    """Each consumer pulls again ``round_trip_s`` after its answer (the way back through
+    the network and its client); an idle worker waits for the next timer. Deliveries."""
+    delivered: Counter[str] = Counter()
+
+    def again(group: str, future: asyncio.Future[list[Any]]) -> None:
+        delivered[group] += len(future.result())
+        clock.call_at(clock.now() + round_trip_s, partial(start, group))
+
+    def start(group: str) -> None:
+        pull(scheduler, group).add_done_callback(partial(again, group))
+
+    for group, count in consumers.items():
+        for _ in range(count):
+            start(group)
+    end = clock.now() + seconds
+    while clock.now() < end:
+        if await run_next(scheduler) is None:
+            pending = clock.pending()
+            clock.advance(max(pending[0] - clock.now(), 0.0) if pending else round_trip_s)
+        await asyncio.sleep(0)  # answered consumers schedule their next pull
+    return delivered
+
+
+@pytest.mark.parametrize("max_messages", [1, 10])
+async def test_a_few_consumers_coming_back_keep_their_group_share_at_small_pulls(
+    clock: ManualClock, processor: ScriptedProcessor, max_messages: int
+) -> None:
+    """100 consumers against 2, every pull small: the 2 are away (their round trip) after
+    each answer; without anticipation the 100 take nearly every turn meanwhile."""
+    processor.cost.update(a=0.0001, b=0.0001)
+    processor.add("a", 10**9)
+    processor.add("b", 10**9)
+    shares = {}
+    for anticipation in (0.0, 0.002):
+        scheduler = fair(clock, processor, time_slice_s=0.005, anticipation_s=anticipation)
+        counts = await closed_loop_with_round_trips(
+            scheduler, clock, {"a": 100, "b": 2}, round_trip_s=0.0005, seconds=2.0
+        )
+        shares[anticipation] = counts["b"] / sum(counts.values())
+    assert shares[0.0] < 0.2  # the flaw anticipation fixes
+    assert shares[0.002] >= 0.45
+
+
+async def test_charged_work_counts_toward_a_groups_share(
+    clock: ManualClock, processor: ScriptedProcessor
+) -> None:
+    scheduler = fair(clock, processor, time_slice_s=0.001)
+    processor.cost.update(a=0.001, b=0.001)
+    processor.add("a", 100)
+    processor.add("b", 100)
+    for _ in range(10):
+        pull(scheduler, "a")
+        pull(scheduler, "b")
+    scheduler.charge("s", "a", 0.010)  # a's answers cost 10 ms to encode, say
+    scheduler.charge("s", "nobody", 1.0)  # no such actor: ignored
+    assert scheduler.actor("s", "a").charged_s == 0.010
+    ran = [await run_next(scheduler) for _ in range(10)]
+    # a runs first (its queue entry predates the charge); then b has every turn until it
+    # has caught up on a's lead (b's 10 requests take 5 runs), where they would alternate
+    assert ran == ["a"] + ["b"] * 5 + ["a"] * 4
