@@ -1,26 +1,35 @@
 """``qmq broker``: run the broker; ``qmq broker verify``: check a data directory offline.
 
 The broker's options come from ``BrokerConfig`` and ``BrokerListener``; each is also read
-from ``QMQ_BROKER_<OPTION>`` (shown in ``--help``).
+from ``QMQ_BROKER_<OPTION>`` (shown in ``--help``). Before it logs or listens, the broker
+checks what it needs from the machine: a data directory it can create and write, of a
+format it reads, and a free address; each failure is one line on stderr and exit 3
+(``qmq_outbox.cli.failures``). A bad ``--auth-file`` exits 2.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import socket
 from pathlib import Path
 from typing import Any
 
 import click
+import orjson
 
 from broker import logs
 from broker.config import BrokerConfig, FsyncPolicy
 from broker.errors import ConfigError, QmqBrokerError
+from broker.format import FORMAT_VERSION
 from broker.http.auth import Authorizer
 from broker.http.guard import GuardPolicy
 from broker.repair import repair as repair_derived
 from broker.server import serve
+from broker.storage.migrate import FORMAT_FILE
 from broker.verify import NotADataDir, Report
 from broker.verify import verify as check
+from qmq_outbox.cli import failures
 from qmq_outbox.cli.options import (
     Parsed,
     Unit,
@@ -125,6 +134,7 @@ class RunOrSubcommand(click.Group):
 @options_from(BrokerListener, envvar_prefix=ENVVAR_PREFIX)
 @options_from(BrokerConfig, envvar_prefix=ENVVAR_PREFIX, units=UNITS)
 @click.pass_context
+@failures.reported
 def broker(ctx: click.Context, /, **values: Any) -> None:
     """Run the broker: durable logs served over HTTP API v1.
 
@@ -139,13 +149,53 @@ def broker(ctx: click.Context, /, **values: Any) -> None:
     try:
         authorizer = Authorizer.from_file(listen.auth_file) if listen.auth_file else None
     except QmqBrokerError as exc:
-        click.echo(f"qmq broker: --auth-file: {exc}", err=True)
-        ctx.exit(2)
+        raise failures.BadInput(f"--auth-file: {exc}") from exc
     guard = GuardPolicy.for_bind(
         listen.host, allow_hosts=listen.allow_host, allow_origins=listen.allow_origin
     )
+    check_data_dir(config.data_dir)
+    check_address(listen.host, listen.port)
     logs.configure(listen.log_level)
     serve(config, host=listen.host, port=listen.port, authorizer=authorizer, guard=guard)
+
+
+def check_data_dir(data_dir: Path) -> None:
+    """Raise ``Unavailable`` unless the broker can create and write ``data_dir`` and reads
+    its format (an older one is migrated by recovery; a newer one it cannot open)."""
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        reason = failures.reason(exc)
+        raise failures.Unavailable(f"cannot create data directory {data_dir}: {reason}") from exc
+    if not os.access(data_dir, os.W_OK | os.X_OK):
+        raise failures.Unavailable(f"data directory {data_dir}: permission denied (not writable)")
+    marker = data_dir / FORMAT_FILE
+    if not marker.exists():
+        return
+    try:
+        held = orjson.loads(marker.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise failures.Unavailable(f"{marker} cannot be read: {exc}") from exc
+    version = held.get("format") if isinstance(held, dict) else None
+    if version is None:
+        raise failures.Unavailable(f'{marker} does not hold {{"format": N}}')
+    if not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
+        raise failures.Unavailable(
+            f"{data_dir} holds data format {version!r}; this broker reads 1 to {FORMAT_VERSION}"
+        )
+
+
+def check_address(host: str, port: int) -> None:
+    """Raise ``Unavailable`` when ``host:port`` cannot be listened on (in use, no such
+    address), rather than fail after recovery."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            probe.bind((host, port))
+    except OSError as exc:
+        reason = failures.reason(exc)
+        raise failures.Unavailable(f"cannot listen on {host}:{port}: {reason}") from exc
 
 
 @broker.command()
@@ -163,6 +213,7 @@ def broker(ctx: click.Context, /, **values: Any) -> None:
     help="Rewrite the derived files (indexes, checkpoints) from the logs; never a segment.",
 )
 @click.pass_context
+@failures.reported
 def verify(ctx: click.Context, data_dir: Path, repair: bool) -> None:
     """Check every segment, index entry and checkpoint of a data directory, offline.
 
@@ -179,8 +230,7 @@ def verify(ctx: click.Context, data_dir: Path, repair: bool) -> None:
             report = check(data_dir)
             _print(report)
     except NotADataDir as exc:
-        click.echo(f"qmq broker verify: {exc}", err=True)
-        ctx.exit(2)
+        raise failures.BadInput(str(exc)) from exc
     ctx.exit(0 if report.clean else 1)
 
 

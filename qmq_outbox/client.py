@@ -331,6 +331,11 @@ class _Client(Generic[HttpClient, Transport, Lean]):
             return self._timeouts
         return httpx.Timeout(call.timeout).as_dict()
 
+    @property
+    def base_url(self) -> str:
+        """The broker's base URL, as given (for log lines and errors)."""
+        return str(self._http.base_url).rstrip("/")
+
     def _open(self, **settings: Any) -> HttpClient:
         raise NotImplementedError
 

@@ -6,6 +6,11 @@ schedules a retry with exponential backoff and jitter, or marks them ``dead`` (a
 broker rejection, or ``max_attempts`` used up). Resends are harmless: the broker
 deduplicates by message id. Passes run on an APScheduler ``BackgroundScheduler`` with a
 fixed delay between them; sent rows older than ``retention`` are purged in small batches.
+
+An unreachable database or broker is logged once when it starts failing, summarised every
+``config.outage_summary`` while it lasts and logged once when it recovers
+(``FailureLog``); while the database is failing, passes back off from ``interval`` up to
+``backoff_cap`` (at most ``MAX_OUTAGE_PAUSE``), with jitter.
 """
 
 from __future__ import annotations
@@ -24,17 +29,22 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
 from sqlalchemy.engine import Engine
 
+from qmq_outbox import tracing
 from qmq_outbox.backoff import backoff_delay
 from qmq_outbox.client import BrokerClient
 from qmq_outbox.compensator_config import CompensatorConfig, CompensatorSettings
 from qmq_outbox.compensator_metrics import CompensatorMetrics
-from qmq_outbox.errors import ConfigurationError, QmqError
+from qmq_outbox.errors import BrokerUnavailable, ConfigurationError, OutboxStoreError
+from qmq_outbox.failure_log import FailureLog, client_url
 from qmq_outbox.sending import SendReport, send
 from qmq_outbox.store import ClaimedRow, OutboxStore, Retry, utcnow
 
 logger = logging.getLogger(__name__)
 
 _JOB_ID = "qmq-compensator-pass"
+# The pauses between passes while they fail: from max(interval, MIN) up to MAX.
+MIN_OUTAGE_PAUSE = timedelta(milliseconds=100)
+MAX_OUTAGE_PAUSE = timedelta(seconds=30)
 
 
 @dataclasses.dataclass(slots=True)
@@ -97,6 +107,23 @@ class Compensator:
         self._last_purge = float("-inf")
         self._scheduler: BackgroundScheduler | None = None
         self._scheduler_lock = threading.Lock()
+        every = self.config.outage_summary.total_seconds()
+        self._database = FailureLog(
+            what="compensator: database",
+            target=store.engine.url.render_as_string(hide_password=True),
+            action="outbox.compensator.database",
+            logger=logger,
+            expected=(OutboxStoreError,),
+            summary_interval=every,
+        )
+        self._broker = FailureLog(
+            what="compensator: broker",
+            target=client_url(client),
+            action="outbox.compensator.broker",
+            logger=logger,
+            expected=(BrokerUnavailable,),
+            summary_interval=every,
+        )
 
     @property
     def registry(self) -> CollectorRegistry:
@@ -137,7 +164,9 @@ class Compensator:
         if not rows:
             return PassResult()
         started = time.perf_counter()
-        report = send(self.client, [row.message for row in rows])
+        messages = [row.message for row in rows]
+        with tracing.sending("qmq resend", messages) as traced:
+            report = traced(send(self.client, messages))
         self.metrics.send_latency.observe(time.perf_counter() - started)
         return self._settle(rows, report, token)
 
@@ -156,11 +185,14 @@ class Compensator:
             _log_dead(by_message[message.id], str(error))
         if report.unsent:
             assert report.error is not None
+            self._broker.failed(report.error)
             result.unavailable = 1
             result.retried, dead = self._reschedule(
                 [by_message[m.id] for m in report.unsent], token, str(report.error)
             )
             result.dead += dead
+        elif report.results or report.rejected:
+            self._broker.succeeded()
         self._count(result)
         if result.lost:
             logger.warning(
@@ -189,8 +221,8 @@ class Compensator:
         dead = self.store.mark_dead(ids=[r.id for r in out_of_attempts], token=token, error=error)
         for row in out_of_attempts:
             _log_dead(row, error)
-        if retries:
-            logger.warning(
+        if retries:  # the outage itself is logged by self._broker
+            logger.debug(
                 "broker unavailable, %d row(s) rescheduled: %s",
                 len(retries),
                 error,
@@ -269,11 +301,8 @@ class Compensator:
         self._idle.clear()
         try:
             self.run_once()
-        except QmqError:
-            logger.exception(
-                "compensator pass failed; retrying after the interval",
-                extra={"action": "outbox.compensator_failed"},
-            )
+        except Exception as exc:  # an unexpected one gets its traceback once, in FailureLog
+            self._database.failed(exc)
         except BaseException:
             logger.critical(
                 "compensator pass crashed",
@@ -281,9 +310,21 @@ class Compensator:
                 extra={"action": "outbox.compensator_crashed"},
             )
             raise
+        else:
+            self._database.succeeded()
         finally:
             self._idle.set()
-            self._schedule(delay=self.config.interval)
+            self._schedule(delay=self._pause())
+
+    def _pause(self) -> timedelta:
+        """``interval``, or while passes fail a backoff from it (jittered, capped)."""
+        interval = self.config.interval
+        failures = self._database.failures
+        if not failures:
+            return interval
+        base = max(interval, MIN_OUTAGE_PAUSE)
+        cap = max(base, min(self.config.backoff_cap, MAX_OUTAGE_PAUSE))
+        return max(interval, backoff_delay(failures, base=base, cap=cap, rng=self._rng))
 
     def stop(self, timeout: float = 30.0) -> bool:
         """Stop after the current batch; True if it finished within ``timeout`` seconds."""

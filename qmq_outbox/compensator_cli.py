@@ -1,7 +1,9 @@
-"""``qmq compensator``: resend unconfirmed outbox rows until SIGTERM/SIGINT.
+"""``qmq compensator``: resend unconfirmed outbox rows until SIGTERM/SIGINT, or once.
 
 Its options come from ``CompensatorConfig`` and ``CompensatorService``; each is also read from
-``QMQ_COMPENSATOR_<OPTION>`` (shown in ``--help``).
+``QMQ_COMPENSATOR_<OPTION>`` (shown in ``--help``). The URLs are checked before any work
+(exit 2). The daemon rides out an unreachable database or broker (its log says so);
+``--once`` checks both first and exits 3 when one cannot be used, 1 when rows failed.
 """
 
 from __future__ import annotations
@@ -17,14 +19,20 @@ from typing import Any
 import click
 import sqlalchemy as sa
 
-from qmq_outbox.cli.options import option_field, options_from, take
+from qmq_outbox.cli import failures
+from qmq_outbox.cli.options import Unit, option_field, options_from, take
+from qmq_outbox.cli.urls import BROKER_URL, DATABASE_URL
+from qmq_outbox.client import Call
 from qmq_outbox.compensator import Compensator, PassResult
 from qmq_outbox.compensator_config import CompensatorConfig
-from qmq_outbox.dburl import sync_database_url
+from qmq_outbox.dburl import mask_url, sync_database_url
+from qmq_outbox.schema import outbox_table
 
 logger = logging.getLogger(__name__)
 
 ENVVAR_PREFIX = "QMQ_COMPENSATOR"
+UNITS = {"database_url": Unit(type=DATABASE_URL), "broker_url": Unit(type=BROKER_URL)}
+HEALTH = Call(method="GET", path="/healthz", read=lambda doc: doc)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -32,10 +40,13 @@ class CompensatorService:
     """What the compensator process needs besides the ``CompensatorConfig``."""
 
     database_url: str = dataclasses.field(
-        metadata={"help": "SQLAlchemy URL of the outbox's database.", "unit": "text"}
+        metadata={
+            "help": "SQLAlchemy URL of the outbox's database (PostgreSQL or SQLite).",
+            "unit": "database_url",
+        }
     )
     broker_url: str = dataclasses.field(
-        metadata={"help": "Broker base URL, e.g. http://127.0.0.1:8931.", "unit": "text"}
+        metadata={"help": "Broker base URL, e.g. http://127.0.0.1:8931.", "unit": "broker_url"}
     )
     broker_token: str | None = option_field(None, "Bearer token for the broker.", "text")
     metrics_port: int | None = option_field(
@@ -49,37 +60,107 @@ class CompensatorService:
 
 
 @click.command()
-@options_from(CompensatorService, envvar_prefix=ENVVAR_PREFIX)
+@options_from(CompensatorService, envvar_prefix=ENVVAR_PREFIX, units=UNITS)
 @options_from(CompensatorConfig, envvar_prefix=ENVVAR_PREFIX)
+@failures.reported
 def compensator(**values: Any) -> None:
     """Claim pending outbox rows older than --grace, resend them, mark them sent or dead.
 
     Several compensators may run against one PostgreSQL database; on SQLite run one.
+    With --once: print the pass's counts; exit 1 when rows were rescheduled or marked dead,
+    3 when the database or the broker cannot be used.
     """
     service = take(CompensatorService, values)
     config = take(CompensatorConfig, values)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    _configure_logging(once=service.once, debug=failures.debugging())
     engine = sa.create_engine(sync_database_url(service.database_url), pool_pre_ping=True)
+    try:
+        if service.once:
+            _run_once(engine, service, config)
+        else:
+            _serve(engine, service, config)
+    finally:
+        engine.dispose()
+
+
+def _configure_logging(*, once: bool, debug: bool) -> None:
+    """The daemon logs at INFO (DEBUG under ``qmq --debug``); ``--once`` prints its result
+    and a failure's one line, and logs only under ``--debug``."""
+    level = logging.DEBUG if debug else logging.INFO
+    handlers = [logging.NullHandler()] if once and not debug else None
+    line = "%(asctime)s %(levelname)s %(name)s %(message)s"
+    logging.basicConfig(level=level, format=line, handlers=handlers)
+    if not debug:  # APScheduler writes lines at INFO for every pass
+        logging.getLogger("apscheduler").setLevel(logging.WARNING)
+
+
+def _run_once(engine: sa.Engine, service: CompensatorService, config: CompensatorConfig) -> None:
+    """One pass; the database and the broker are checked first, so that one that cannot be
+    used fails the command (exit 3) before a row is claimed and its attempt spent."""
+    with failures.using_database(service.database_url):
+        _check_outbox_table(engine, service.database_url)
+    worker = Compensator(
+        engine=engine, broker_url=service.broker_url, token=service.broker_token, config=config
+    )
+    try:
+        with failures.using_broker(service.broker_url):
+            worker.client.send(HEALTH)
+        with failures.using_database(service.database_url):
+            result = worker.run_once()
+    finally:
+        worker.stop(service.stop_timeout.total_seconds())
+    click.echo(_counts(result))
+    _judge(result, service.broker_url)
+
+
+def _check_outbox_table(engine: sa.Engine, url: str) -> None:
+    with engine.connect() as conn:
+        if not sa.inspect(conn).has_table(outbox_table.name, schema=outbox_table.schema):
+            raise failures.Unavailable(
+                f"{mask_url(url)} has no {outbox_table.name} table: "
+                "create it with qmq db upgrade --database-url URL"
+            )
+
+
+def _judge(result: PassResult, broker_url: str) -> None:
+    """Raise the failure a pass with ``result`` is: the broker went away, or rows failed."""
+    if result.unavailable:
+        raise failures.Unavailable(
+            f"broker at {broker_url} became unavailable during the pass: "
+            f"{result.retried} row(s) rescheduled, {result.dead} dead"
+        )
+    failed = result.retried + result.dead
+    if failed:
+        raise failures.Failed(
+            f"{failed} of {result.claimed} claimed row(s) not sent (retried={result.retried} "
+            f"dead={result.dead}); each row's last_error says why"
+        )
+
+
+def _serve(engine: sa.Engine, service: CompensatorService, config: CompensatorConfig) -> None:
     worker = Compensator(
         engine=engine, broker_url=service.broker_url, token=service.broker_token, config=config
     )
     server = None
     try:
-        if service.once:
-            click.echo(_counts(worker.run_once()))
-            return
         if service.metrics_port is not None:
-            from prometheus_client import start_http_server
-
-            server, _ = start_http_server(
-                service.metrics_port, addr=service.metrics_host, registry=worker.registry
-            )
+            server = _metrics_server(worker, service.metrics_host, service.metrics_port)
         _run_until_signalled(worker)
     finally:
         if server is not None:
             server.shutdown()
         worker.stop(service.stop_timeout.total_seconds())
-        engine.dispose()
+
+
+def _metrics_server(worker: Compensator, host: str, port: int) -> Any:
+    from prometheus_client import start_http_server
+
+    try:
+        server, _ = start_http_server(port, addr=host, registry=worker.registry)
+    except OSError as exc:
+        reason = failures.reason(exc)
+        raise failures.Unavailable(f"cannot serve metrics on {host}:{port}: {reason}") from exc
+    return server
 
 
 def _counts(result: PassResult) -> str:

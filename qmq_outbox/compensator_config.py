@@ -48,6 +48,11 @@ class CompensatorConfig:
         timedelta(seconds=30), "A pass claims no new batch after running this long.", "duration"
     )
     name: str = option_field("qmq-compensator", "Prefix of the compensator's thread names.", "text")
+    outage_summary: timedelta = option_field(
+        timedelta(minutes=1),
+        "While the database or the broker is down, log a summary this often.",
+        "duration",
+    )
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1 or self.batch_size < 1:
@@ -69,3 +74,4 @@ class CompensatorSettings(TypedDict, total=False):
     purge_batch_size: int
     pass_budget: timedelta
     name: str
+    outage_summary: timedelta

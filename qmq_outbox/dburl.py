@@ -1,9 +1,13 @@
-"""Database URLs: the sync driver for tools that need one (migrations, the compensator)."""
+"""URLs: a database URL's sync driver for tools that need one (migrations, the compensator),
+and any URL as shown in logs and errors (its password masked)."""
 
 from __future__ import annotations
 
-from sqlalchemy.engine import make_url
+import re
 
+from sqlalchemy.engine import URL, make_url
+
+_PASSWORD = re.compile(r"(://[^:/@]*:)[^@/]*@")
 _SYNC_DRIVERS = {
     "sqlite+aiosqlite": "sqlite",
     "postgresql+asyncpg": "postgresql+psycopg",
@@ -18,3 +22,18 @@ def sync_database_url(url: str) -> str:
     if driver is None:
         return url
     return parsed.set(drivername=driver).render_as_string(hide_password=False)
+
+
+def mask_url(url: str | URL) -> str:
+    """``url`` with its password replaced by ``***``, parseable or not."""
+    if isinstance(url, URL):
+        return url.render_as_string(hide_password=True)
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a SQLAlchemy URL
+        return mask_passwords(url)
+
+
+def mask_passwords(text: str) -> str:
+    """``text`` with the password of every ``scheme://user:password@`` in it replaced."""
+    return _PASSWORD.sub(r"\1***@", text)

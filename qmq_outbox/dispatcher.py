@@ -6,7 +6,9 @@ are left to the compensator: their rows stay ``pending``), the batches to send, 
 to do with each send's report. Two drivers run it: ``ThreadDispatcher`` (named daemon
 threads) for sync engines and ``AsyncDispatcher`` (named tasks on the application's event
 loop) for asyncio engines. Rows are marked on the dispatcher's own connections, never the
-caller's.
+caller's. An unavailable broker, or a database where rows cannot be marked, is logged once
+when it starts failing, summarised while it lasts and logged once when it recovers
+(``FailureLog``); after each failed send the breaker stays open a little longer (jittered).
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ from typing import Any, Generic, TypeVar
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from qmq_outbox import tracing
+from qmq_outbox.backoff import backoff_seconds
 from qmq_outbox.client import AsyncBrokerClient, BrokerClient
 from qmq_outbox.envelope import OutgoingMessage
-from qmq_outbox.errors import QmqError
+from qmq_outbox.errors import BrokerUnavailable, OutboxStoreError, QmqError
+from qmq_outbox.failure_log import DEFAULT_SUMMARY_INTERVAL, FailureLog, client_url
 from qmq_outbox.sending import SendReport, send, send_async
 from qmq_outbox.store import AsyncOutboxStore, OutboxStore, utcnow
 
@@ -79,8 +84,8 @@ def _log_report(report: SendReport, marked: int) -> None:
             error,
             extra={"action": "outbox.rejected", "message_id": message.id, "code": error.code},
         )
-    if report.error is not None:
-        logger.warning(
+    if report.error is not None:  # the outage itself is logged by Dispatch.broker
+        logger.debug(
             "broker unavailable, %d message(s) left to the compensator: %s",
             len(report.unsent),
             report.error,
@@ -89,7 +94,7 @@ def _log_report(report: SendReport, marked: int) -> None:
 
 
 def _log_skipped(messages: Sequence[OutgoingMessage]) -> None:
-    logger.info(
+    logger.debug(
         "broker recently unavailable, %d message(s) left to the compensator",
         len(messages),
         extra={"action": "outbox.dispatch_skipped", "count": len(messages)},
@@ -97,28 +102,58 @@ def _log_skipped(messages: Sequence[OutgoingMessage]) -> None:
 
 
 class _Breaker:
-    """After a failure, skip sending for ``cooldown`` seconds (rows wait for the compensator)."""
+    """After a failure, skip sending for a while (rows wait for the compensator): about
+    ``cooldown`` seconds, doubling with each failure in a row up to ``max_cooldown``."""
 
-    def __init__(self, cooldown: float) -> None:
+    def __init__(self, cooldown: float, max_cooldown: float) -> None:
         self.cooldown = cooldown
+        self.max_cooldown = max(cooldown, max_cooldown)
         self._open_until = 0.0
 
     def allows(self) -> bool:
         return time.monotonic() >= self._open_until
 
-    def record(self, report: SendReport) -> None:
-        if report.error is not None:
-            self._open_until = time.monotonic() + self.cooldown
+    def open(self, failures: int) -> None:
+        pause = backoff_seconds(failures, base=self.cooldown, cap=self.max_cooldown)
+        self._open_until = time.monotonic() + max(pause, self.cooldown)
 
 
 class Dispatch:
-    """The dispatcher's state and decisions; the drivers guard it (a lock, or one loop)."""
+    """The dispatcher's state and decisions; the drivers guard it (a lock, or one loop).
 
-    def __init__(self, *, capacity: int, batch_size: int, cooldown: float) -> None:
+    ``broker`` follows the broker's outages (``target`` is its URL) and ``databases`` those
+    of each engine's database.
+    """
+
+    def __init__(
+        self,
+        *,
+        capacity: int,
+        batch_size: int,
+        cooldown: float,
+        max_cooldown: float = 15.0,
+        target: str = "broker",
+        outage_summary_interval: float = DEFAULT_SUMMARY_INTERVAL,
+    ) -> None:
         self.backlog = Backlog(capacity)
         self.batch_size = batch_size
-        self.breaker = _Breaker(cooldown)
+        self.breaker = _Breaker(cooldown, max_cooldown)
         self.closing = False
+        self.summary_interval = outage_summary_interval
+        self.broker = FailureLog(
+            what="dispatcher: broker",
+            target=target,
+            action="outbox.dispatcher.broker",
+            logger=logger,
+            expected=(BrokerUnavailable,),
+            summary_interval=outage_summary_interval,
+        )
+        self.databases: dict[str, FailureLog] = {}
+
+    @property
+    def cooling_down(self) -> bool:
+        """A send failed moments ago: messages are left to the compensator for now."""
+        return not self.breaker.allows()
 
     def offer(self, engine: Engine, messages: Sequence[OutgoingMessage]) -> bool:
         """Queue committed messages; False (rows stay pending) if full, closed or cooling down."""
@@ -140,24 +175,47 @@ class Dispatch:
     def completion(self, report: SendReport) -> dict[str, Any]:
         """Learn from a send (a failure opens the breaker); the store's ``mark_dispatched``
         arguments for its rows: sent ones, and rejected ones dead."""
-        self.breaker.record(report)
+        if report.error is not None:
+            self.breaker.open(self.broker.failed(report.error))
+        elif report.results or report.rejected:
+            self.broker.succeeded()
         return {
             "sent_ids": [r.id for r in report.results],
             "dead": [(message.id, str(error)) for message, error in report.rejected],
             "now": utcnow(),
         }
 
-    def settled(self, report: SendReport, marked: int | QmqError) -> None:
+    def settled(self, engine: Engine, report: SendReport, marked: int | QmqError) -> None:
         """Log a send and how marking its rows went (a failure leaves them to the
         compensator, whose resend the broker deduplicates)."""
+        database = self._database(engine)
         if isinstance(marked, QmqError):
-            logger.error(
+            database.failed(marked)
+            logger.debug(
                 "could not mark rows; the compensator will resend (deduplicated)",
-                exc_info=marked,
                 extra={"action": "outbox.mark_failed", "count": _count(report)},
             )
             marked = 0
+        else:
+            database.succeeded()
         _log_report(report, marked)
+
+    def _database(self, engine: Engine) -> FailureLog:
+        target = engine.url.render_as_string(hide_password=True)
+        log = self.databases.get(target)
+        if log is None:  # setdefault: two sender threads may get here at once
+            log = self.databases.setdefault(
+                target,
+                FailureLog(
+                    what="dispatcher: database",
+                    target=target,
+                    action="outbox.dispatcher.database",
+                    logger=logger,
+                    expected=(OutboxStoreError,),
+                    summary_interval=self.summary_interval,
+                ),
+            )
+        return log
 
 
 def _count(report: SendReport) -> int:
@@ -176,7 +234,12 @@ Client = TypeVar("Client", BrokerClient, AsyncBrokerClient)
 
 
 class _Driver(Generic[Client]):
-    """The settings of both drivers: ``senders`` send at once, named ``<name>-<n>``."""
+    """The settings of both drivers: ``senders`` send at once, named ``<name>-<n>``.
+
+    After a failed send, messages go straight to the compensator for ``cooldown`` seconds,
+    doubling with each failure in a row up to ``max_cooldown``; an outage is summarised in
+    the log every ``outage_summary_interval`` seconds.
+    """
 
     def __init__(
         self,
@@ -186,10 +249,19 @@ class _Driver(Generic[Client]):
         batch_size: int = 500,
         senders: int = 2,
         cooldown: float = 1.0,
+        max_cooldown: float = 15.0,
+        outage_summary_interval: float = DEFAULT_SUMMARY_INTERVAL,
         name: str = DEFAULT_NAME,
     ) -> None:
         self._client: Client = client
-        self._dispatch = Dispatch(capacity=capacity, batch_size=batch_size, cooldown=cooldown)
+        self._dispatch = Dispatch(
+            capacity=capacity,
+            batch_size=batch_size,
+            cooldown=cooldown,
+            max_cooldown=max_cooldown,
+            target=client_url(client),
+            outage_summary_interval=outage_summary_interval,
+        )
         self._senders = senders
         self._name = name
         self._setup()
@@ -211,6 +283,11 @@ class ThreadDispatcher(_Driver[BrokerClient]):
         self._abandon = False
         self._threads: list[threading.Thread] = []
         self._stores: weakref.WeakKeyDictionary[Engine, OutboxStore] = weakref.WeakKeyDictionary()
+
+    @property
+    def cooling_down(self) -> bool:
+        """Whether ``submit`` refuses because a send failed moments ago (not a full queue)."""
+        return self._dispatch.cooling_down
 
     def submit(self, engine: Engine, messages: Sequence[OutgoingMessage]) -> bool:
         """Queue committed messages; False (rows stay pending) if full, closed or cooling down."""
@@ -246,13 +323,14 @@ class ThreadDispatcher(_Driver[BrokerClient]):
         try:
             while batch := self._next_batch():
                 for engine, messages in self._dispatch.sends(batch):
-                    report = send(self._client, messages)
+                    with tracing.sending("qmq send", messages) as traced:
+                        report = traced(send(self._client, messages))
                     completion = self._dispatch.completion(report)
                     try:
                         marked: int | QmqError = self._store(engine).mark_dispatched(**completion)
                     except QmqError as exc:
                         marked = exc
-                    self._dispatch.settled(report, marked)
+                    self._dispatch.settled(engine, report, marked)
         except BaseException:
             logger.critical(
                 "dispatcher thread died; committed messages now wait for the compensator",
@@ -287,6 +365,11 @@ class AsyncDispatcher(_Driver[AsyncBrokerClient]):
             weakref.WeakKeyDictionary()
         )
 
+    @property
+    def cooling_down(self) -> bool:
+        """Whether ``submit`` refuses because a send failed moments ago (not a full queue)."""
+        return self._dispatch.cooling_down
+
     def submit(self, engine: Engine, messages: Sequence[OutgoingMessage]) -> bool:
         """Queue committed messages (call on the loop's thread); False if they must wait."""
         if not self._dispatch.offer(engine, messages):
@@ -318,13 +401,14 @@ class AsyncDispatcher(_Driver[AsyncBrokerClient]):
     async def _run(self) -> None:
         while batch := await self._next_batch():
             for engine, messages in self._dispatch.sends(batch):
-                report = await send_async(self._client, messages)
+                with tracing.sending("qmq send", messages) as traced:
+                    report = traced(await send_async(self._client, messages))
                 completion = self._dispatch.completion(report)
                 try:
                     marked: int | QmqError = await self._store(engine).mark_dispatched(**completion)
                 except QmqError as exc:
                     marked = exc
-                self._dispatch.settled(report, marked)
+                self._dispatch.settled(engine, report, marked)
 
     async def _next_batch(self) -> list[Item]:
         while not self._dispatch.backlog and not self._dispatch.closing:

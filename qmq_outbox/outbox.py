@@ -20,9 +20,11 @@ from datetime import datetime, timedelta
 from typing import Any, Concatenate, ParamSpec, TypeVar, overload
 
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import UnboundExecutionError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
+from qmq_outbox import tracing
 from qmq_outbox.client import AsyncBrokerClient, BrokerClient
 from qmq_outbox.dispatcher import AsyncDispatcher, ThreadDispatcher
 from qmq_outbox.envelope import OutgoingMessage
@@ -30,7 +32,7 @@ from qmq_outbox.errors import ConfigurationError
 from qmq_outbox.rows import OUTBOX_MAPPER, row_for
 from qmq_outbox.serializers import JsonSerializer, Serializer, serialize
 from qmq_outbox.store import utcnow
-from qmq_outbox.tracking import TransactionTracker
+from qmq_outbox.tracking import TransactionTracker, engine_of
 from qmq_outbox.uuid7 import uuid7_str
 from qmq_outbox.validation import (
     check_headers,
@@ -79,6 +81,7 @@ class Outbox:
         batch_size: int = 500,
         senders: int = 2,
         dispatcher_name: str = "qmq-outbox-dispatcher",
+        outage_summary: float = 60.0,
     ) -> None:
         if dispatch and broker_url is None and client is None and async_client is None:
             raise ConfigurationError("Outbox needs broker_url= (or a client) to dispatch")
@@ -88,6 +91,7 @@ class Outbox:
         self._serializer = serializer or JsonSerializer()
         self._client = client
         self._async_client = async_client
+        self._outage_summary = outage_summary
         self._dispatch = dispatch
         self._queue_size = queue_size
         self._batch_size = batch_size
@@ -106,13 +110,19 @@ class Outbox:
     def install(self, target: object) -> None:
         """Hook the outbox into ``target``'s sessions; safe to call more than once.
 
-        ``target``: a ``sessionmaker``, a ``scoped_session``, a ``Session`` subclass or
-        instance, or an ``async_sessionmaker`` created with ``sync_session_class=`` a
-        sessionmaker. Nothing is ever registered on the global ``Session`` class.
+        ``target``: an ``Engine`` or ``AsyncEngine``, covering every session bound to it
+        however it is created (``Session(engine)``, ``AsyncSession(engine)``, any
+        sessionmaker, a connection of it); or a ``sessionmaker``, a ``scoped_session``, a
+        ``Session`` subclass or instance, or an ``async_sessionmaker`` (one without a
+        ``sync_session_class`` stands for the engine it is bound to). Installing an engine
+        puts one pair of listeners on the ``Session`` class that act only on sessions this
+        outbox staged messages on; sessions bound to other engines are refused by
+        ``publish`` and never touched.
         """
         self._tracker.install(target)
 
     def uninstall(self, target: object) -> None:
+        """Undo ``install(target)``; messages already staged are left to the compensator."""
         self._tracker.uninstall(target)
 
     # -- publishing -------------------------------------------------------------------------
@@ -138,10 +148,7 @@ class Outbox:
         Works the same (without ``await``) for an ``AsyncSession``.
         """
         sync = session.sync_session if isinstance(session, AsyncSession) else session
-        if not self._tracker.is_installed(sync):
-            raise ConfigurationError(
-                "this session's sessionmaker has no outbox installed: call outbox.install(...)"
-            )
+        bind = self._installed_bind(sync)
         now = utcnow()
         payload, content_type = serialize(body, self._serializer)
         message = OutgoingMessage(
@@ -154,9 +161,26 @@ class Outbox:
             created_at=now,
             deliver_at=resolve_deliver_at(now, delay, deliver_at),
         )
+        message = tracing.published(message)  # the publish span; adds its traceparent
         sync.add(row_for(message, content_type))
-        self._tracker.stage(sync, Staged(message, sync.get_bind(OUTBOX_MAPPER)))
+        self._tracker.stage(sync, Staged(message, bind))
         return message.id
+
+    def _installed_bind(self, session: Session) -> Engine | Connection:
+        """The bind the outbox row is written through; refuses sessions not installed on."""
+        try:
+            bind = session.get_bind(OUTBOX_MAPPER)
+        except UnboundExecutionError as exc:
+            raise ConfigurationError(
+                "this session is bound to no engine: create it with Session(engine) or a "
+                "sessionmaker bound to one, and call outbox.install(engine)"
+            ) from exc
+        if not self._tracker.is_installed(session, bind):
+            raise ConfigurationError(
+                f"no outbox installed for this session (bound to {engine_of(bind)!r}): call "
+                "outbox.install(engine) with that engine, or install its sessionmaker"
+            )
+        return bind
 
     @overload
     def transactional(
@@ -201,16 +225,20 @@ class Outbox:
                 extra={"action": "outbox.external_commit", "count": external},
             )
         for engine, messages in groups.items():
-            if engine.dialect.is_async:
-                accepted = self._loop_dispatcher().submit(engine, messages)
-            else:
-                accepted = self._sync_dispatcher().submit(engine, messages)
-            if not accepted:
-                logger.warning(
-                    "dispatcher busy or broker down; %d message(s) left to the compensator",
-                    len(messages),
-                    extra={"action": "outbox.queue_full", "count": len(messages)},
-                )
+            dispatcher: ThreadDispatcher | AsyncDispatcher = (
+                self._loop_dispatcher() if engine.dialect.is_async else self._sync_dispatcher()
+            )
+            if dispatcher.submit(engine, messages):
+                continue
+            # The dispatcher logs a broker outage itself (once); a full queue is news.
+            cooling_down = dispatcher.cooling_down
+            logger.log(
+                logging.DEBUG if cooling_down else logging.WARNING,
+                "%s; %d message(s) left to the compensator",
+                "broker down moments ago" if cooling_down else "dispatcher queue full",
+                len(messages),
+                extra={"action": "outbox.queue_full", "count": len(messages)},
+            )
 
     def _sync_dispatcher(self) -> ThreadDispatcher:
         with self._lock:
@@ -226,6 +254,7 @@ class Outbox:
                     batch_size=self._batch_size,
                     senders=self._senders,
                     name=self._name,
+                    outage_summary_interval=self._outage_summary,
                 )
             return self._thread_dispatcher
 
@@ -243,6 +272,7 @@ class Outbox:
                 batch_size=self._batch_size,
                 senders=self._senders,
                 name=self._name,
+                outage_summary_interval=self._outage_summary,
             )
             entry = self._loop_dispatchers[loop] = (dispatcher, owned)
         return entry[0]

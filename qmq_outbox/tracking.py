@@ -11,7 +11,12 @@ them (``docs/outbox.md`` lists the event traps this avoids). Buffers are created
 internal subtransaction; sessions that never publish pay two dict lookups per transaction.
 
 Listeners go on a ``sessionmaker``'s own class, a ``Session`` subclass, a ``scoped_session``
-or a single session, never on ``Session`` itself; installing twice is a no-op.
+or a single session. Installing an *engine* (``Engine`` or ``AsyncEngine``) instead covers
+every session bound to it, however it was made (``Session(engine)``, ``AsyncSession(engine)``,
+any sessionmaker): one pair of listeners then goes on the ``Session`` class, registered with
+the first engine and removed with the last, and they return at once for any session this
+tracker staged nothing on, which ``Outbox.publish`` allows only for sessions bound to an
+installed engine (or covered by the targets above). Installing twice is a no-op.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from sqlalchemy import event
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, SessionTransaction, scoped_session, sessionmaker
 
 from qmq_outbox.errors import ConfigurationError
@@ -34,21 +40,33 @@ EventTarget = type[Session] | Session
 _EVENTS = ("after_commit", "after_transaction_end")
 
 
-def event_target(target: object) -> EventTarget:
-    """The class or instance whose events cover ``target``'s sessions."""
+def resolve_target(target: object) -> EventTarget | Engine:
+    """The engine, or the class or instance whose events cover ``target``'s sessions.
+
+    An ``async_sessionmaker`` with a ``sync_session_class`` resolves to that class; without
+    one its sessions are plain ``Session`` objects, so it resolves to the engine it is bound to.
+    """
+    if isinstance(target, AsyncEngine):
+        return target.sync_engine
+    if isinstance(target, Engine):
+        return target
     if isinstance(target, async_sessionmaker):
         sync_class = target.kw.get("sync_session_class")
-        if sync_class is None:
-            raise ConfigurationError(
-                "an async_sessionmaker's sessions use the global Session class: create it "
-                "with sync_session_class=sessionmaker() and install the outbox on that"
-            )
-        return event_target(sync_class)
+        if sync_class is not None:
+            return resolve_target(sync_class)
+        bind = target.kw.get("bind")
+        if isinstance(bind, AsyncEngine | Engine):
+            return resolve_target(bind)
+        raise ConfigurationError(
+            "this async_sessionmaker has no engine to install on: install the engine its "
+            "sessions use (outbox.install(engine)), or create it with "
+            "sync_session_class=sessionmaker()"
+        )
     if isinstance(target, scoped_session):
-        return event_target(target.session_factory)
+        return resolve_target(target.session_factory)
     if isinstance(target, sessionmaker):
         session_class: type[Session] = target.class_
-        return event_target(session_class)
+        return resolve_target(session_class)
     if isinstance(target, AsyncSession):
         return target.sync_session
     if isinstance(target, Session):
@@ -56,11 +74,18 @@ def event_target(target: object) -> EventTarget:
     if isinstance(target, type) and issubclass(target, Session):
         if target is Session:
             raise ConfigurationError(
-                "refusing to listen on the global Session class: install on a "
-                "sessionmaker, a Session subclass or a session"
+                "refusing to listen on the global Session class for every engine: install "
+                "the engine (outbox.install(engine)), a sessionmaker or a session"
             )
         return target
-    raise ConfigurationError(f"cannot install on {target!r}: expected a sessionmaker or session")
+    raise ConfigurationError(
+        f"cannot install on {target!r}: expected an engine, a sessionmaker or a session"
+    )
+
+
+def engine_of(bind: Engine | Connection | None) -> Engine | None:
+    """The engine behind a session's bind (a connection's engine), None if unbound."""
+    return bind.engine if isinstance(bind, Connection) else bind
 
 
 def _enclosing(transaction: SessionTransaction) -> SessionTransaction | None:
@@ -84,29 +109,67 @@ class TransactionTracker(Generic[T]):
         self._committing = f"qmq_outbox.{name}.{id(self)}.committing"
         self._classes: set[type[Session]] = set()
         self._instances: weakref.WeakSet[Session] = weakref.WeakSet()
+        self._engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 
     def install(self, target: object) -> None:
-        resolved = event_target(target)
-        if not event.contains(resolved, "after_transaction_end", self._after_transaction_end):
-            event.listen(resolved, "after_commit", self._after_commit)
-            event.listen(resolved, "after_transaction_end", self._after_transaction_end)
+        """Cover ``target``'s sessions (see ``resolve_target`` for what it may be)."""
+        resolved = resolve_target(target)
+        if isinstance(resolved, Engine):
+            self._engines.add(resolved)
+            self._listen(Session, self._session_wide_commit, self._session_wide_end)
+            return
+        self._listen(resolved, self._after_commit, self._after_transaction_end)
         if isinstance(resolved, Session):
             self._instances.add(resolved)
         else:
             self._classes.add(resolved)
 
     def uninstall(self, target: object) -> None:
-        resolved = event_target(target)
-        if event.contains(resolved, "after_transaction_end", self._after_transaction_end):
-            event.remove(resolved, "after_commit", self._after_commit)
-            event.remove(resolved, "after_transaction_end", self._after_transaction_end)
+        """Stop covering ``target``'s sessions; items they staged already are not handed off."""
+        resolved = resolve_target(target)
+        if isinstance(resolved, Engine):
+            self._engines.discard(resolved)
+            if not self._engines:
+                self._unlisten(Session, self._session_wide_commit, self._session_wide_end)
+            return
+        self._unlisten(resolved, self._after_commit, self._after_transaction_end)
         if isinstance(resolved, Session):
             self._instances.discard(resolved)
         else:
             self._classes.discard(resolved)
 
-    def is_installed(self, session: Session) -> bool:
+    def is_installed(self, session: Session, bind: Engine | Connection | None = None) -> bool:
+        """Whether ``session`` is covered; ``bind`` is the bind it writes through (default:
+        ``session.bind``). An engine covers its ``execution_options()`` copies too (they
+        share its pool)."""
+        if self._listens_on(session):
+            return True
+        engine = engine_of(bind if bind is not None else session.bind)
+        return engine is not None and any(engine.pool is e.pool for e in self._engines)
+
+    def _listens_on(self, session: Session) -> bool:
+        """Whether a class or instance listener of this tracker fires for ``session``."""
         return session in self._instances or any(isinstance(session, c) for c in self._classes)
+
+    @staticmethod
+    def _listen(
+        target: EventTarget,
+        after_commit: Callable[[Session], None],
+        after_end: Callable[[Session, SessionTransaction], None],
+    ) -> None:
+        if not event.contains(target, "after_transaction_end", after_end):
+            event.listen(target, "after_commit", after_commit)
+            event.listen(target, "after_transaction_end", after_end)
+
+    @staticmethod
+    def _unlisten(
+        target: EventTarget,
+        after_commit: Callable[[Session], None],
+        after_end: Callable[[Session, SessionTransaction], None],
+    ) -> None:
+        if event.contains(target, "after_transaction_end", after_end):
+            event.remove(target, "after_commit", after_commit)
+            event.remove(target, "after_transaction_end", after_end)
 
     def stage(self, session: Session, item: T) -> None:
         """Buffer ``item`` on the innermost root-or-SAVEPOINT transaction of ``session``."""
@@ -120,6 +183,18 @@ class TransactionTracker(Generic[T]):
         """How many items wait on ``session``'s open transactions."""
         buffers: dict[SessionTransaction, list[T]] = session.info.get(self._key, {})
         return sum(len(items) for items in buffers.values())
+
+    # Registered on the Session class for installed engines: every session of the process
+    # passes here, so the first test is the cheapest one. Sessions with class or instance
+    # listeners of their own are left to those, so nothing runs twice.
+
+    def _session_wide_commit(self, session: Session) -> None:
+        if self._key in session.info and not self._listens_on(session):
+            self._after_commit(session)
+
+    def _session_wide_end(self, session: Session, transaction: SessionTransaction) -> None:
+        if self._key in session.info and not self._listens_on(session):
+            self._after_transaction_end(session, transaction)
 
     def _after_commit(self, session: Session) -> None:
         if self._key in session.info:

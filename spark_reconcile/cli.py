@@ -1,8 +1,9 @@
 """``qmq reconcile``: prove from the data that nothing was lost, duplicated or sent without
 commit (docs/reconcile.md).
 
-Exit codes: 0 clean, 1 critical findings, 2 bad input (one line on stderr), 3 the run
-failed for another reason. Spark's console output goes to ``spark.log`` under ``--out``.
+Exit codes: 0 clean, 1 critical findings, 2 bad input (one line on stderr), 3 an outbox
+database could not be read or the run failed for another reason (one line on stderr;
+``qmq_outbox.cli.failures``). Spark's console output goes to ``spark.log`` under ``--out``.
 The options come from ``ReconcileArgs``, named as ``run``'s keywords; each is also read
 from ``QMQ_RECONCILE_<OPTION>`` (shown in ``--help``).
 """
@@ -12,16 +13,14 @@ from __future__ import annotations
 import dataclasses
 import sys
 from datetime import datetime, timedelta
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 
+from qmq_outbox.cli import failures
 from qmq_outbox.cli.options import Parsed, Unit, option_field, options_from, take
-from spark_reconcile.errors import BadInput, ReconcileError
+from spark_reconcile.errors import BadInput, OutboxUnreadable, ReconcileError
 from spark_reconcile.job import DEFAULT_ACK_THRESHOLD, DEFAULT_GRACE, run, timings_line
-
-EXIT_BAD_INPUT = 2
-EXIT_FAILED = 3
 
 
 def parse_jars(text: str) -> tuple[str, ...]:
@@ -117,33 +116,32 @@ class ReconcileArgs:
     )
 
 
-def _fail(message: str, code: int) -> NoReturn:
-    click.echo(f"qmq reconcile: error: {message}", err=True)
-    sys.exit(code)
-
-
 @click.command()
 @options_from(ReconcileArgs, envvar_prefix="QMQ_RECONCILE", units=UNITS)
+@failures.reported
 def reconcile(**values: Any) -> None:
     """Reconcile outbox tables with broker logs on Spark.
 
     Every message lands in one category (delivered, missing_in_broker, stuck_pending,
     pending_but_stored, dead_in_outbox, orphan_in_broker, body_mismatch,
     duplicate_in_broker); unreadable regions of broker segments are counted apart
-    (unreadable_in_broker, a warning). Exit 0 clean, 1 critical findings, 2 bad input.
+    (unreadable_in_broker, a warning). Exit 0 clean, 1 critical findings, 2 bad input,
+    3 an outbox database could not be read or Spark failed.
     """
     args = take(ReconcileArgs, values)
     given = {field.name: getattr(args, field.name) for field in dataclasses.fields(args)}
     given.update(producers=list(args.producers) or None, conf=dict(args.conf))
     try:
         result = run(**given, jvm_log=True)
+    except OutboxUnreadable as exc:  # unreachable, or without its table: not the caller's typo
+        raise failures.Unavailable(str(exc)) from exc
     except BadInput as exc:
-        _fail(str(exc), EXIT_BAD_INPUT)
+        raise failures.BadInput(str(exc)) from exc
     except ReconcileError as exc:
-        _fail(str(exc), EXIT_FAILED)
+        raise failures.Unavailable(str(exc)) from exc
     except Exception as exc:  # Spark/JVM failures: one line, not a traceback
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        _fail(f"the run failed: {first}", EXIT_FAILED)
+        first = failures.first_line(str(exc)) or type(exc).__name__
+        raise failures.Unavailable(f"the run failed: {first}") from exc
     click.echo(result.text, nl=False)
     click.echo(f"outputs: {result.out}  ({timings_line(result.timings)})")
     sys.exit(result.exit_code)

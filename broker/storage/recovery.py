@@ -81,7 +81,11 @@ def check_format(data_dir: Path) -> list[str]:
     if not path.exists():
         path.write_bytes(orjson.dumps({"format": FORMAT_VERSION}))
         return []
-    version = orjson.loads(path.read_bytes()).get("format")
+    try:
+        document = orjson.loads(path.read_bytes())
+    except orjson.JSONDecodeError as exc:
+        raise StorageError(f"{path} is not a FORMAT file: {exc}") from exc
+    version = document.get("format") if isinstance(document, dict) else None
     if version == FORMAT_VERSION:
         return []
     if isinstance(version, int) and version < FORMAT_VERSION:

@@ -3,7 +3,7 @@
 Each subcommand is imported only when it runs, so each needs only its own extra installed.
 Environment variables are read in the CLI layer and nowhere else: every option of
 ``qmq <cmd>`` can be given as ``QMQ_<CMD>_<OPTION>`` (e.g. ``QMQ_BROKER_PORT``), shown in
-``--help``.
+``--help``. A failure is one line on stderr and an exit code (``qmq_outbox.cli.failures``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import click
+
+from qmq_outbox.cli import failures
+from qmq_outbox.dburl import mask_passwords
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -43,7 +46,8 @@ SUBCOMMANDS = {
 
 
 class LazyGroup(click.Group):
-    """Loads subcommands on demand; reports usage errors as one line and exits 2."""
+    """Loads subcommands on demand; reports a failure as one line on stderr and exits with
+    its code (usage errors 2, see ``failures``), with the traceback under ``--debug``."""
 
     def main(
         self,
@@ -53,18 +57,25 @@ class LazyGroup(click.Group):
         standalone_mode: bool = True,
         **extra: Any,
     ) -> Any:
+        reporting = failures.Reporting()
         try:
-            result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            result = super().main(
+                args, prog_name, complete_var, standalone_mode=False, obj=reporting, **extra
+            )
         except click.UsageError as exc:  # bad option, bad value, missing argument
             where = exc.ctx.command_path if exc.ctx else "qmq"
-            click.echo(f"{where}: error: {exc.format_message()}", err=True)
-            sys.exit(2)
-        except click.ClickException as exc:
-            click.echo(f"qmq: error: {exc.format_message()}", err=True)
-            sys.exit(exc.exit_code)
+            message = mask_passwords(exc.format_message())
+            click.echo(f"{where}: error: {message}", err=True)
+            sys.exit(failures.EXIT_USAGE)
         except click.Abort:
             click.echo("qmq: aborted", err=True)
-            sys.exit(1)
+            sys.exit(failures.EXIT_FAILED)
+        except Exception as exc:  # a Failure, or raised outside any command's callback
+            failure = failures.translate(exc)
+            if failure is not exc:
+                failure.__cause__ = exc  # so that --debug shows where it came from
+            failures.show(failure, reporting)
+            sys.exit(failure.exit_code)
         if not standalone_mode:
             return result
         sys.exit(result if isinstance(result, int) else 0)
@@ -96,13 +107,24 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"auto_envvar_prefix": "QMQ", "show_default": True})
 @click.version_option(package_name="qmq-outbox")
-def main() -> None:
+@click.option(
+    "--debug",
+    is_flag=True,
+    show_envvar=True,
+    help="On a failure, print the traceback as well as the one-line error.",
+)
+@click.pass_obj
+def main(reporting: failures.Reporting, debug: bool) -> None:
     """qmq-outbox: reliable messaging for SQLAlchemy services.
 
     Every option of `qmq <command>` can also come from an environment variable
     QMQ_<COMMAND>_<OPTION> (for example QMQ_BROKER_PORT), shown in each command's --help.
     Durations read 500ms, 30s, 5m, 2h, 7d; a bare number means seconds.
+
+    Exit codes: 0 done; 1 the work ran and some of it failed; 2 bad usage or input;
+    3 a database, broker or directory it needs could not be used (docs/troubleshooting.md).
     """
+    reporting.debug = debug
 
 
 def run(**kwargs: Any) -> None:  # pragma: no cover - used by `python -m qmq_outbox`

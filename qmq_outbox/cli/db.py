@@ -1,4 +1,9 @@
-"""``qmq db upgrade`` / ``qmq db downgrade``: the SDK's tables, via Alembic."""
+"""``qmq db upgrade`` / ``qmq db downgrade``: the SDK's tables, via Alembic.
+
+A URL that is not a supported database is a usage error (exit 2); a database that cannot
+be reached or refuses the migration is one line naming it (exit 3); an unknown revision
+exit 2 (``qmq_outbox.cli.failures``).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,8 @@ from typing import Any
 import click
 
 from qmq_outbox import migrate
+from qmq_outbox.cli import failures
+from qmq_outbox.cli.urls import DATABASE_URL
 
 
 @click.group()
@@ -24,13 +31,16 @@ def _migration(
     @click.option(
         "--database-url",
         required=True,
+        type=DATABASE_URL,
         envvar="QMQ_DB_DATABASE_URL",
         show_envvar=True,
-        help="SQLAlchemy URL of the application's database.",
+        help="SQLAlchemy URL of the application's database (PostgreSQL or SQLite).",
     )
     @click.option("--revision", envvar="QMQ_DB_REVISION", show_envvar=True, **revision)
+    @failures.reported
     def command(database_url: str, revision: str) -> None:
-        run(database_url, revision)
+        with failures.using_database(database_url):
+            run(database_url, revision)
         click.echo(f"qmq tables at {revision}")
 
     return command

@@ -1,5 +1,7 @@
 """The acker: one task that sends the buffered acks (``AckBuffer``) by size, by interval,
-when hurried, and on close. A sent ack gives its lease slot back to the budget."""
+when hurried, and on close. A sent ack gives its lease slot back to the budget. While the
+broker is unavailable the acks wait, retried with a jittered backoff; the outage is logged
+by the consumer's ``FailureLog`` (source ``ack``)."""
 
 from __future__ import annotations
 
@@ -8,18 +10,22 @@ import contextlib
 import time
 from typing import Any
 
+from qmq_outbox.client import AckedPull
 from qmq_outbox.consumer.acks import AckBuffer, chunks
 from qmq_outbox.consumer.budget import LeaseBudget
 from qmq_outbox.consumer.clients import PullClient
 from qmq_outbox.consumer.config import ConsumerConfig, Counters
 from qmq_outbox.consumer.logs import (
     FINAL_ACK_ATTEMPTS,
-    backoff,
     log_ack_failed,
     log_ack_unknown,
     log_dropped,
+    retry_pause,
 )
 from qmq_outbox.errors import BrokerError, BrokerUnavailable
+from qmq_outbox.failure_log import FailureLog
+
+SOURCE = "ack"  # the acker's name in the consumer's FailureLog
 
 CLOSING_RETRY = 0.2  # seconds between the last attempts to send acks at a stop
 
@@ -34,11 +40,13 @@ class Acker:
         config: ConsumerConfig,
         counters: Counters,
         budget: LeaseBudget,
+        failures: FailureLog,
     ) -> None:
         self._client = client
         self._config = config
         self._counters = counters
         self._budget = budget
+        self._failures = failures
         self._buffer = AckBuffer(max_size=config.ack_batch_size, interval=config.ack_interval)
         self._wake = asyncio.Event()
         self._closed = False
@@ -57,6 +65,23 @@ class Acker:
         """A pull came back empty: nothing will join the buffered acks soon, send them."""
         if len(self._buffer):
             self.hurry()
+
+    def carry(self, subject: str) -> list[int]:
+        """Buffered acks of ``subject`` for the next pull to carry (``ack_and_pull``): one
+        request instead of a pull and an ack. Their lease slots pass to that pull, which
+        gives them back (or keeps them for the messages it gets); if it fails, ``put_back``
+        hands the acks back to the acker, slots included."""
+        return self._buffer.take_subject(subject)
+
+    def carried(self, subject: str, answer: AckedPull) -> None:
+        """The broker answered the acks a pull carried."""
+        self._failures.succeeded(source=SOURCE)
+        self._record(subject, {"acked": answer.acked, "unknown": answer.unknown})
+
+    def put_back(self, subject: str, seqs: list[int]) -> None:
+        """The pull that carried ``seqs`` failed: the acker sends them itself."""
+        self._buffer.put_back({subject: seqs}, time.monotonic())
+        self._wake.set()
 
     def close(self) -> None:
         self._closed = True
@@ -82,7 +107,7 @@ class Acker:
                 return
             now = time.monotonic()
             self._buffer.put_back(unsent, now)
-            self._retry_at = now + (CLOSING_RETRY if closing else backoff(failures))
+            self._retry_at = now + (CLOSING_RETRY if closing else retry_pause(failures))
 
     async def _wait_due(self) -> bool:
         """Wait until a flush is due; True once closed (then flush what is left)."""
@@ -111,11 +136,12 @@ class Acker:
                     answer = await self._client.ack(subject, cfg.group, cfg.consumer_id, part)
                 except BrokerUnavailable as exc:
                     unsent.setdefault(subject, []).extend(part)
-                    log_ack_failed(cfg, subject, part, exc)
+                    self._failures.failed(exc, source=SOURCE)
                     continue  # the slots stay taken until the retry
                 except BrokerError as exc:  # rejected: retrying won't help; leases expire
                     log_ack_failed(cfg, subject, part, exc)
                 else:
+                    self._failures.succeeded(source=SOURCE)
                     self._record(subject, answer)
                 self._budget.release(len(part))
         return unsent

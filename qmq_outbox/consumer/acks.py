@@ -53,6 +53,22 @@ class AckBuffer:
             self.urgent = False
         return pending
 
+    def take_subject(self, subject: str, limit: int = MAX_SEQS_PER_REQUEST) -> list[int]:
+        """Up to ``limit`` of one subject's acks, oldest first, for a pull to carry."""
+        pending = self._pending.get(subject)
+        if not pending:
+            return []
+        taken, rest = pending[:limit], pending[limit:]
+        if rest:
+            self._pending[subject] = rest
+        else:
+            del self._pending[subject]
+        self._count -= len(taken)
+        if not self._count:
+            self._oldest = None
+            self.urgent = False
+        return taken
+
     def put_back(self, batch: dict[str, list[int]], now: float) -> None:
         """Return acks that could not be sent; they go out with the next flush."""
         for subject, seqs in batch.items():

@@ -59,6 +59,14 @@ class LeaseBudget:
         self._used += got
         return got
 
+    def try_acquire(self, want: int) -> int:
+        """Take up to ``want`` free slots without waiting; how many were taken (0 if closed)."""
+        if self._closed:
+            return 0
+        got = grant(want, capacity=self.capacity, used=self._used)
+        self._used += got
+        return got
+
     def release(self, count: int) -> None:
         if count:
             self._used -= count

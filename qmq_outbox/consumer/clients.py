@@ -7,7 +7,7 @@ import inspect
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from qmq_outbox.client import PullMode, StartAt
+from qmq_outbox.client import AckedPull, PullMode, StartAt
 from qmq_outbox.consumer.threads import ThreadPool
 from qmq_outbox.envelope import Message
 
@@ -30,6 +30,19 @@ class PullClient(Protocol):
     async def ack(
         self, subject: str, group: str, consumer: str, seqs: Sequence[int]
     ) -> dict[str, Any]: ...
+
+    async def ack_and_pull(
+        self,
+        subject: str,
+        group: str,
+        consumer: str,
+        ack: Sequence[int],
+        *,
+        max_messages: int = ...,
+        wait_ms: int = ...,
+        mode: PullMode = ...,
+        start: StartAt = ...,
+    ) -> AckedPull: ...
 
     async def nack(
         self,
@@ -56,6 +69,10 @@ class OnThreads:
         self._client = client
         self._threads = threads
 
+    @property
+    def base_url(self) -> str:
+        return str(getattr(self._client, "base_url", type(self._client).__name__))
+
     async def pull(self, subject: str, group: str, consumer: str, **options: Any) -> list[Message]:
         call = functools.partial(self._client.pull, subject, group, consumer, **options)
         messages: list[Message] = await self._threads.run(call)
@@ -67,6 +84,15 @@ class OnThreads:
         answer: dict[str, Any] = await self._threads.run(
             self._client.ack, subject, group, consumer, seqs
         )
+        return answer
+
+    async def ack_and_pull(
+        self, subject: str, group: str, consumer: str, ack: Sequence[int], **options: Any
+    ) -> AckedPull:
+        call = functools.partial(
+            self._client.ack_and_pull, subject, group, consumer, ack, **options
+        )
+        answer: AckedPull = await self._threads.run(call)
         return answer
 
     async def nack(

@@ -22,6 +22,7 @@ class ConsumerConfig:
     mode: PullMode
     start: StartAt
     shutdown_timeout: float
+    outage_summary: float = 60.0  # seconds between the log's summaries of a broker outage
 
     @property
     def capacity(self) -> int:

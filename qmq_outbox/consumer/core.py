@@ -63,8 +63,10 @@ class Consumer:
     messages. ``mode="broadcast"`` gives every consumer of the group every message.
 
     ``client`` is an injected ``BrokerClient`` (for ``run()``) or ``AsyncBrokerClient``
-    (for ``run_async()``), or anything with their ``pull/ack/nack``; the consumer does not
-    close what it was given. Otherwise it makes its own from ``broker_url`` and ``token``.
+    (for ``run_async()``), or anything with their ``pull/ack/nack/ack_and_pull``; the
+    consumer does not close what it was given. Otherwise it makes its own from
+    ``broker_url`` and ``token``. While the broker is down the consumer logs it once, a
+    summary every ``outage_summary`` seconds, and once when it is back.
     """
 
     def __init__(
@@ -84,6 +86,7 @@ class Consumer:
         shutdown_timeout: float = 30.0,
         token: str | None = None,
         client: BrokerClient | PullClient | None = None,
+        outage_summary: float = 60.0,
     ) -> None:
         if concurrency < 1 or max_batch < 1 or ack_batch_size < 1:
             raise ConfigurationError("concurrency, max_batch and ack_batch_size must be >= 1")
@@ -106,6 +109,7 @@ class Consumer:
             mode=mode,
             start=start,
             shutdown_timeout=shutdown_timeout,
+            outage_summary=outage_summary,
         )
         self._token = token
         self._client = client

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import qmq_wire
+from qmq_outbox import tracing
 from qmq_outbox.envelope import Message
 from qmq_outbox.errors import ClaimHeld, ConfigurationError, RetryLater
 from qmq_outbox.idempotent import IdempotentStore, NonTransactional, Outcome
@@ -144,6 +145,7 @@ def _fail(spec: HandlerSpec, group: str, message: Message, exc: BaseException) -
     if isinstance(exc, ClaimHeld):
         delay_ms = round(exc.retry_after.total_seconds() * 1000)
         return Nack(delay_ms=delay_ms, error=describe(exc))
+    tracing.record_failure(exc)  # on the handler's span, when tracing is on
     logger.warning(
         "handler failed",
         exc_info=exc,

@@ -5,8 +5,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from qmq_outbox.backoff import backoff_ceiling, equal_jitter
 from qmq_outbox.consumer.config import ConsumerConfig
 from qmq_outbox.envelope import Message
+from qmq_outbox.errors import BrokerUnavailable
+from qmq_outbox.failure_log import FailureLog
 
 logger = logging.getLogger("qmq_outbox.consumer")
 
@@ -15,8 +18,27 @@ STOPPED_ERROR = "consumer stopped before handling"
 
 
 def backoff(failures: int, *, cap: float = 5.0) -> float:
-    """0.1 s, 0.2 s, 0.4 s ... up to ``cap``."""
-    return float(min(cap, 0.1 * 2 ** max(0, failures - 1)))
+    """0.1 s, 0.2 s, 0.4 s ... up to ``cap``: the longest pause after ``failures`` in a row."""
+    return backoff_ceiling(failures, base=0.1, cap=cap)
+
+
+def retry_pause(failures: int) -> float:
+    """The pause before retrying the broker: ``backoff``, jittered so that the consumers of
+    a group do not all come back at the same instant."""
+    return equal_jitter(backoff(failures))
+
+
+def broker_failures(cfg: ConsumerConfig, target: str, *, summary_interval: float) -> FailureLog:
+    """The broker's outages as this consumer's pullers and acker see them (their sources)."""
+    return FailureLog(
+        what=f"consumer {cfg.group}: broker",
+        target=target,
+        action="consumer.broker",
+        logger=logger,
+        expected=(BrokerUnavailable,),
+        summary_interval=summary_interval,
+        fields={"group": cfg.group, "consumer": cfg.consumer_id},
+    )
 
 
 def ids(cfg: ConsumerConfig, message: Message) -> dict[str, Any]:
@@ -28,22 +50,10 @@ def ids(cfg: ConsumerConfig, message: Message) -> dict[str, Any]:
     }
 
 
-def log_pull_failed(cfg: ConsumerConfig, subject: str, exc: Exception, failures: int) -> None:
-    logger.warning(
-        "pull failed; retrying",
-        extra={
-            "action": "consumer.pull_failed",
-            "group": cfg.group,
-            "subject": subject,
-            "failures": failures,
-            "error": str(exc),
-        },
-    )
-
-
 def log_ack_failed(cfg: ConsumerConfig, subject: str, seqs: list[int], exc: Exception) -> None:
     logger.warning(
-        "ack failed",
+        "ack rejected by the broker; those leases will expire: %s",
+        exc,
         extra={
             "action": "consumer.ack_failed",
             "group": cfg.group,

@@ -3,31 +3,42 @@
 One puller task per subject long-polls the broker for as many messages as the lease budget
 allows and queues them; ``concurrency`` worker tasks take them: coroutine handlers run on
 the loop, plain ones (and sync stores) on ``concurrency`` named handler threads. Acks are
-buffered and sent by the acker task; nacks go out at once from the worker. Any loop that
-dies takes the consumer down with it (``ConsumerCrashed``), after the same graceful
+buffered and sent by the acker task, or carried by the subject's next pull while it is
+busy (``ack_and_pull``: one request instead of two); nacks go out at once from the
+worker. Any loop that dies takes the consumer down with it (``ConsumerCrashed``), after
+the same graceful
 shutdown as a stop. ``Consumer.run()`` drives this runner with ``asyncio.run`` on the
 caller's thread, ``Consumer.run_async()`` on the caller's loop.
+
+An unavailable broker is retried with a jittered backoff; the pullers and the acker share
+one ``FailureLog``, so an outage is one line when it starts, a summary every
+``config.outage_summary`` seconds and one line when it clears. Each handler runs in a
+``qmq handle <subject>`` span when tracing is on (``qmq_outbox.tracing``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
-from collections.abc import Coroutine
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
+from qmq_outbox import tracing
 from qmq_outbox.consumer.acker import Acker
 from qmq_outbox.consumer.budget import LeaseBudget, next_want
 from qmq_outbox.consumer.clients import PullClient
 from qmq_outbox.consumer.config import ConsumerConfig, Counters
 from qmq_outbox.consumer.handlers import Ack, HandlerSpec, Nack, Result, handle_batch_async
-from qmq_outbox.consumer.logs import STOPPED_ERROR, backoff, ids, log_pull_failed
+from qmq_outbox.consumer.logs import STOPPED_ERROR, broker_failures, ids, retry_pause
 from qmq_outbox.consumer.threads import ThreadPool
 from qmq_outbox.envelope import Message
 from qmq_outbox.errors import BrokerError, BrokerUnavailable
+from qmq_outbox.failure_log import client_url
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 ACK_FLUSH_GRACE = 5.0  # seconds the acker gets at a stop beyond the handlers' deadline
 
@@ -52,7 +63,16 @@ class Runner:
         self.fatal: BaseException | None = None
         self.budget = LeaseBudget(config.capacity)
         self.queue: asyncio.Queue[Message | None] = asyncio.Queue()
-        self.acker = Acker(client=client, config=config, counters=counters, budget=self.budget)
+        self.broker_failures = broker_failures(
+            config, client_url(client), summary_interval=config.outage_summary
+        )
+        self.acker = Acker(
+            client=client,
+            config=config,
+            counters=counters,
+            budget=self.budget,
+            failures=self.broker_failures,
+        )
         self.threads = ThreadPool(config.concurrency, name=self.name("worker"))
         self._pullers: list[asyncio.Task[None]] = []
         self._workers: list[asyncio.Task[None]] = []
@@ -100,38 +120,72 @@ class Runner:
 
     async def _pull_loop(self, subject: str) -> None:
         cfg = self.config
-        want, failures = 1, 0
+        source = f"pull {subject}"
+        want, busy = 1, False
         while not self.stop.is_set():
-            granted = await self.budget.acquire(want, self.acker.hurry)
-            if granted == 0:
+            granted, carried = await self._reserve(subject, want, busy=busy)
+            if granted + len(carried) == 0:
                 return
+            held = granted + len(carried)  # the carried acks' slots pass to this pull
             try:
-                messages = await self.client.pull(
-                    subject,
-                    cfg.group,
-                    cfg.consumer_id,
-                    max_messages=granted,
-                    wait_ms=cfg.wait_ms,
-                    mode=cfg.mode,
-                    start=cfg.start,
-                )
+                messages = await self._pull(subject, min(held, max(want, 1)), carried)
             except BrokerUnavailable as exc:
-                self.budget.release(granted)
-                failures += 1
-                log_pull_failed(cfg, subject, exc, failures)
-                await self._pause(backoff(failures))
+                self._give_back(subject, granted, carried)
+                failures = self.broker_failures.failed(exc, source=source)
+                await self._pause(retry_pause(failures))
                 continue
             except BaseException:
-                self.budget.release(granted)
+                self._give_back(subject, granted, carried)
                 raise
-            failures = 0
+            self.broker_failures.succeeded(source=source)
             if not messages:
                 self.acker.idle()
-            self.budget.release(granted - len(messages))
+            self.budget.release(held - len(messages))
             self.counters.add("pulled", len(messages))
             for message in messages:
                 self.queue.put_nowait(message)
             want = next_want(last_pulled=len(messages), max_batch=cfg.max_batch)
+            busy = bool(messages)
+
+    async def _reserve(self, subject: str, want: int, *, busy: bool) -> tuple[int, list[int]]:
+        """Lease slots for the next pull, and the buffered acks it carries.
+
+        While the subject is busy (the last pull got messages) the pull carries the acks
+        buffered for it: one request instead of two. With no free slot it carries them
+        instead of waiting for the acker to send them; with none buffered either, it
+        waits for a slot (hurrying the acker). A long poll carries nothing.
+        """
+        granted = self.budget.try_acquire(want)
+        carried = self.acker.carry(subject) if busy else []
+        if granted or carried:
+            return granted, carried
+        granted = await self.budget.acquire(want, self.acker.hurry)
+        return granted, []
+
+    async def _pull(self, subject: str, max_messages: int, carried: list[int]) -> list[Message]:
+        cfg = self.config
+        options: dict[str, Any] = {
+            "max_messages": max_messages,
+            "wait_ms": cfg.wait_ms,
+            "mode": cfg.mode,
+            "start": cfg.start,
+        }
+        if not carried:
+            return await self.client.pull(subject, cfg.group, cfg.consumer_id, **options)
+        # No long poll with acks on board: their answer (and slots) would wait for it. If
+        # the subject has gone quiet, the next pull waits, carrying nothing.
+        options["wait_ms"] = 0
+        answer = await self.client.ack_and_pull(
+            subject, cfg.group, cfg.consumer_id, carried, **options
+        )
+        self.acker.carried(subject, answer)
+        return answer.messages
+
+    def _give_back(self, subject: str, granted: int, carried: list[int]) -> None:
+        """A pull failed: its new slots are free again, its acks go back to the acker."""
+        self.budget.release(granted)
+        if carried:
+            self.acker.put_back(subject, carried)
 
     async def _pause(self, seconds: float) -> None:
         """Sleep, but wake up for a stop."""
@@ -157,9 +211,14 @@ class Runner:
                     break
                 batch.append(more)
             group = self.config.store_group
-            results = await handle_batch_async(spec, group, batch, self.threads.run)
+            with tracing.handling(message.subject, self.config.group, batch):
+                results = await handle_batch_async(spec, group, batch, self._on_thread)
             for one, result in zip(batch, results, strict=True):
                 await self._finish(one, result)
+
+    async def _on_thread(self, fn: Callable[..., T], /, *args: Any) -> T:
+        """``fn(*args)`` on a handler thread, in this task's context (its current span)."""
+        return await self.threads.run(contextvars.copy_context().run, fn, *args)
 
     async def _finish(self, message: Message, result: Result) -> None:
         """An ack keeps the lease slot until the acker has sent it; a nack frees it now."""

@@ -19,6 +19,8 @@ def test_help_lists_every_command_and_env_vars() -> None:
     assert top.returncode == 0
     for command in ("broker", "compensator", "db", "reconcile"):
         assert command in top.stdout
+    assert "--debug" in top.stdout
+    assert "QMQ_DEBUG" in top.stdout
     for command, var in [
         ("broker", "QMQ_BROKER_FSYNC"),
         ("compensator", "QMQ_COMPENSATOR_BROKER_URL"),

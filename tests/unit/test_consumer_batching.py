@@ -126,3 +126,18 @@ def test_a_hurried_buffer_is_due_at_once_until_taken() -> None:
     buffer.take()
     buffer.add("a", 2, now=0.0)
     assert buffer.due_in(0.0) == 60.0
+
+
+def test_a_pull_takes_one_subjects_acks_oldest_first() -> None:
+    buffer = AckBuffer(max_size=100, interval=10.0)
+    for seq in range(5):
+        buffer.add("a", seq, now=1.0)
+    buffer.add("b", 9, now=1.0)
+    assert buffer.take_subject("a", limit=3) == [0, 1, 2]
+    assert buffer.take_subject("a") == [3, 4]
+    assert buffer.take_subject("a") == []
+    assert len(buffer) == 1
+    assert buffer.due_in(2.0) is not None
+    assert buffer.take_subject("b") == [9]
+    assert len(buffer) == 0
+    assert buffer.due_in(2.0) is None

@@ -110,11 +110,35 @@ def test_returned_handlers_are_acked_in_batches(consumers: Consumers) -> None:
     with running(consumer):
         wait_until(lambda: len(broker.acked_seqs(SUBJECT, "g")) == 50)
     assert sorted(handled) == list(range(50))
-    acks = broker.received("ack")
+    # sent on their own, or carried by the subject's next pull
+    acks = [a["seqs"] for a in broker.received("ack")]
+    acks += [p["ack"] for p in broker.received("pull") if "ack" in p]
     assert len(acks) <= 6, "acks must be batched, not one request per message"
-    assert sorted(seq for ack in acks for seq in ack["seqs"]) == list(range(50))
+    assert sorted(seq for ack in acks for seq in ack) == list(range(50))
     assert consumer.stats().acked == 50
     assert consumer.stats().processed == 50
+    assert consumer.stats().in_flight == 0
+
+
+def test_a_busy_subject_carries_its_acks_on_the_next_pull(consumers: Consumers) -> None:
+    broker = InMemoryBroker()
+    produce(broker, SUBJECT, 300)
+    # Acks never go out by size or interval here: the pulls carry them while the backlog
+    # lasts, and the acker sends what is left once a pull comes back empty.
+    consumer = consumers.make(
+        broker, ack_batch_size=10_000, ack_interval=60.0, prefetch=48, max_batch=16
+    )
+    consumer.add_handler(SUBJECT, lambda m: None)
+    with running(consumer):
+        wait_until(lambda: len(broker.acked_seqs(SUBJECT, "g")) == 300)
+        wait_until(lambda: consumer.stats().acked == 300)
+    carried = [seq for pull in broker.received("pull") for seq in pull.get("ack", [])]
+    sent = [seq for ack in broker.received("ack") for seq in ack["seqs"]]
+    assert len(carried) >= 200, "a busy subject's acks ride on its pulls"
+    assert sorted(carried + sent) == list(range(300))  # each acked once
+    # the acker still sends when a puller is short of slots and has nothing to carry yet
+    assert len(broker.received("ack")) <= 10
+    assert consumer.stats().ack_unknown == 0
     assert consumer.stats().in_flight == 0
 
 

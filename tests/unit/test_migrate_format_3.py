@@ -16,8 +16,10 @@ from typing import Any
 
 import numpy as np
 import orjson
+import pytest
 
 from broker.dedup.runs import write_run
+from broker.errors import StorageError
 from broker.format import (
     FORMAT_VERSION,
     INDEX_CHUNK_ENTRIES,
@@ -32,8 +34,8 @@ from broker.format import (
 )
 from broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE
 from broker.storage.index_files import read_chunk, write_chunk
-from broker.storage.migrate import migrate
-from broker.storage.recovery import recover
+from broker.storage.migrate import FORMAT_FILE, migrate
+from broker.storage.recovery import check_format, recover
 from broker.storage.segments import SegmentReader
 from broker.verify import verify
 from tests.support.engine import run_broker
@@ -164,3 +166,14 @@ def test_a_damaged_sealed_chunk_is_rebuilt_from_the_log_when_migrated(tmp_path: 
     assert any("1 damaged chunks rebuilt from the log" in line for line in lines)
     assert all(h == id_hash(i) for h, i in entry_hashes(data_dir))
     assert run_broker(data_dir, resend_and_read) == EXPECTED
+
+
+@pytest.mark.parametrize(
+    "content", [b"99", b"[3]", b"not json", b'{"format": "3"}', b'{"format": 4}']
+)
+def test_a_format_file_that_does_not_name_a_known_version_is_refused(
+    tmp_path: Path, content: bytes
+) -> None:
+    (tmp_path / FORMAT_FILE).write_bytes(content)
+    with pytest.raises(StorageError):
+        check_format(tmp_path)

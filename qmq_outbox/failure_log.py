@@ -1,0 +1,172 @@
+"""How background loops log a dependency that is down: once, a summary now and then, once more.
+
+A loop that retries a database or a broker every second would otherwise write a line (or a
+traceback) per attempt. ``FailureLog`` follows one dependency of one loop and writes:
+
+- one line when it starts failing (a traceback only for an unexpected exception, once per
+  exception type);
+- a summary with the failure count every ``summary_interval`` seconds while it lasts;
+- one line when it recovers ("... recovered after 37 s, 812 failures").
+
+Every line names the dependency's URL (its password masked) and the last error. Several
+*sources* (a consumer's pullers and its acker) may share one log: the outage starts with the
+first failing source and ends when none is failing. Thread-safe; the clock is injectable.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from qmq_outbox.dburl import mask_url
+
+DEFAULT_SUMMARY_INTERVAL = 60.0
+MAX_ERROR_CHARS = 500
+_CATALOGUE_LINK = re.compile(r"\(Background on this error at: \S+\)")
+
+
+class FailureLog:
+    """The outage state of one dependency (``what`` at ``target``) and the lines it writes.
+
+    ``action`` prefixes the lines' ``action`` key: ``<action>.failing``, ``.still_failing``
+    and ``.recovered``. ``expected`` are the exception types that mean "down" (no traceback).
+    ``fields`` go into every line's ``extra`` (a consumer's group, say).
+    """
+
+    def __init__(
+        self,
+        *,
+        what: str,
+        target: str,
+        action: str,
+        logger: logging.Logger,
+        expected: tuple[type[BaseException], ...] = (),
+        summary_interval: float = DEFAULT_SUMMARY_INTERVAL,
+        fields: Mapping[str, Any] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.what = what
+        self.target = target
+        self.summary_interval = summary_interval
+        self._action = action
+        self._logger = logger
+        self._expected = expected
+        self._fields = dict(fields or {})
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._failing: dict[str, int] = {}  # source -> failures in a row
+        self._since = 0.0
+        self._reported_at = 0.0
+        self._count = 0
+        self._traced: set[type[BaseException]] = set()
+
+    @property
+    def failing(self) -> bool:
+        return bool(self._failing)
+
+    @property
+    def failures(self) -> int:
+        """Failures since the outage started (0 when not failing)."""
+        return self._count
+
+    def failed(self, error: BaseException, *, source: str = "") -> int:
+        """Count a failure; returns how many times in a row ``source`` has now failed."""
+        unexpected = not isinstance(error, self._expected)
+        text = describe(error, with_type=unexpected)
+        with self._lock:
+            now = self._clock()
+            starting = not self._failing
+            if starting:
+                self._since = self._reported_at = now
+                self._count = 0
+                self._traced.clear()
+            in_a_row = self._failing[source] = self._failing.get(source, 0) + 1
+            self._count += 1
+            trace = unexpected and type(error) not in self._traced
+            if trace:
+                self._traced.add(type(error))
+            summary = not starting and now - self._reported_at >= self.summary_interval
+            if summary:
+                self._reported_at = now
+            count, down_for = self._count, now - self._since
+        if starting or trace:
+            self._log_failing(error, text, source, trace)
+        elif summary:
+            self._log_summary(count, down_for, text)
+        return in_a_row
+
+    def succeeded(self, *, source: str = "") -> None:
+        """``source`` worked; when no source is failing any more, the outage is over."""
+        if not self._failing:  # the usual case, without the lock
+            return
+        with self._lock:
+            if self._failing.pop(source, None) is None or self._failing:
+                return
+            count, down_for = self._count, self._clock() - self._since
+            self._count = 0
+        self._log(
+            "%s %s recovered after %s, %d failure(s)",
+            (self.what, self.target, seconds(down_for), count),
+            "recovered",
+            {"failures": count, "down_for": round(down_for, 3)},
+        )
+
+    def _log_failing(self, error: BaseException, text: str, source: str, trace: bool) -> None:
+        where = f" ({source})" if source else ""
+        self._log(
+            "%s %s failing%s: %s; retrying with backoff",
+            (self.what, self.target, where, text),
+            "failing",
+            {"error": text, "source": source},
+            level=logging.ERROR if trace else logging.WARNING,
+            exc_info=error if trace else None,
+        )
+
+    def _log_summary(self, count: int, down_for: float, text: str) -> None:
+        self._log(
+            "%s %s still failing after %s: %d failure(s); last error: %s",
+            (self.what, self.target, seconds(down_for), count, text),
+            "still_failing",
+            {"error": text, "failures": count, "down_for": round(down_for, 3)},
+        )
+
+    def _log(
+        self,
+        message: str,
+        args: tuple[object, ...],
+        state: str,
+        extra: dict[str, Any],
+        *,
+        level: int = logging.WARNING,
+        exc_info: BaseException | None = None,
+    ) -> None:
+        extra = {**self._fields, **extra, "action": f"{self._action}.{state}"}
+        extra["target"] = self.target
+        self._logger.log(level, message, *args, exc_info=exc_info, extra=extra)
+
+
+def describe(error: BaseException, *, with_type: bool = False) -> str:
+    """``error`` on one line, at most ``MAX_ERROR_CHARS`` long (driver errors span several;
+    SQLAlchemy's link to its error catalogue is left out)."""
+    text = " ".join(_CATALOGUE_LINK.sub("", str(error)).split()) or type(error).__name__
+    if with_type and not text.startswith(type(error).__name__):
+        text = f"{type(error).__name__}: {text}"
+    if len(text) > MAX_ERROR_CHARS:
+        text = text[: MAX_ERROR_CHARS - 3] + "..."
+    return text
+
+
+def seconds(value: float) -> str:
+    """A duration for a log line: "0.4 s", "37 s"."""
+    return f"{value:.1f} s" if value < 10 else f"{value:.0f} s"
+
+
+def client_url(client: object) -> str:
+    """The URL a broker client talks to (its ``base_url``), for log lines; the class name
+    of a client without one."""
+    base = getattr(client, "base_url", None)
+    return mask_url(str(base)) if base else type(client).__name__
