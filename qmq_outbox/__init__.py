@@ -1,9 +1,15 @@
-"""qmq-outbox: transactional outbox producer and idempotent consumer SDK."""
+"""qmq-outbox: transactional outbox producer and idempotent consumer SDK.
 
-from qmq_outbox.client import AsyncBrokerClient, BrokerClient
-from qmq_outbox.compensator import Compensator
-from qmq_outbox.consumer import Consumer
-from qmq_outbox.envelope import Message, OutgoingMessage, ProduceResult
+The errors are imported with the package; everything else when first used, so that a
+``qmq`` subcommand (or a program that needs only the client) does not pay for importing
+the compensator's scheduler, the consumer and SQLAlchemy's ORM up front.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from qmq_outbox.errors import (
     BrokerError,
     BrokerRejected,
@@ -20,9 +26,39 @@ from qmq_outbox.errors import (
     RetryLater,
     SerializationError,
 )
-from qmq_outbox.idempotent import IdempotentStore
-from qmq_outbox.outbox import Outbox
-from qmq_outbox.serializers import JsonSerializer, Serializer
+
+if TYPE_CHECKING:
+    from qmq_outbox.client import AsyncBrokerClient, BrokerClient
+    from qmq_outbox.compensator import Compensator
+    from qmq_outbox.consumer import Consumer
+    from qmq_outbox.envelope import Message, OutgoingMessage, ProduceResult
+    from qmq_outbox.idempotent import IdempotentStore
+    from qmq_outbox.outbox import Outbox
+    from qmq_outbox.serializers import JsonSerializer, Serializer
+
+_LAZY = {
+    "AsyncBrokerClient": "qmq_outbox.client",
+    "BrokerClient": "qmq_outbox.client",
+    "Compensator": "qmq_outbox.compensator",
+    "Consumer": "qmq_outbox.consumer",
+    "IdempotentStore": "qmq_outbox.idempotent",
+    "JsonSerializer": "qmq_outbox.serializers",
+    "Message": "qmq_outbox.envelope",
+    "Outbox": "qmq_outbox.outbox",
+    "OutgoingMessage": "qmq_outbox.envelope",
+    "ProduceResult": "qmq_outbox.envelope",
+    "Serializer": "qmq_outbox.serializers",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'qmq_outbox' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once imported, a plain attribute
+    return value
+
 
 __all__ = [
     "AsyncBrokerClient",
