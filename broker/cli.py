@@ -16,17 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import click
-import orjson
 
 from broker import logs
 from broker.config import BrokerConfig, FsyncPolicy
-from broker.errors import ConfigError, QmqBrokerError
-from broker.format import FORMAT_VERSION
+from broker.errors import ConfigError, QmqBrokerError, StorageError
+from broker.format import FORMAT_VERSION, read_format
 from broker.http.auth import Authorizer
 from broker.http.guard import GuardPolicy
 from broker.repair import repair as repair_derived
 from broker.server import serve
-from broker.storage.migrate import FORMAT_FILE
 from broker.verify import NotADataDir, Report
 from broker.verify import verify as check
 from qmq_outbox.cli import failures
@@ -169,17 +167,13 @@ def check_data_dir(data_dir: Path) -> None:
         raise failures.Unavailable(f"cannot create data directory {data_dir}: {reason}") from exc
     if not os.access(data_dir, os.W_OK | os.X_OK):
         raise failures.Unavailable(f"data directory {data_dir}: permission denied (not writable)")
-    marker = data_dir / FORMAT_FILE
-    if not marker.exists():
-        return
     try:
-        held = orjson.loads(marker.read_bytes())
-    except (OSError, orjson.JSONDecodeError) as exc:
-        raise failures.Unavailable(f"{marker} cannot be read: {exc}") from exc
-    version = held.get("format") if isinstance(held, dict) else None
+        version = read_format(data_dir)
+    except StorageError as exc:
+        raise failures.Unavailable(str(exc)) from exc
     if version is None:
-        raise failures.Unavailable(f'{marker} does not hold {{"format": N}}')
-    if not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
+        return
+    if not 1 <= version <= FORMAT_VERSION:
         raise failures.Unavailable(
             f"{data_dir} holds data format {version!r}; this broker reads 1 to {FORMAT_VERSION}"
         )

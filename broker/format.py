@@ -51,11 +51,32 @@ from typing import Any
 import orjson
 import xxhash
 
-from broker.errors import CorruptRecord
+from broker.errors import CorruptRecord, StorageError
 
 FORMAT_VERSION = 3  # of the data directory's layout (FORMAT, checkpoints, indexes, id hash)
 SEGMENT_VERSION = 1  # of the segments' frames and records (unchanged since format 1)
 SEGMENT_LAYOUT_FORMATS = (1, 2, 3)  # data dir formats whose segments a reader of them can read
+FORMAT_FILE = "FORMAT"  # {"format": N} at the top of a data directory
+
+
+def read_format(data_dir: Path) -> int | None:
+    """The format version ``data_dir``'s FORMAT file names; None when it has none.
+
+    ``StorageError`` when the file cannot be read or does not hold ``{"format": N}``.
+    """
+    path = data_dir / FORMAT_FILE
+    try:
+        document = orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise StorageError(f"{path} cannot be read: {exc}") from exc
+    version = document.get("format") if isinstance(document, dict) else None
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise StorageError(f'{path} does not hold {{"format": N}}')
+    return version
+
+
 SEGMENT_MAGIC = b"QMQSEG\x00\x01"
 INDEX_MAGIC = b"QMQIDX\x00\x01"
 HEADER = struct.Struct("<8sHHI")  # magic, kind, version, reserved

@@ -14,8 +14,6 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import orjson
-
 from broker.dedup.filter import FILTER_FILE, BloomFilter
 from broker.dedup.runs import MappedRun, read_run_header, verify_run
 from broker.errors import CorruptRecord, QmqBrokerError, StorageError
@@ -40,6 +38,7 @@ from broker.format import (
     list_index_chunks,
     list_indexed_subjects,
     list_segments,
+    read_format,
     read_segment_header,
     segment_name,
     segment_number,
@@ -47,7 +46,6 @@ from broker.format import (
 )
 from broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE, Checkpoint
 from broker.storage.index_files import read_chunk
-from broker.storage.migrate import FORMAT_FILE
 
 DERIVED = "derived file: --repair rebuilds it"
 
@@ -116,9 +114,11 @@ def check_data_dir(data_dir: Path) -> None:
     if not data_dir.is_dir():
         raise NotADataDir(f"{data_dir} is not a directory")
     try:
-        version = orjson.loads((data_dir / FORMAT_FILE).read_bytes()).get("format")
-    except (OSError, orjson.JSONDecodeError, AttributeError) as exc:
+        version = read_format(data_dir)
+    except StorageError as exc:
         raise NotADataDir(f"{data_dir} is not a broker data directory ({exc})") from exc
+    if version is None:
+        raise NotADataDir(f"{data_dir} is not a broker data directory (no FORMAT file)")
     if version != FORMAT_VERSION:
         raise NotADataDir(f"{data_dir} holds format {version}; this tool reads {FORMAT_VERSION}")
 

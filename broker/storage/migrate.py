@@ -39,6 +39,7 @@ from broker.dedup import DedupStore
 from broker.dedup.runs import write_run
 from broker.errors import CorruptRecord, StorageError
 from broker.format import (
+    FORMAT_FILE,
     FORMAT_VERSION,
     INDEX_CHUNK_ENTRIES,
     INDEX_ENTRY,
@@ -61,7 +62,6 @@ from broker.storage.index_repair import rebuild_chunk
 from broker.storage.segments import SegmentReader
 
 logger = logging.getLogger(__name__)
-FORMAT_FILE = "FORMAT"
 RUN_CHUNKS = 64  # index chunks whose ids go into one dedup run in the 2 -> 3 step (1M ids)
 
 

@@ -29,6 +29,7 @@ import orjson
 from broker.dedup import DedupStore
 from broker.errors import CorruptRecord, StorageError
 from broker.format import (
+    FORMAT_FILE,
     FORMAT_VERSION,
     FRAME_SIZE,
     HEADER_SIZE,
@@ -44,6 +45,7 @@ from broker.format import (
     is_message_record,
     list_segments,
     peek_message,
+    read_format,
     read_segment_header,
     segment_number,
     walk_frames,
@@ -54,7 +56,7 @@ from broker.storage.fsync import truncate_file
 from broker.storage.index_files import ChunkReader, remove_chunk
 from broker.storage.index_recovery import WorkingIndex, load_indexes
 from broker.storage.index_repair import rebuild_chunk
-from broker.storage.migrate import FORMAT_FILE, migrate
+from broker.storage.migrate import migrate
 from broker.storage.segments import segment_path
 from broker.subjects import RecoveredSubject, SubjectTable, window_start
 
@@ -77,18 +79,13 @@ def check_format(data_dir: Path) -> list[str]:
     """Make ``data_dir`` a data directory of the current format (migrating an older one);
     returns what a migration did."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    path = data_dir / FORMAT_FILE
-    if not path.exists():
-        path.write_bytes(orjson.dumps({"format": FORMAT_VERSION}))
+    version = read_format(data_dir)
+    if version is None:
+        (data_dir / FORMAT_FILE).write_bytes(orjson.dumps({"format": FORMAT_VERSION}))
         return []
-    try:
-        document = orjson.loads(path.read_bytes())
-    except orjson.JSONDecodeError as exc:
-        raise StorageError(f"{path} is not a FORMAT file: {exc}") from exc
-    version = document.get("format") if isinstance(document, dict) else None
     if version == FORMAT_VERSION:
         return []
-    if isinstance(version, int) and version < FORMAT_VERSION:
+    if version < FORMAT_VERSION:
         return migrate(data_dir, version)
     raise StorageError(f"{data_dir} holds format {version}; this broker reads {FORMAT_VERSION}")
 

@@ -21,6 +21,7 @@ import pytest
 from broker.dedup.runs import write_run
 from broker.errors import StorageError
 from broker.format import (
+    FORMAT_FILE,
     FORMAT_VERSION,
     INDEX_CHUNK_ENTRIES,
     INDEX_ENTRY,
@@ -34,7 +35,7 @@ from broker.format import (
 )
 from broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE
 from broker.storage.index_files import read_chunk, write_chunk
-from broker.storage.migrate import FORMAT_FILE, migrate
+from broker.storage.migrate import migrate
 from broker.storage.recovery import check_format, recover
 from broker.storage.segments import SegmentReader
 from broker.verify import verify
