@@ -83,6 +83,7 @@ class PullActor:
         self.rejected = 0
         self.charged_s = 0.0  # work done for its requests outside its runs (see ``charge``)
         self.cost_per_request: float | None = None  # recent seconds per served request
+        self.charge_per_request: float | None = None  # recent seconds outside its runs, each
 
     def __repr__(self) -> str:
         return (
@@ -272,16 +273,23 @@ class PullActor:
             seconds_per_request if previous is None else 0.7 * previous + 0.3 * seconds_per_request
         )
 
+    def note_charge(self, seconds: float) -> None:
+        previous = self.charge_per_request
+        self.charge_per_request = seconds if previous is None else 0.7 * previous + 0.3 * seconds
+
     def batch_size(self, remaining_s: float, limit: float, cap: int) -> int:
-        """How many requests to serve in one go to stay within ``remaining_s``.
+        """How many requests to serve in one go to stay within ``remaining_s``, counting
+        each request's work outside the run too (``charge_per_request``).
 
         One when the cost is not known yet; never more than ``limit`` or ``cap``.
         """
         size = float(cap)
         if self.cost_per_request is None:
             size = 1
-        elif self.cost_per_request > 0:
-            size = max(remaining_s / self.cost_per_request, 1)
+        else:
+            cost = self.cost_per_request + (self.charge_per_request or 0.0)
+            if cost > 0:
+                size = max(remaining_s / cost, 1)
         return int(min(size, limit, cap))
 
     def ran(self, elapsed: float) -> None:

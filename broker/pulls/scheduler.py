@@ -228,7 +228,10 @@ class PullScheduler:
 
         Requests are served in batches sized from the actor's recent cost per request, so
         that one hand-off to the read pool serves as many requests as fit in what is left
-        of the slice (one at first, and one at a time for a slow group).
+        of the slice (one at first, and one at a time for a slow group). The budget counts
+        each request's recent work outside the run as well (``charge``): answering a
+        slice's requests then also takes about a slice, so a group whose consumers wait
+        for those answers to be written is not kept away for much longer.
         """
         clock = self._clock
         start = clock.now()
@@ -236,9 +239,10 @@ class PullScheduler:
         actor.settle(start)
         actor.empty_keys.clear()
         taken = 0
+        outside = actor.charge_per_request or 0.0  # each answer's work after the run
         try:
             while taken < limit:
-                elapsed = clock.now() - start
+                elapsed = clock.now() - start + taken * outside
                 if taken and elapsed >= budget_s:
                     break
                 want = actor.batch_size(budget_s - elapsed, limit - taken, MAX_BATCH)
@@ -401,6 +405,7 @@ class PullScheduler:
         actor = self._actors.get((subject, group))
         if actor is not None:
             actor.charged_s += seconds
+            actor.note_charge(seconds)
             self._charged(actor, seconds)
 
     def _charged(self, actor: PullActor, seconds: float) -> None:

@@ -274,3 +274,23 @@ async def test_charged_work_counts_toward_a_groups_share(
     # a runs first (its queue entry predates the charge); then b has every turn until it
     # has caught up on a's lead (b's 10 requests take 5 runs), where they would alternate
     assert ran == ["a"] + ["b"] * 5 + ["a"] * 4
+
+
+async def test_a_run_counts_each_requests_work_outside_it_against_the_slice(
+    clock: ManualClock, processor: ScriptedProcessor
+) -> None:
+    """A request whose answer costs as much to encode as to read takes half a slice's
+    requests: answering one slice's requests then takes about a slice."""
+    scheduler = fair(clock, processor, time_slice_s=0.010)
+    processor.cost.update(a=0.001)
+    processor.add("a", 1_000)
+    for _ in range(100):
+        pull(scheduler, "a")
+    await run_next(scheduler)
+    served_plain = len(processor.calls)
+    assert served_plain >= 9  # 10 ms of 1 ms requests
+    for _ in range(30):
+        scheduler.charge("s", "a", 0.001)  # each answer costs 1 ms outside the run
+    processor.calls.clear()
+    await run_next(scheduler)
+    assert 4 <= len(processor.calls) <= 6
