@@ -125,7 +125,7 @@ class PullRequest(_Strict):
         Field(
             ge=1,
             le=wire.MAX_PULL,
-            description="During linger_ms, answer only with at least this many (<= max).",
+            description="During linger_ms, answer only with at least this many (above max: max).",
         ),
         _AS_JSON_INTEGER,
     ] = 1

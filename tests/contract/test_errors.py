@@ -63,7 +63,6 @@ BAD_PULLS = [
     ({"subject": "s", "group": "g", "consumer": "c", "ack": []}, "invalid_ack", "ack"),
     ({"subject": "s", "group": "g", "consumer": "c", "ack": [-1]}, "invalid_ack", "ack[0]"),
     ({"subject": "s", "group": "g", "consumer": "c", "ack": "1"}, "invalid_ack", "ack"),
-    ({"subject": "s", "group": "g", "consumer": "c", "max": 5, "min": 6}, "invalid_min", "min"),
     ({"subject": "s", "group": "g", "consumer": "c", "min": 0}, "invalid_min", "min"),
     (
         {"subject": "s", "group": "g", "consumer": "c", "linger_ms": -1},
