@@ -1,7 +1,8 @@
-"""Reconciliation at scale: 1,000,000 outbox rows against 1,000,000 broker records.
+"""Reconciliation end to end: N outbox rows against N broker records (1,000,000 by default).
 
-    .venv/bin/python bench/reconcile.py [--rows 1000000] [--master local[2]]
+    .venv/bin/python bench/reconcile.py [--rows 1000000] [--master local[2]] [--runs 1]
         [--admin-url postgresql+psycopg://postgres@127.0.0.1:5432/postgres] [--keep]
+    .venv/bin/python bench/reconcile.py --rows 1000        # the small run: fixed costs
 
 Set-up (not part of the timed run):
 1. a fresh PostgreSQL database with a ``qmq_outbox`` table (``qmq_outbox.schema``),
@@ -10,25 +11,37 @@ Set-up (not part of the timed run):
    (``broker.engine.Broker``: journal, segments, subject index, action log), over 4
    subjects; one shared group pulls and acks every message (lease + ack records).
 Planted: 100 pending rows whose message is stored, 100 sent rows never stored, 100 broker
-messages without a row; everything else is delivered.
+messages without a row (fewer when ``--rows`` is small); everything else is delivered.
 
-Timed: ``spark_reconcile.run`` end to end on ``--master`` (session start, read broker,
-read outbox, classify, write outputs, session stop), with the time split by stage.
+Timed: ``qmq reconcile`` as a user runs it, in a subprocess on ``--master``, from the
+process's start to its exit (Python and JVM start-up, the stages, the JVM's exit), with
+its stage lines (its stderr is a pipe: one plain line per stage; stages run two by two,
+read broker / read outbox and classify / groups, so their times overlap) and the CPU
+seconds of its process tree. The 1-minute load average is printed before each run: the
+figures only mean something when it is low.
+
+The first run with a given Java and Spark writes the JVM's class-data archive
+(``spark_reconcile.jvm_archive``), which costs seconds once; when there is none yet, one
+unmeasured warm-up run writes it first.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -47,7 +60,7 @@ from tests.support.postgres import fresh_database
 
 SUBJECTS = [f"orders.s{n}" for n in range(4)]
 PRODUCER = "orders"
-PLANTED = 100
+PLANTED_MAX = 100
 BATCH = 1000
 COPY_COLUMNS = (
     "message_id, subject, headers, body, content_type, producer, status, "
@@ -63,12 +76,17 @@ def subject_of(n: int) -> str:
     return SUBJECTS[n % len(SUBJECTS)]
 
 
+def planted(rows: int) -> int:
+    """How many of each planted finding: 100, or a tenth of the rows when they are few."""
+    return min(PLANTED_MAX, rows // 10)
+
+
 def row_status(n: int, rows: int) -> str:
-    return "pending" if n < PLANTED else "sent"
+    return "pending" if n < planted(rows) else "sent"
 
 
 def stored(n: int, rows: int) -> bool:
-    return n < rows - PLANTED  # the last rows were "sent" but never stored: lost
+    return n < rows - planted(rows)  # the last rows were "sent" but never stored: lost
 
 
 def load_outbox(url: str, rows: int, created: datetime) -> float:
@@ -141,7 +159,7 @@ async def write_broker(data_dir: Path, rows: int, created: datetime) -> float:
     )
     await broker.start()
     ids = [(f"bench-{n:07d}", n) for n in range(rows) if stored(n, rows)]
-    ids += [(f"orphan-{n}", rows + n) for n in range(PLANTED)]
+    ids += [(f"orphan-{n}", rows + n) for n in range(planted(rows))]
     for start in range(0, len(ids), BATCH):
         chunk = ids[start : start + BATCH]
         batch = [incoming(i, n, created_us(created, n)) for i, n in chunk]
@@ -169,9 +187,8 @@ async def write_broker(data_dir: Path, rows: int, created: datetime) -> float:
     return time.perf_counter() - began
 
 
-def tree_cpu_seconds() -> float:
-    """CPU seconds used so far by this process's descendants (the JVM, Python workers),
-    reaped ones included: how much machine the reconciliation needed, whatever else ran."""
+def process_tree(root: int) -> dict[int, float]:
+    """CPU seconds used so far by ``root`` and every live descendant, per pid."""
     children: dict[int, list[int]] = {}
     stats: dict[int, list[str]] = {}
     for entry in Path("/proc").iterdir():
@@ -184,23 +201,90 @@ def tree_cpu_seconds() -> float:
         stats[int(entry.name)] = fields
         children.setdefault(int(fields[1]), []).append(int(entry.name))
     tick = os.sysconf("SC_CLK_TCK")
-    total, todo = 0.0, list(children.get(os.getpid(), []))
+    used: dict[int, float] = {}
+    todo = [root]
     while todo:
         pid = todo.pop()
-        fields = stats[pid]
-        total += sum(int(f) for f in fields[11:15]) / tick
+        if pid in stats:
+            used[pid] = sum(int(f) for f in stats[pid][11:15]) / tick
         todo.extend(children.get(pid, []))
-    return total
+    return used
 
 
 def du_mb(path: Path) -> float:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2**20
 
 
+def load_average() -> str:
+    return Path("/proc/loadavg").read_text().strip()
+
+
+@dataclasses.dataclass(frozen=True)
+class CliRun:
+    seconds: float
+    cpu_seconds: float
+    exit_code: int
+    stages: list[tuple[str, str]]  # (label, "3.1 s"), in the order they ended
+    summary: dict[str, Any]
+    stderr: str
+
+
+STAGE_LINE = re.compile(r"reconcile: (?P<label>.+) \.\.\. (?P<time>.+)")
+
+
+def run_cli(url: str, data_dir: Path, out: Path, master: str) -> CliRun:
+    """``qmq reconcile`` in a subprocess; its CPU is sampled every 0.1 s (the JVM outlives
+    the Python process by a moment and is not this process's child to reap)."""
+    command = [
+        sys.executable, "-m", "qmq_outbox", "reconcile", "--outbox", url,
+        "--broker-data", str(data_dir), "--out", str(out), "--master", master, "--grace", "0s",
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QMQ_")}
+    used: dict[int, float] = {}
+    began = time.perf_counter()
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    ) as proc:
+        sampled = threading.Event()
+
+        def sample() -> None:
+            while not sampled.wait(0.1):
+                used.update(process_tree(proc.pid))
+
+        sampler = threading.Thread(target=sample, name="bench-cpu")
+        sampler.start()
+        stdout, stderr = proc.communicate()  # returns once the JVM closed the pipes too
+        seconds = time.perf_counter() - began
+        sampled.set()
+        sampler.join()
+    stages = [(m["label"], m["time"]) for m in map(STAGE_LINE.fullmatch, stderr.splitlines()) if m]
+    summary_path = out / "summary.json"
+    if not summary_path.exists():
+        raise SystemExit(f"qmq reconcile failed (exit {proc.returncode}):\n{stdout}{stderr}")
+    summary = orjson.loads(summary_path.read_bytes())
+    return CliRun(seconds, sum(used.values()), proc.returncode, stages, summary, stderr)
+
+
+def report(run: CliRun, rows: int) -> None:
+    print(f"qmq reconcile end to end: {run.seconds:.1f} s (exit {run.exit_code}), "
+          f"CPU of its process tree {run.cpu_seconds:.0f} s")  # fmt: skip
+    for label, took in run.stages:
+        print(f"  {label:<40} {took}")
+    expected = {
+        "delivered": rows - 2 * planted(rows),
+        "pending_but_stored": planted(rows),
+        "missing_in_broker": planted(rows),
+        "orphan_in_broker": planted(rows),
+    }
+    got = {k: v for k, v in run.summary["categories"].items() if v}
+    print(f"  counts as planted: {got == expected}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--runs", type=int, default=1, help="timed runs of qmq reconcile")
     parser.add_argument(
         "--admin-url",
         default=os.environ.get(
@@ -210,7 +294,7 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the data directory")
     args = parser.parse_args()
 
-    from spark_reconcile import run
+    from spark_reconcile.session import class_archive, default_jvm_cache
 
     work = Path(tempfile.mkdtemp(prefix="qmq-bench-reconcile-"))
     created = datetime.now(UTC) - timedelta(hours=1)
@@ -226,44 +310,18 @@ def main() -> None:
                 f"in {broker_s:.1f}s ({du_mb(data_dir):.0f} MiB)",
                 flush=True,
             )
-            load_before = os.getloadavg()[0]
-            cpu_before = tree_cpu_seconds()
-            began = time.perf_counter()
-            result = run(
-                outboxes=[url],
-                broker_dirs=[str(data_dir)],
-                out=work / "out",
-                master=args.master,
-                grace=timedelta(0),
-                jvm_log=True,
-            )
-            total = time.perf_counter() - began
-            cpu = tree_cpu_seconds() - cpu_before
-            load_after = os.getloadavg()[0]
+            cache = default_jvm_cache()
+            archive = class_archive(cache) if cache is not None else None
+            if archive is not None and archive.writing is not None:
+                print("warm-up (writes the JVM class archive, not measured)", flush=True)
+                run_cli(url, data_dir, work / "out-warm-up", args.master)
+            for number in range(1, args.runs + 1):
+                print(f"run {number}: load average at start: {load_average()}", flush=True)
+                report(run_cli(url, data_dir, work / f"out-{number}", args.master), args.rows)
+            print(f"load average at the end: {load_average()}")
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    stages = result.timings
-    session = total - sum(stages.values())
-    print(f"categories: {result.summary['categories']}")
-    print(f"latency_ms: {result.summary['latency_ms']}")
-    print(
-        "reconcile end to end: "
-        f"{total:.1f}s = session start/stop {session:.1f}s + "
-        + " + ".join(f"{k} {v:.1f}s" for k, v in stages.items())
-    )
-    expected = {
-        "delivered": args.rows - 2 * PLANTED,
-        "pending_but_stored": PLANTED,
-        "missing_in_broker": PLANTED,
-        "orphan_in_broker": PLANTED,
-    }
-    got = {k: v for k, v in result.summary["categories"].items() if v}
-    print(f"counts as planted: {got == expected}")
-    print(
-        f"CPU used by the run (JVM + Python workers): {cpu:.0f}s; "
-        f"1-min load average before/after: {load_before:.1f}/{load_after:.1f}"
-    )
     cores = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
     print(f"machine: {platform.machine()} {cores} vCPU, Python {platform.python_version()}")
     print(f"date: {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}")

@@ -30,6 +30,8 @@ from typing import Any
 import httpx
 from rich.console import Console
 from rich.live import Live
+from rich.progress import Progress as RichProgress
+from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from sqlalchemy import func, select, text
 
@@ -147,6 +149,37 @@ def reconciliation_words(exit_code: int | None, skipped: bool) -> str:
         return "not run"
     words = {0: "clean (exit 0)", 1: "CRITICAL findings (exit 1)"}
     return words.get(exit_code, f"failed (exit {exit_code})")
+
+
+def run_reconcile(command: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run ``qmq reconcile`` and show its stages as they end (its stderr is a pipe here, so
+    it writes one plain line per stage), with a spinner and the time so far meanwhile."""
+    with (
+        subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        ) as proc,
+        RichProgress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as shown,
+    ):
+        out, err = proc.stdout, proc.stderr
+        assert out is not None
+        assert err is not None
+        stdout: list[str] = []
+        reader = threading.Thread(target=lambda: stdout.append(out.read()), name="demo-stdout")
+        reader.start()
+        shown.add_task("Spark reconciles the outbox with the broker logs", total=None)
+        stderr = []
+        for line in err:
+            stderr.append(line)
+            shown.console.print(f"  {line.rstrip()}", markup=False, highlight=False)
+        reader.join()
+        code = proc.wait()
+    return subprocess.CompletedProcess(command, code, "".join(stdout), "".join(stderr))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -404,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print(
             "\n[bold]Reconciliation[/bold] (Spark, local mode): outbox table vs broker logs"
         )
-        run = subprocess.run(
+        run = run_reconcile(
             [
                 sys.executable,
                 *py,
@@ -419,9 +452,7 @@ def main(argv: list[str] | None = None) -> int:
                 "0s",
                 "--master",
                 "local[2]",
-            ],
-            capture_output=True,
-            text=True,
+            ]
         )
         (logs / "reconcile.log").write_text(run.stdout + run.stderr)
         console.print(run.stdout.strip())

@@ -4,19 +4,41 @@
     summary = reconcile(outboxes=["postgresql+psycopg://..."], broker_dirs=["/var/lib/qmq"],
                         out="reconcile-out")
 
-Importing this package needs PySpark (the ``spark`` extra).
+Importing this package needs PySpark (the ``spark`` extra). The names below are imported
+on first use: Spark's Python workers import ``spark_reconcile.datasource`` for every
+broker read, and should not pay for SQLAlchemy and the job modules they never run.
 """
 
-from spark_reconcile.errors import (
-    BadInput,
-    BadOutboxUrl,
-    BrokerDataUnreadable,
-    OutboxUnreadable,
-    ReconcileError,
-    UnreadablePath,
-)
-from spark_reconcile.job import Result, reconcile, run
-from spark_reconcile.transforms import CATEGORIES, CRITICAL
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from spark_reconcile.errors import (
+        BadInput,
+        BadOutboxUrl,
+        BrokerDataUnreadable,
+        OutboxUnreadable,
+        ReconcileError,
+        UnreadablePath,
+    )
+    from spark_reconcile.job import Result, reconcile, run
+    from spark_reconcile.transforms import CATEGORIES, CRITICAL
+
+_HOMES = {
+    "CATEGORIES": "transforms",
+    "CRITICAL": "transforms",
+    "BadInput": "errors",
+    "BadOutboxUrl": "errors",
+    "BrokerDataUnreadable": "errors",
+    "OutboxUnreadable": "errors",
+    "ReconcileError": "errors",
+    "Result": "job",
+    "UnreadablePath": "errors",
+    "reconcile": "job",
+    "run": "job",
+}
 
 __all__ = [
     "CATEGORIES",
@@ -31,3 +53,12 @@ __all__ = [
     "reconcile",
     "run",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"spark_reconcile.{home}"), name)
+    globals()[name] = value
+    return value

@@ -21,6 +21,7 @@ from qmq_outbox.cli import failures
 from qmq_outbox.cli.options import Parsed, Unit, option_field, options_from, take
 from spark_reconcile.errors import BadInput, OutboxUnreadable, ReconcileError
 from spark_reconcile.job import DEFAULT_ACK_THRESHOLD, DEFAULT_GRACE, run, timings_line
+from spark_reconcile.progress import for_stream
 
 
 def parse_jars(text: str) -> tuple[str, ...]:
@@ -132,7 +133,8 @@ def reconcile(**values: Any) -> None:
     given = {field.name: getattr(args, field.name) for field in dataclasses.fields(args)}
     given.update(producers=list(args.producers) or None, conf=dict(args.conf))
     try:
-        result = run(**given, jvm_log=True)
+        with for_stream(sys.stderr) as progress:  # the stages as they go, on stderr
+            result = run(**given, jvm_log=True, progress=progress)
     except OutboxUnreadable as exc:  # unreachable, or without its table: not the caller's typo
         raise failures.Unavailable(str(exc)) from exc
     except BadInput as exc:

@@ -154,20 +154,20 @@ def _message_rows(
             if unreadable:
                 yield _region_row(broker, segment, item, len(MESSAGE_SCHEMA.fields))
             continue
-        offset, rec = item
+        offset, (seq, _, created, stored, deliver, subject, id_, key, producer, _, body) = item
         row = (
             broker,
             segment,
             offset,
-            rec.id,
-            rec.subject,
-            rec.seq,
-            rec.producer,
-            rec.key,
-            hashlib.sha256(rec.body).hexdigest(),
-            _us_or_none(rec.created_at_us),
-            _us_or_none(rec.stored_at_us),
-            _us_or_none(rec.deliver_at_us),
+            id_,
+            subject,
+            seq,
+            producer,
+            key,
+            hashlib.sha256(body).hexdigest(),
+            _us_or_none(created),
+            _us_or_none(stored),
+            _us_or_none(deliver),
         )
         yield (*row, None) if unreadable else row
 
@@ -270,6 +270,36 @@ def segment_partitions(dirs: Sequence[str], kind: SegmentKind) -> list[tuple[str
     return found
 
 
+def schema_of(kind: str, *, unreadable: bool) -> StructType:
+    """The rows' schema of a read of ``kind`` (messages|actions)."""
+    records = MESSAGE_SCHEMA if kind == "messages" else ACTION_SCHEMA
+    return with_unreadable(records) if unreadable else records
+
+
+def read_table(
+    dirs: Sequence[str],
+    kind: str,
+    *,
+    types: frozenset[ActionType] | None = None,
+    unreadable: bool = False,
+) -> pa.Table:
+    """The rows a ``qmq-log`` read of ``kind`` in ``dirs`` gives, read here in this process
+    as one Arrow table (for data too small to be worth spreading over Python workers)."""
+    reader = QmqLogReader(
+        kind=kind,
+        dirs=list(dirs),
+        batch_rows=DEFAULT_BATCH_ROWS,
+        types=types,
+        unreadable=unreadable,
+    )
+    schema = to_arrow_schema(schema_of(kind, unreadable=unreadable), timezone="UTC")
+    batches = [batch for part in reader.partitions() for batch in reader.read(part)]
+    # An empty batch rather than none: PySpark cannot convert a table without chunks.
+    return pa.Table.from_batches(
+        batches or [pa.RecordBatch.from_pylist([], schema=schema)], schema=schema
+    )
+
+
 def flag(options: dict[str, str], name: str) -> bool:
     """A ``true``/``false`` option (default false)."""
     value = options.get(name, "false").strip().lower()
@@ -299,8 +329,7 @@ class QmqLogDataSource(DataSource):
         return kind
 
     def schema(self) -> StructType:
-        records = MESSAGE_SCHEMA if self._kind() == "messages" else ACTION_SCHEMA
-        return with_unreadable(records) if flag(self._options(), "unreadable") else records
+        return schema_of(self._kind(), unreadable=flag(self._options(), "unreadable"))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         options = self._options()

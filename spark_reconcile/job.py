@@ -4,42 +4,60 @@ Inputs are checked before Spark starts, so a bad path or URL fails fast with a
 ``BadInput``. Each input is read once and cached, so every result of the run sees the
 same snapshot of the outbox tables and broker files.
 
-Stages (timed in ``Result.timings``): ``read_broker`` and ``read_outbox`` (read and
-cache; the broker's records and the unreadable regions of its segments in one pass),
-``classify`` (the categories, computed once and staged as Parquet partitioned by category,
-then group stats and latency), ``write_outputs`` (category folders moved into place, the
-unreadable regions, ``summary.json``, ``report.txt``, ``report.html``).
+Stages (timed in ``Result.timings``, shown as they go through a ``progress.Progress``):
+``start_spark`` and ``stop_spark`` (only for a session the run creates), ``read_broker``
+and ``read_outbox`` (read and cache; the broker's records and the unreadable regions of
+its segments in one pass), ``classify`` (the categories, computed once and written as
+Parquet partitioned by category, counted as they are written), ``groups`` (group stats
+and latency from one aggregation of stored messages and action records per state owner
+and seq), ``write_outputs`` (category folders moved into place, the unreadable regions,
+``summary.json``, ``report.txt``, ``report.html``).
+
+A session the run creates on a local master maps its JVM's classes from a class-data
+archive in ``jvm_cache`` (``spark_reconcile.jvm_archive``); the first run writes it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
-from spark_reconcile import readers, report, transforms, unreadable
+from spark_reconcile import readers, report, session, transforms, unreadable
 from spark_reconcile.errors import (
     BadInput,
     BrokerDataUnreadable,
     OutboxUnreadable,
     UnreadablePath,
 )
-from spark_reconcile.session import build_session, check_jars, default_jars
+from spark_reconcile.progress import Progress, stage
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_GRACE = timedelta(minutes=5)
 DEFAULT_ACK_THRESHOLD = timedelta(minutes=10)
+DEFAULT_JVM_CACHE = session.default_jvm_cache()
 JVM_LOG = "spark.log"
-STAGES = ("read_outbox", "read_broker", "classify", "write_outputs")
+# Broker message segments up to this size make a small run (``session.local_conf``).
+SMALL_RUN_BYTES = 16 * 2**20
+STAGE_LABELS = {
+    "start_spark": "starting Spark",
+    "read_broker": "reading broker data",
+    "read_outbox": "reading outbox tables",
+    "classify": "classifying messages",
+    "groups": "counting consumer groups and latency",
+    "write_outputs": "writing the reports",
+    "stop_spark": "stopping Spark",
+}
+STAGES = tuple(STAGE_LABELS)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,14 +132,18 @@ def run(
     fetchsize: int = readers.DEFAULT_FETCHSIZE,
     now: datetime | None = None,
     jvm_log: bool = False,
+    jvm_cache: Path | None = DEFAULT_JVM_CACHE,
+    progress: Progress | None = None,
 ) -> Result:
     """``reconcile`` with the details: stage timings, JDBC partitions and fetch size, and
-    the reference time ``now`` (default: the start of the run), and ``jvm_log``: write a
-    new session's JVM console output to ``spark.log`` under ``out``, not to stderr."""
+    the reference time ``now`` (default: the start of the run); ``jvm_log``: write a new
+    session's JVM console output to ``spark.log`` under ``out``, not to stderr;
+    ``jvm_cache``: where a new local session keeps its class-data archive (``None``: none);
+    ``progress``: told when each stage starts and ends."""
     started = now or datetime.now(UTC)
     window = transforms.Window(now=started, grace=grace, since=since, until=until)
     sources, dirs, out_dir = _check_inputs(outboxes, broker_dirs, out, window)
-    driver_jars = check_jars(default_jars() if jars is None else jars)
+    driver_jars = session.check_jars(session.default_jars() if jars is None else jars)
     info = report.RunInfo(
         started_at=started,
         outboxes=[s.label for s in sources],
@@ -133,55 +155,75 @@ def run(
         ack_threshold_s=ack_threshold.total_seconds(),
         producers=list(producers) if producers is not None else None,
     )
-    owned = spark is None
-    log = out_dir / JVM_LOG if jvm_log else None
-    session = spark or build_session(master=master, jars=driver_jars, conf=conf, jvm_log=log)
     timings: dict[str, float] = {}
+
+    def timed(name: str, label: str | None = None) -> AbstractContextManager[None]:
+        return stage(progress, timings, name, label or STAGE_LABELS[name])
+
+    owned = spark is None
+    small = readers.segment_bytes(dirs, "messages") <= SMALL_RUN_BYTES
+    if small and partitions is None:
+        partitions = 1  # no bounds query, one JDBC read: the table is small too, or lopsided
+    archive = None
+    if spark is None:
+        if jvm_cache is not None and master.startswith("local"):
+            archive = session.class_archive(jvm_cache)
+        with timed("start_spark", f"starting Spark ({master})"):
+            spark = session.build_session(
+                master=master,
+                jars=driver_jars,
+                conf=conf,
+                jvm_log=out_dir / JVM_LOG if jvm_log else None,
+                archive=archive,
+                small=small,
+            )
+    active: SparkSession = spark
     cached: list[DataFrame] = []
+
+    def read_broker() -> _Broker:
+        with timed("read_broker"):
+            return _read_broker(active, dirs, cached)
+
+    def read_outbox() -> DataFrame:
+        with timed("read_outbox"):
+            return _read_outbox(active, sources, partitions, fetchsize, cached)
+
     try:
-        with _stage(timings, "read_broker"):
-            read_messages = _cache(readers.read_broker(session, dirs, "messages"), cached)
-            read_actions = _cache(readers.read_broker(session, dirs, "actions"), cached)
-            _materialise_broker(read_messages, read_actions)
-            messages = unreadable.records(read_messages)
-            actions = unreadable.records(read_actions)
-            regions = unreadable.regions(read_messages, read_actions)
-        with _stage(timings, "read_outbox"):
-            outbox = _cache(
-                readers.read_outboxes(session, sources, partitions=partitions, fetchsize=fetchsize),
-                cached,
+        broker, outbox = _together(read_broker, read_outbox)
+        report.prepare_out(out_dir)
+
+        def classify() -> dict[str, int]:
+            with timed("classify"):
+                classified = transforms.classify(
+                    outbox, broker.messages, window=window, producers=producers
+                )
+                return report.stage_categories(classified, out_dir)
+
+        def groups_and_latency() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+            with timed("groups"):
+                return _groups_and_latency(
+                    broker, now=started, ack_threshold=ack_threshold, window=window, cached=cached
+                )
+
+        counts, (groups, latency) = _together(classify, groups_and_latency)
+        with timed("write_outputs"):
+            damage = report.write_unreadable(
+                broker.regions, out_dir, count=broker.damage_count, total_bytes=broker.damage_bytes
             )
-            _materialise_outbox(outbox, sources)
-        with _stage(timings, "classify"):
-            classified = transforms.classify(outbox, messages, window=window, producers=producers)
-            report.prepare_out(out_dir)
-            counts = report.stage_categories(classified, out_dir)
-            acked = _cache(transforms.acked_messages(messages, actions), cached)
-            groups = transforms.group_stats(
-                messages,
-                actions,
-                now=started,
-                ack_threshold=ack_threshold,
-                window=window,
-                acked=acked,
-            ).collect()
-            samples = transforms.latency_samples(messages, actions, window=window, acked=acked)
-            samples = _cache(samples, cached)
-            latency = transforms.latency_stats(samples).collect()
-            histogram = _histogram(transforms.latency_histogram(samples).collect())
-        with _stage(timings, "write_outputs"):
-            damage = report.write_unreadable(regions, out_dir)
-            doc = report.summary(
-                counts, [r.asDict() for r in groups], [r.asDict() for r in latency], damage
-            )
+            doc = report.summary(counts, groups, latency, damage)
             text = report.render_text(doc, info)
+            page = report.render_html(doc, info, _histogram(latency))
             report.publish_categories(out_dir)
-            report.write_reports(out_dir, doc, text, report.render_html(doc, info, histogram))
+            report.write_reports(out_dir, doc, text, page)
     finally:
         for frame in cached:
             frame.unpersist()
         if owned:
-            session.stop()
+            label = STAGE_LABELS["stop_spark"]
+            if archive is not None and archive.writing is not None:
+                label += " (and saving its class archive for faster starts: first run only)"
+            with timed("stop_spark", label):
+                session.stop_session(active, archive)
     logger.info(
         "reconciliation finished",
         extra={"action": "reconcile.finished", "exit_code": doc["exit_code"], **timings},
@@ -214,18 +256,89 @@ def _check_inputs(
     return sources, dirs, out_dir
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _Broker:
+    """The broker data of a run: records, unreadable regions and their totals."""
+
+    messages: DataFrame
+    actions: DataFrame
+    regions: DataFrame
+    damage_count: int
+    damage_bytes: int
+
+
+def _read_broker(spark: SparkSession, dirs: Sequence[str], cached: list[DataFrame]) -> _Broker:
+    read_messages = _cache(readers.read_broker(spark, dirs, "messages"), cached)
+    read_actions = _cache(readers.read_broker(spark, dirs, "actions"), cached)
+    count, total_bytes = _materialise_broker(read_messages, read_actions)
+    return _Broker(
+        messages=unreadable.records(read_messages),
+        actions=unreadable.records(read_actions),
+        regions=unreadable.regions(read_messages, read_actions),
+        damage_count=count,
+        damage_bytes=total_bytes,
+    )
+
+
+def _read_outbox(
+    spark: SparkSession,
+    sources: Sequence[readers.JdbcSource],
+    partitions: int | None,
+    fetchsize: int,
+    cached: list[DataFrame],
+) -> DataFrame:
+    outbox = readers.read_outboxes(spark, sources, partitions=partitions, fetchsize=fetchsize)
+    outbox = _cache(outbox, cached)
+    _materialise_outbox(outbox, sources)
+    return outbox
+
+
+def _groups_and_latency(
+    broker: _Broker,
+    *,
+    now: datetime,
+    ack_threshold: timedelta,
+    window: transforms.Window,
+    cached: list[DataFrame],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Group stats and latency rows, both counted from one ``owner_seqs`` (cached)."""
+    messages, actions = broker.messages, broker.actions
+    seqs = _cache(transforms.owner_seqs(messages, actions), cached)
+    groups = transforms.group_stats(
+        messages, actions, now=now, ack_threshold=ack_threshold, window=window, seqs=seqs
+    )
+    samples = transforms.latency_samples(messages, actions, window=window, seqs=seqs)
+    latency = transforms.latency_stats(samples)
+    return [r.asDict() for r in groups.collect()], [r.asDict() for r in latency.collect()]
+
+
+A = TypeVar("A")
+B = TypeVar("B")
+
+
+def _together(first: Callable[[], A], second: Callable[[], B]) -> tuple[A, B]:
+    """Run both at once, each on its own thread: Spark runs their jobs side by side, so
+    the cores one leaves idle (planning, a last long task) take the other's tasks. The
+    first error is raised once both have ended."""
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="reconcile") as pool:
+        started = pool.submit(first), pool.submit(second)
+        return started[0].result(), started[1].result()
+
+
 def _cache(frame: DataFrame, cached: list[DataFrame]) -> DataFrame:
     frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
     cached.append(frame)
     return frame
 
 
-def _materialise_broker(messages: DataFrame, actions: DataFrame) -> None:
+def _materialise_broker(messages: DataFrame, actions: DataFrame) -> tuple[int, int]:
+    """Fill both caches (one job); how many unreadable regions they hold, how many bytes."""
+    both = unreadable.totals(messages).unionByName(unreadable.totals(actions))
     try:
-        messages.count()
-        actions.count()
+        found = both.collect()
     except readers.SPARK_ERRORS as exc:
         raise BrokerDataUnreadable(f"broker data: {readers.first_line(exc)}") from exc
+    return sum(int(row["count"]) for row in found), sum(int(row["bytes"]) for row in found)
 
 
 def _materialise_outbox(outbox: DataFrame, sources: Sequence[readers.JdbcSource]) -> None:
@@ -236,21 +349,14 @@ def _materialise_outbox(outbox: DataFrame, sources: Sequence[readers.JdbcSource]
         raise OutboxUnreadable(f"outbox {labels}: {readers.first_line(exc)}") from exc
 
 
-def _histogram(rows: Sequence[Any]) -> dict[str, dict[int, int]]:
-    result: dict[str, dict[int, int]] = {}
-    for row in rows:
-        result.setdefault(str(row["metric"]), {})[int(row["bucket"])] = int(row["count"])
-    return result
-
-
-@contextmanager
-def _stage(timings: dict[str, float], name: str) -> Iterator[None]:
-    began = time.perf_counter()
-    try:
-        yield
-    finally:
-        timings[name] = round(time.perf_counter() - began, 3)
+def _histogram(latency: Sequence[Mapping[str, Any]]) -> dict[str, dict[int, int]]:
+    """Per metric, the non-empty histogram buckets of ``latency_stats`` rows."""
+    return {
+        str(row["metric"]): {bucket: int(n) for bucket, n in enumerate(row["histogram"]) if n}
+        for row in latency
+    }
 
 
 def timings_line(timings: Mapping[str, float]) -> str:
-    return ", ".join(f"{name} {timings.get(name, 0.0):.1f}s" for name in STAGES)
+    """``start_spark 3.1s, read_broker 1.2s, ...``: the stages that ran, in order."""
+    return ", ".join(f"{name} {timings[name]:.1f}s" for name in STAGES if name in timings)

@@ -22,7 +22,14 @@ from sqlalchemy.exc import ArgumentError
 from broker.errors import CorruptRecord
 from broker.format import HEADER_SIZE, SEGMENT_LAYOUT_FORMATS, SegmentKind, list_segments
 from broker.format import read_segment_header as check_header
-from spark_reconcile.datasource import FORMAT_NAME
+from spark_reconcile.datasource import (
+    FORMAT_NAME,
+    KINDS,
+    QmqLogDataSource,
+    action_types,
+    read_table,
+    schema_of,
+)
 from spark_reconcile.errors import (
     BadOutboxUrl,
     BrokerDataUnreadable,
@@ -172,7 +179,8 @@ def read_outbox(
     """
     parallel = partitions or spark.sparkContext.defaultParallelism
     try:
-        lo, hi, count = _bounds(spark, source, table, fetchsize)
+        # One read needs no bounds (a query, and a Spark job, fewer).
+        lo, hi, count = _bounds(spark, source, table, fetchsize) if parallel > 1 else (0, 0, 0)
         reader = _reader(spark, source, fetchsize).option(
             "dbtable", f"(SELECT {_SELECT} FROM {table}) outbox"
         )
@@ -264,16 +272,51 @@ def check_broker_dir(path: str) -> str:
 
 # The action records the transforms use; leases and retries give no rows.
 ACTION_TYPES = "group,ack,dead,redrive"
+# Segments up to this size in all are read in the driver: planning a Python data source read
+# and starting its workers costs seconds; decoding this much costs about one.
+IN_DRIVER_MAX_BYTES = 8 * 2**20
 
 
 def read_broker(spark: SparkSession, dirs: Sequence[str], kind: str) -> DataFrame:
-    """Message or action records of the data directories (``qmq-log`` data source), with a
-    row per unreadable region (``unreadable=true``; ``unreadable.records`` and
-    ``unreadable.regions`` part them)."""
+    """Message or action records of the data directories, with a row per unreadable region
+    (``unreadable=true``; ``unreadable.records`` and ``unreadable.regions`` part them).
+
+    Read by the ``qmq-log`` data source, one partition per segment, or, when the segments
+    are small (``IN_DRIVER_MAX_BYTES``), by the same code in this process.
+    """
+    types = ACTION_TYPES if kind == "actions" else ""
+    if segment_bytes(dirs, kind) <= IN_DRIVER_MAX_BYTES:
+        return _read_in_driver(spark, dirs, kind, types)
+    # Registered here, not with the session: the first registration costs seconds.
+    spark.dataSource.register(QmqLogDataSource)
     reader = spark.read.format(FORMAT_NAME).option("kind", kind).option("unreadable", "true")
-    if kind == "actions":
-        reader = reader.option("types", ACTION_TYPES)
+    if types:
+        reader = reader.option("types", types)
     return reader.option("paths", json.dumps(list(dirs))).load()
+
+
+def segment_bytes(dirs: Sequence[str], kind: str) -> int:
+    """The size of the segments of ``kind`` in ``dirs``."""
+    total = 0
+    for folder in dirs:
+        for segment in list_segments(folder, KINDS[kind]):
+            try:
+                total += segment.stat().st_size
+            except OSError as exc:
+                raise UnreadablePath(f"segment {segment} cannot be read: {exc}") from exc
+    return total
+
+
+def _read_in_driver(spark: SparkSession, dirs: Sequence[str], kind: str, types: str) -> DataFrame:
+    try:
+        table = read_table(dirs, kind, types=action_types(types), unreadable=True)
+    except OSError as exc:
+        raise UnreadablePath(f"broker data: {exc}") from exc
+    except CorruptRecord as exc:
+        raise BrokerDataUnreadable(str(exc)) from exc
+    frame = spark.createDataFrame(table, schema=schema_of(kind, unreadable=True))
+    # One partition per Arrow batch: a few per core are enough.
+    return frame.coalesce(spark.sparkContext.defaultParallelism)
 
 
 def first_line(exc: BaseException) -> str:

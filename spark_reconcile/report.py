@@ -19,15 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame, Observation
 
 from spark_reconcile.transforms import (
     CATEGORIES,
     CRITICAL,
     HISTOGRAM_BOUNDS_MS,
     LATENCY_METRICS,
-    category_counts,
+    category_counters,
 )
 from spark_reconcile.unreadable import NAME as UNREADABLE
 from spark_reconcile.unreadable import REGION_COLUMNS
@@ -143,13 +142,39 @@ def _fmt_time(value: datetime | None) -> str:
     return "-" if value is None else value.isoformat().replace("+00:00", "Z")
 
 
+def created_words(since: datetime | None, until: datetime | None) -> str:
+    """Which creation times a run judged, in words (an open bound is "any time")."""
+    if since is not None and until is not None:
+        return f"created between {_fmt_time(since)} and {_fmt_time(until)}"
+    if since is not None:
+        return f"created at any time from {_fmt_time(since)} on"
+    if until is not None:
+        return f"created at any time before {_fmt_time(until)}"
+    return "created at any time"
+
+
+def in_flight_words(info: RunInfo) -> str:
+    """Which messages were too young to judge, in words."""
+    return (
+        f"messages created or due after {_fmt_time(info.settled_before)} "
+        f"(grace {_fmt_seconds(info.grace_s)}): still in flight"
+    )
+
+
+def _fmt_seconds(seconds: float) -> str:
+    for unit, size in (("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g} {unit}"
+    return f"{seconds:g} s"
+
+
 def render_text(doc: Mapping[str, Any], info: RunInfo) -> str:
     lines = [
         f"qmq reconcile  {_fmt_time(info.started_at)}",
         f"outboxes:     {', '.join(info.outboxes)}",
         f"broker data:  {', '.join(info.broker_dirs)}",
-        f"window:       created since {_fmt_time(info.since)} until {_fmt_time(info.until)}, "
-        f"settled before {_fmt_time(info.settled_before)} (grace {info.grace_s:g}s)",
+        f"checked:      outbox rows and broker messages {created_words(info.since, info.until)}",
+        f"not judged:   {in_flight_words(info)}",
         f"producers:    {', '.join(info.producers or ['(those of the outbox rows)'])}",
         "",
         f"{'category':<22}{'count':>12}  severity",
@@ -159,7 +184,7 @@ def render_text(doc: Mapping[str, Any], info: RunInfo) -> str:
         severity = SEVERITY[name].upper() if count and name in CRITICAL else SEVERITY[name]
         lines.append(f"{name:<22}{count:>12,}  {severity}")
     lines += ["", *_unreadable_lines(doc[UNREADABLE])]
-    lines += ["", f"consumer groups (unacked past {info.ack_threshold_s:g}s)"]
+    lines += ["", f"consumer groups (unacked past {_fmt_seconds(info.ack_threshold_s)})"]
     lines.append(f"{'subject/group':<40}{'mode':>10}{'acked':>10}{'unacked':>10}{'dead':>8}")
     for subject, groups in doc["groups"].items():
         for group, g in groups.items():
@@ -277,8 +302,9 @@ def render_html(
 <body>
 <h1>qmq reconcile: {verdict} (exit {doc["exit_code"]})</h1>
 <p>Run at {e(_fmt_time(info.started_at))}. Outboxes: {e(", ".join(info.outboxes))}.
-Broker data: {e(", ".join(info.broker_dirs))}. Messages created since {e(_fmt_time(info.since))}
-until {e(_fmt_time(info.until))}, settled before {e(_fmt_time(info.settled_before))}.</p>
+Broker data: {e(", ".join(info.broker_dirs))}.</p>
+<p>Checked outbox rows and broker messages {e(created_words(info.since, info.until))}.
+Not judged: {e(in_flight_words(info))}.</p>
 <h2>Categories</h2>
 <table><tr><th>category</th><th>count</th><th>severity</th><th>meaning</th></tr>
 {"".join(rows)}</table>
@@ -286,7 +312,8 @@ until {e(_fmt_time(info.until))}, settled before {e(_fmt_time(info.settled_befor
 {_unreadable_html(doc[UNREADABLE])}
 <h2>Consumer groups</h2>
 <table><tr><th>subject</th><th>group</th><th>mode</th><th>acked</th>
-<th>unacked past {info.ack_threshold_s:g}s</th><th>dead letters</th><th>never acked</th></tr>
+<th>unacked past {_fmt_seconds(info.ack_threshold_s)}</th><th>dead letters</th>
+<th>never acked</th></tr>
 {"".join(group_rows)}</table>
 <h2>Latency (ms)</h2>
 <table><tr><th>metric</th><th>count</th><th>p50</th><th>p90</th><th>p99</th><th>max</th></tr>
@@ -332,13 +359,12 @@ def prepare_out(out: Path) -> None:
 
 def stage_categories(classified: DataFrame, out: Path) -> dict[str, int]:
     """Write the classified messages once, partitioned by category, under ``out/_categories``
-    (one pass over the classification), and count them from the Parquet files."""
+    (one pass over the classification), counting them as they are written."""
     staging = out / STAGING
-    classified.write.mode("overwrite").partitionBy("category").parquet(str(staging))
-    if not any(staging.glob("category=*")):
-        return {}
-    rows = category_counts(classified.sparkSession.read.parquet(str(staging))).collect()
-    return {str(row["category"]): int(row["count"]) for row in rows}
+    counted = Observation("categories")
+    observed = classified.observe(counted, *category_counters())
+    observed.write.mode("overwrite").partitionBy("category").parquet(str(staging))
+    return {str(name): int(count) for name, count in counted.get.items() if count}
 
 
 def publish_categories(out: Path) -> list[str]:
@@ -354,11 +380,11 @@ def publish_categories(out: Path) -> list[str]:
     return published
 
 
-def write_unreadable(regions: DataFrame, out: Path) -> dict[str, Any]:
-    """Count the unreadable regions and, when there are any, write them all to
-    ``out/unreadable_in_broker/``; returns their ``unreadable_entry``."""
-    totals = regions.agg(F.count(F.lit(1)).alias("count"), F.sum("length").alias("bytes"))
-    count, total_bytes = totals.collect()[0]
+def write_unreadable(
+    regions: DataFrame, out: Path, *, count: int, total_bytes: int
+) -> dict[str, Any]:
+    """When there are unreadable regions (``count`` of them, ``total_bytes`` long), write
+    them all to ``out/unreadable_in_broker/``; returns their ``unreadable_entry``."""
     if not count:
         return unreadable_entry(0, 0, [])
     folder = out / UNREADABLE

@@ -20,8 +20,9 @@ from broker.errors import CorruptRecord
 from broker.format import (
     ActionRecord,
     BadRegion,
-    MessageRecord,
+    MessageFields,
     SegmentKind,
+    message_fields,
     read_segment,
     walk_frames,
 )
@@ -79,9 +80,10 @@ def _scan(
 
 def scan_messages(
     path: Path, *, last_segment: bool
-) -> Iterator[tuple[int, MessageRecord] | BadRegion]:
-    """``(offset, record)`` for every readable message, a ``BadRegion`` for the damage."""
-    return _scan(path, SegmentKind.MESSAGES, MessageRecord.decode, last_segment=last_segment)
+) -> Iterator[tuple[int, MessageFields] | BadRegion]:
+    """``(offset, fields)`` for every readable message (``broker.format.message_fields``: a
+    plain tuple, no record object per message), a ``BadRegion`` for the damage."""
+    return _scan(path, SegmentKind.MESSAGES, message_fields, last_segment=last_segment)
 
 
 def scan_actions(

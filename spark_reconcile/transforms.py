@@ -244,45 +244,98 @@ def classify(
     )
 
 
-def category_counts(classified: DataFrame) -> DataFrame:
-    """``category, count`` for the categories that occur."""
-    return classified.groupBy("category").count()
+def category_counters() -> list[Column]:
+    """One count per category (named after it), for aggregating or observing classified
+    rows."""
+    return [F.count_if(F.col("category") == name).alias(name) for name in CATEGORIES]
 
 
 # --- consumer groups ------------------------------------------------------------------------
 
+# A seq is a dead letter when its latest dead/redrive/ack event is ``dead`` (events at the
+# same time rank dead < redrive < ack). The event is coded in one long, time in µs * 4 +
+# rank, so that a plain ``max`` finds it: a hash aggregate, no sort.
+_RANKS = 4
+_DEAD_RANK = 0
 
-def first_acks(actions: DataFrame) -> DataFrame:
-    """When each state owner first acked each seq: ``broker, subject, group, state, seq,
-    acked_at``."""
-    return (
-        actions.where((F.col("type") == "ack") & F.col("seq").isNotNull())
-        .groupBy(*_OWNER, "seq")
-        .agg(F.min("at").alias("acked_at"))
+
+def _event_code(type_: Column, at: Column) -> Column:
+    rank = F.when(type_ == "dead", 0).when(type_ == "redrive", 1).when(type_ == "ack", 2)
+    return F.coalesce(F.unix_micros(at), F.lit(-1)) * _RANKS + rank
+
+
+def owners(actions: DataFrame) -> DataFrame:
+    """Every state owner (``broker, subject, group, state``) with its ``start_seq``: its
+    ``group`` record's start cursor, else 0."""
+    start = F.min(F.when(F.col("type") == "group", F.col("start_seq")))
+    return actions.groupBy(*_OWNER).agg(F.coalesce(start, F.lit(0)).alias("start_seq"))
+
+
+def owner_seqs(messages: DataFrame, actions: DataFrame) -> DataFrame:
+    """One row per state owner and seq that is stored (for that owner's subject) or has an
+    ack, dead or redrive event: ``broker, subject, group, state, seq, start_seq, stored,
+    created_at, stored_at, acked, acked_at`` (the first ack), ``dead`` (a dead letter now);
+    and one row per owner with a null seq, so that an owner with neither still counts.
+
+    The owners' stored messages and the action rows are aggregated together in one pass
+    (no join between them); ``group_stats`` and ``latency_samples`` count from it.
+    """
+    found = owners(actions)
+    stored = messages.select("broker", "subject", "seq", "created_at", "stored_at").join(
+        F.broadcast(found), ["broker", "subject"]
     )
-
-
-def dead_letters(actions: DataFrame) -> DataFrame:
-    """Seqs whose latest dead/redrive/ack event is ``dead``: dead letters right now."""
-    rank = F.when(F.col("type") == "dead", 0).when(F.col("type") == "redrive", 1).otherwise(2)
-    return (
-        actions.where(F.col("type").isin("dead", "redrive", "ack") & F.col("seq").isNotNull())
-        .groupBy(*_OWNER, "seq")
-        .agg(F.max_by("type", F.struct("at", rank)).alias("last"))
-        .where(F.col("last") == "dead")
-        .select(*_OWNER, "seq")
+    type_ = F.col("type")
+    events = actions.where(F.col("seq").isNotNull() & type_.isin("ack", "dead", "redrive"))
+    no_time = _null("timestamp")
+    rows = (
+        stored.select(
+            *_OWNER,
+            "seq",
+            "start_seq",
+            F.lit(True).alias("stored"),
+            "created_at",
+            "stored_at",
+            F.lit(False).alias("ack"),
+            no_time.alias("ack_at"),
+            _null("long").alias("event"),
+        )
+        .unionByName(
+            events.select(
+                *_OWNER,
+                "seq",
+                _null("long").alias("start_seq"),
+                F.lit(False).alias("stored"),
+                no_time.alias("created_at"),
+                no_time.alias("stored_at"),
+                (type_ == "ack").alias("ack"),
+                F.when(type_ == "ack", F.col("at")).alias("ack_at"),
+                _event_code(type_, F.col("at")).alias("event"),
+            )
+        )
+        .unionByName(
+            found.select(
+                *_OWNER,
+                _null("long").alias("seq"),
+                "start_seq",
+                F.lit(False).alias("stored"),
+                no_time.alias("created_at"),
+                no_time.alias("stored_at"),
+                F.lit(False).alias("ack"),
+                no_time.alias("ack_at"),
+                _null("long").alias("event"),
+            )
+        )
     )
-
-
-def acked_messages(messages: DataFrame, actions: DataFrame) -> DataFrame:
-    """Each first ack with its message: ``broker, subject, seq, group, state, acked_at,
-    created_at, stored_at`` (acks of messages no longer stored drop out)."""
-    stored = messages.select("broker", "subject", "seq", "created_at", "stored_at")
-    return first_acks(actions).join(stored, ["broker", "subject", "seq"])
-
-
-def _per_owner(frame: DataFrame, name: str) -> DataFrame:
-    return frame.groupBy(*_OWNER).agg(F.count(F.lit(1)).alias(name))
+    latest = F.pmod(F.max("event"), F.lit(_RANKS))
+    return rows.groupBy(*_OWNER, "seq").agg(
+        F.max("start_seq").alias("start_seq"),
+        F.max("stored").alias("stored"),
+        F.min("created_at").alias("created_at"),
+        F.min("stored_at").alias("stored_at"),
+        F.max("ack").alias("acked"),
+        F.min("ack_at").alias("acked_at"),
+        F.coalesce(latest == _DEAD_RANK, F.lit(False)).alias("dead"),
+    )
 
 
 def group_stats(
@@ -292,59 +345,33 @@ def group_stats(
     now: datetime,
     ack_threshold: timedelta,
     window: Window | None = None,
-    acked: DataFrame | None = None,
+    seqs: DataFrame | None = None,
 ) -> DataFrame:
     """Per ``subject, group``: ``mode, acked, unacked_past_threshold, dead_letters,
     never_acked`` over all brokers.
 
     A message is due for a group (in broadcast mode: for each of its consumers) when it was
-    stored more than ``ack_threshold`` before ``now`` at or after the group's start seq;
-    unacked = due - acked among them - dead-lettered among them. Counted with aggregates
-    over one shared ack-message join (``acked``, default ``acked_messages``), no anti-join.
+    stored more than ``ack_threshold`` before ``now``, at or after the group's start seq
+    (and created in ``window``); unacked = due - acked among them - dead-lettered among
+    them. One aggregation of ``seqs`` (``owner_seqs``, computed when not given).
     """
-    acked = acked if acked is not None else acked_messages(messages, actions)
-    owners = actions.groupBy(*_OWNER).agg(
-        F.coalesce(F.min(F.when(F.col("type") == "group", F.col("start_seq"))), F.lit(0)).alias(
-            "start_seq"
-        )
+    seqs = seqs if seqs is not None else owner_seqs(messages, actions)
+    due = (
+        F.col("stored")
+        & (F.col("stored_at") < F.lit(_utc(now) - ack_threshold))
+        & (F.col("seq") >= F.col("start_seq"))
     )
-
-    def due(frame: DataFrame) -> DataFrame:
-        condition = (F.col("stored_at") < F.lit(_utc(now) - ack_threshold)) & (
-            F.col("seq") >= F.col("start_seq")
-        )
-        if window is not None:
-            condition &= window.created_in_range(F.col("created_at"))
-        return frame.where(condition)
-
-    stored = messages.select("broker", "subject", "seq", "created_at", "stored_at")
-    dead = dead_letters(actions)
-    counts = [
-        _per_owner(due(stored.join(F.broadcast(owners), ["broker", "subject"])), "due"),
-        _per_owner(due(acked.join(F.broadcast(owners), list(_OWNER))), "due_acked"),
-        _per_owner(
-            due(
-                dead.join(stored, ["broker", "subject", "seq"]).join(
-                    F.broadcast(owners), list(_OWNER)
-                )
-            ),
-            "due_dead",
-        ),
-        _per_owner(first_acks(actions), "acked"),
-        _per_owner(dead, "dead"),
-    ]
-    per_owner = owners
-    for frame in counts:
-        per_owner = per_owner.join(frame, list(_OWNER), "left")
-    names = ["due", "due_acked", "due_dead", "acked", "dead"]
-    per_owner = per_owner.fillna(0, subset=names)
-    unacked = F.col("due") - F.col("due_acked") - F.col("due_dead")
-    return per_owner.groupBy("subject", "group").agg(
+    if window is not None:
+        due &= window.created_in_range(F.col("created_at"))
+    acked, dead = F.col("acked"), F.col("dead")
+    return seqs.groupBy("subject", "group").agg(
         F.when(F.max(F.length("state")) > 0, "broadcast").otherwise("shared").alias("mode"),
-        F.sum("acked").cast("long").alias("acked"),
-        F.sum(unacked).cast("long").alias("unacked_past_threshold"),
-        F.sum("dead").cast("long").alias("dead_letters"),
-        (F.sum("acked") == 0).alias("never_acked"),
+        F.count_if(acked).alias("acked"),
+        (F.count_if(due) - F.count_if(due & acked) - F.count_if(due & dead)).alias(
+            "unacked_past_threshold"
+        ),
+        F.count_if(dead).alias("dead_letters"),
+        (F.count_if(acked) == 0).alias("never_acked"),
     )
 
 
@@ -356,12 +383,13 @@ def latency_samples(
     actions: DataFrame,
     *,
     window: Window | None = None,
-    acked: DataFrame | None = None,
+    seqs: DataFrame | None = None,
 ) -> DataFrame:
-    """``metric, ms``: created→stored per stored message, stored→acked per first ack
-    (``acked``: ``acked_messages``, computed when not given)."""
-    acked = acked if acked is not None else acked_messages(messages, actions)
+    """``metric, ms``: created→stored per stored message, stored→acked per first ack of a
+    stored message by each state owner (``seqs``: ``owner_seqs``, computed when not given)."""
+    seqs = seqs if seqs is not None else owner_seqs(messages, actions)
     stored = messages.where(F.col("stored_at").isNotNull())
+    acked = seqs.where(F.col("stored") & F.col("acked"))
     if window is not None:
         stored = stored.where(window.created_in_range(F.col("created_at")))
         acked = acked.where(window.created_in_range(F.col("created_at")))
@@ -377,11 +405,29 @@ def latency_samples(
 
 
 def latency_stats(samples: DataFrame, *, accuracy: int = 10_000) -> DataFrame:
-    """``metric, count, p50, p90, p99, max`` in milliseconds (``percentile_approx``)."""
+    """``metric, count, p50, p90, p99, max`` in milliseconds (``percentile_approx``) and
+    ``histogram``: the samples per bucket, bucket ``i`` below ``HISTOGRAM_BOUNDS_MS[i]``
+    (and at or above the bound before it), the last one open-ended. One aggregation."""
     approx = F.percentile_approx("ms", list(PERCENTILES), accuracy)
+    ms = F.col("ms")
+    lower = (None, *HISTOGRAM_BOUNDS_MS)
+    upper = (*HISTOGRAM_BOUNDS_MS, None)
+    buckets = []
+    for low, high in zip(lower, upper, strict=True):
+        condition = ms.isNotNull()
+        if low is not None:
+            condition &= ms >= low
+        if high is not None:
+            condition &= ms < high
+        buckets.append(F.count_if(condition))
     return (
         samples.groupBy("metric")
-        .agg(F.count(F.lit(1)).alias("count"), approx.alias("p"), F.max("ms").alias("max"))
+        .agg(
+            F.count(F.lit(1)).alias("count"),
+            approx.alias("p"),
+            F.max("ms").alias("max"),
+            F.array(*buckets).alias("histogram"),
+        )
         .select(
             "metric",
             "count",
@@ -389,14 +435,6 @@ def latency_stats(samples: DataFrame, *, accuracy: int = 10_000) -> DataFrame:
             F.col("p")[1].alias("p90"),
             F.col("p")[2].alias("p99"),
             "max",
+            "histogram",
         )
     )
-
-
-def latency_histogram(samples: DataFrame) -> DataFrame:
-    """``metric, bucket, count``: bucket ``i`` holds samples below
-    ``HISTOGRAM_BOUNDS_MS[i]`` (and at or above the previous bound); the last is open."""
-    bucket: Column = F.lit(len(HISTOGRAM_BOUNDS_MS))
-    for index, bound in reversed(list(enumerate(HISTOGRAM_BOUNDS_MS))):
-        bucket = F.when(F.col("ms") < bound, index).otherwise(bucket)
-    return samples.groupBy("metric", bucket.alias("bucket")).count()

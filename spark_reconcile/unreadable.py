@@ -34,3 +34,12 @@ def regions(messages: DataFrame, actions: DataFrame) -> DataFrame:
     """``REGION_COLUMNS``: one row per damaged region of the message and action logs
     (``log`` says which), from reads with ``unreadable=true``."""
     return _regions_of(messages, "messages").unionByName(_regions_of(actions, "actions"))
+
+
+def totals(read: DataFrame) -> DataFrame:
+    """``count, bytes``: how many regions a read with ``unreadable=true`` holds and how long
+    they are (one row; reading it also fills the read's cache when it is persisted)."""
+    length = F.col(f"{_MARK}.length")
+    return read.agg(
+        F.count(_MARK).alias("count"), F.coalesce(F.sum(length), F.lit(0)).alias("bytes")
+    )

@@ -10,7 +10,7 @@ pyspark = pytest.importorskip("pyspark")
 
 from pyspark.sql import SparkSession  # noqa: E402
 
-from spark_reconcile.session import build_session, default_jars  # noqa: E402
+from spark_reconcile.session import build_session, default_jars, register  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -20,5 +20,6 @@ def spark() -> Iterator[SparkSession]:
         jars=default_jars(),
         conf={"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"},
     )
+    register(session)
     yield session
     session.stop()

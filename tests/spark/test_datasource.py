@@ -11,6 +11,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from broker.format import ActionRecord, ActionType, SegmentKind
+from spark_reconcile import readers
 from spark_reconcile.datasource import (
     ACTION_SCHEMA,
     MESSAGE_SCHEMA,
@@ -207,3 +208,35 @@ def test_action_types_read_only_those_types(tmp_path: Path) -> None:
     assert [r["type"] for b in acks_only for r in b.to_pylist()] == ["ack"]
     with pytest.raises(ValueError, match="unknown type"):
         action_types("ack,bogus")
+
+
+def test_small_data_is_read_in_the_driver_with_the_same_rows(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lease = ActionRecord(
+        type=ActionType.LEASE, at_us=T0, subject="orders", group="g", seqs=(0,),
+        fields={"consumer": "c", "deadline": T0, "attempts": [1]},
+    )  # fmt: skip
+    ack = ActionRecord(type=ActionType.ACK, at_us=T0 + 1, subject="orders", group="g", seqs=(0,))
+    write_segment(tmp_path, SegmentKind.MESSAGES, 0, [message(0)], tail=torn_frame(1))
+    write_segment(tmp_path, SegmentKind.MESSAGES, 1, [message(2, key="k")])
+    write_segment(tmp_path, SegmentKind.ACTIONS, 0, [lease, ack])
+    dirs = [str(tmp_path)]
+
+    def rows(kind: str) -> list[tuple[object, ...]]:
+        frame = readers.read_broker(spark, dirs, kind)
+        assert frame.schema == with_unreadable(
+            MESSAGE_SCHEMA if kind == "messages" else ACTION_SCHEMA
+        )
+        return sorted((tuple(r) for r in frame.collect()), key=repr)
+
+    in_driver = {kind: rows(kind) for kind in ("messages", "actions")}
+    monkeypatch.setattr(readers, "IN_DRIVER_MAX_BYTES", 0)  # now through qmq-log
+    assert in_driver == {kind: rows(kind) for kind in ("messages", "actions")}
+    assert len(in_driver["messages"]) == 3  # two records and segment 0's damaged tail
+    assert [r[4] for r in in_driver["actions"]] == ["ack"]  # leases are not read
+    empty = tmp_path / "empty"
+    write_segment(empty, SegmentKind.MESSAGES, 0, [])
+    monkeypatch.undo()
+    assert readers.read_broker(spark, [str(empty)], "actions").count() == 0
+    assert readers.read_broker(spark, [str(empty)], "messages").count() == 0

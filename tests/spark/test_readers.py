@@ -191,5 +191,12 @@ def test_an_unreachable_or_foreign_database(spark: SparkSession, tmp_path: Path)
     with engine.begin() as conn:
         conn.execute(sa.text("CREATE TABLE t (x INTEGER)"))
     engine.dispose()
-    with pytest.raises(OutboxUnreadable, match="qmq_outbox"):
-        read_outbox(spark, jdbc_source(f"sqlite:///{db}"))
+    for partitions in (None, 1):  # one read skips the bounds query: load() still fails
+        with pytest.raises(OutboxUnreadable, match="qmq_outbox"):
+            read_outbox(spark, jdbc_source(f"sqlite:///{db}"), partitions=partitions)
+
+
+def test_one_partition_reads_without_bounds(spark: SparkSession, pg_outbox: str) -> None:
+    frame = read_outbox(spark, jdbc_source(pg_outbox), partitions=1)
+    assert frame.rdd.getNumPartitions() == 1
+    check_rows(frame.collect(), 10)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from datetime import UTC, datetime, timedelta
 
@@ -94,6 +95,26 @@ def test_text_report() -> None:
     assert re.search(r"missing_in_broker\s+2\s+CRITICAL", text)
     assert "orders/<billing>" in text
     assert "result: 2 critical finding(s) -> exit 1" in text
+
+
+def test_the_window_in_plain_words() -> None:
+    text = render_text(summary({}, [], []), INFO)
+    assert "checked:      outbox rows and broker messages created at any time\n" in text
+    assert (
+        "not judged:   messages created or due after 2024-12-31T23:55:00Z (grace 5 min): "
+        "still in flight\n"
+    ) in text
+    since, until = datetime(2024, 12, 1, tzinfo=UTC), datetime(2024, 12, 2, tzinfo=UTC)
+    bounded = {
+        (since, None): "created at any time from 2024-12-01T00:00:00Z on",
+        (None, until): "created at any time before 2024-12-02T00:00:00Z",
+        (since, until): "created between 2024-12-01T00:00:00Z and 2024-12-02T00:00:00Z",
+    }
+    for (start, end), words in bounded.items():
+        info = dataclasses.replace(INFO, since=start, until=end)
+        assert f"broker messages {words}\n" in render_text(summary({}, [], []), info)
+        assert words in render_html(summary({}, [], []), info, {})
+    assert "unacked past 10 min" in text
 
 
 def test_html_report_is_self_contained_and_escaped() -> None:

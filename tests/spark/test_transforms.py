@@ -13,7 +13,6 @@ from spark_reconcile.transforms import (
     Window,
     classify,
     group_stats,
-    latency_histogram,
     latency_samples,
     latency_stats,
 )
@@ -216,6 +215,29 @@ def test_group_stats(spark: SparkSession) -> None:
     assert got["cache"]["unacked_past_threshold"] == 5 + 1  # c1: seqs 1-5, c2: seq 5
 
 
+def test_a_group_with_nothing_stored_and_nothing_acked_is_listed(spark: SparkSession) -> None:
+    messages = broker_messages(spark, [{"id": "m0", "subject": "orders"}])
+    acts = actions(
+        spark,
+        [
+            {"type": "group", "subject": "refunds", "group": "late", "start_seq": 7},
+            {"type": "lease", "subject": "refunds", "group": "lazy", "seq": 3},
+        ],
+    )
+    rows = group_stats(messages, acts, now=NOW, ack_threshold=timedelta(0)).collect()
+    got = {r["group"]: r.asDict() for r in rows}
+    for name in ("late", "lazy"):
+        assert got[name] == {
+            "subject": "refunds",
+            "group": name,
+            "mode": "shared",
+            "acked": 0,
+            "unacked_past_threshold": 0,
+            "dead_letters": 0,
+            "never_acked": True,
+        }
+
+
 def test_ack_threshold_spares_recent_messages(spark: SparkSession) -> None:
     messages = broker_messages(
         spark,
@@ -260,12 +282,11 @@ def test_latency_percentiles_and_histogram(spark: SparkSession) -> None:
     assert acked["count"] == 2
     assert acked["max"] == pytest.approx(4000.0)
     assert acked["p50"] == pytest.approx(2000.0)
-    histogram = {
-        (r["metric"], r["bucket"]): r["count"] for r in latency_histogram(samples).collect()
-    }
     below = dict(zip(HISTOGRAM_BOUNDS_MS, range(len(HISTOGRAM_BOUNDS_MS)), strict=True))
-    assert histogram[("created_to_stored", below[2])] == 1  # 1 ms
-    assert histogram[("created_to_stored", below[5])] == 3  # 2, 3, 4 ms
-    assert histogram[("created_to_stored", below[200])] == 100 - 99 + 0  # 100 ms
-    assert histogram[("stored_to_acked", below[5_000])] == 2
-    assert sum(n for (metric, _), n in histogram.items() if metric == "created_to_stored") == 100
+    assert len(created["histogram"]) == len(HISTOGRAM_BOUNDS_MS) + 1  # the last is open
+    assert created["histogram"][below[2]] == 1  # 1 ms
+    assert created["histogram"][below[5]] == 3  # 2, 3, 4 ms
+    assert created["histogram"][below[200]] == 1  # 100 ms
+    assert sum(created["histogram"]) == 100
+    assert acked["histogram"][below[5_000]] == 2
+    assert sum(acked["histogram"]) == 2
