@@ -106,6 +106,12 @@ class BrokerConfig:
         "Lease length of a pulled message in shared mode.",
         "duration",
     )
+    partition_lease_s: float = _option(
+        10.0,
+        "Ordered subjects: how long a consumer keeps a partition without pulling, acking "
+        "or nacking; then the partition moves to another consumer of its group.",
+        "duration",
+    )
     max_attempts: int = _option(
         DEFAULT_MAX_ATTEMPTS,
         "Deliveries before a message goes to the group's dead letters.",

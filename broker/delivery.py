@@ -19,12 +19,14 @@ from broker.gate import Gate, durable
 from broker.groups import DeliveryState, Group, GroupTable, Policy
 from broker.messages import pulled, rfc3339
 from broker.metrics import BrokerMetrics
+from broker.ordered.pulls import OrderedPulls
 from broker.pulls.reads import read_message
 from broker.pulls.scheduler import PullScheduler
 from broker.storage.journal import Journal
 from broker.storage.segments import SegmentReader
 from broker.subjects import SubjectTable
 from qmq_wire import PulledMessageJson
+from qmq_wire.ordered import partition_log
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,8 +74,10 @@ class DeliveryService:
         clock: Clock,
         metrics: BrokerMetrics,
         wake: Callable[[str], None],
+        ordered: OrderedPulls,
     ) -> None:
         self._gate = gate
+        self._ordered = ordered
         self._journal = journal
         self._subjects = subjects
         self._groups = groups
@@ -143,7 +147,10 @@ class DeliveryService:
         ``unknown``. The ``AckResult`` is None when ``ack`` is.
         """
         self._gate.require()
-        key, created = self._join(subject, group, consumer, mode, start)
+        if mode == "ordered" or self._ordered.ordered(subject):
+            key, created = self._join_ordered(subject, group, mode, start, ack)
+        else:
+            key, created = self._join(subject, group, consumer, mode, start)
         if created:
             # A group that starts at "latest" must not lose its start to a crash: messages
             # stored after this answer are the group's even if the broker dies now.
@@ -201,11 +208,68 @@ class DeliveryService:
             return key, True
         return key, False
 
+    def _join_ordered(
+        self, subject: str, group: str, mode: str, start: str, ack: list[int] | None
+    ) -> tuple[str, bool]:
+        if not self._ordered.ordered(subject):
+            raise Conflict(
+                code="not_ordered",
+                message=f"{subject!r} is not ordered: pull it in shared or broadcast mode",
+                field="mode",
+            )
+        if mode != "ordered":
+            raise Conflict(
+                code="mode_conflict",
+                message=f"{subject!r} is ordered: pull it in ordered mode",
+                field="mode",
+            )
+        if ack:
+            raise Conflict(
+                code="partition_required",
+                message=f"{subject!r} is ordered: ack with POST /v1/ack naming the partition",
+                field="ack",
+            )
+        return "", self._ordered.join(subject, group, start)
+
+    def _log_of(self, subject: str, partition: int | None) -> str:
+        """The log a consumer's ack, nack or dead-letter call is about."""
+        if self._ordered.ordered(subject):
+            if partition is None:
+                raise Conflict(
+                    code="partition_required",
+                    message=f"{subject!r} is ordered: name the partition",
+                    field="partition",
+                )
+            return partition_log(subject, partition)
+        if partition is not None:
+            raise Conflict(
+                code="not_ordered",
+                message=f"{subject!r} is not ordered: it has no partitions",
+                field="partition",
+            )
+        return subject
+
+    def _heard_from(self, subject: str, group: str, consumer: str) -> None:
+        """An ack or nack of an ordered subject: the consumer keeps its partitions, and a
+        partition it unblocked may be served (to whoever holds it) now."""
+        if self._ordered.ordered(subject):
+            self._ordered.renew(subject, group, consumer)
+            self._wake(subject)
+
     # --- ack / nack ------------------------------------------------------------------------
 
-    async def ack(self, *, subject: str, group: str, consumer: str, seqs: list[int]) -> AckResult:
+    async def ack(
+        self,
+        *,
+        subject: str,
+        group: str,
+        consumer: str,
+        seqs: list[int],
+        partition: int | None = None,
+    ) -> AckResult:
         self._gate.require()
-        result = self._record_acks(subject, group, consumer, seqs)
+        result = self._record_acks(self._log_of(subject, partition), group, consumer, seqs)
+        self._heard_from(subject, group, consumer)
         if result.acked:
             await durable(self._journal.commit_point())
         return result
@@ -236,8 +300,11 @@ class DeliveryService:
         seqs: list[int],
         delay_ms: int | None,
         error: str | None,
+        partition: int | None = None,
     ) -> NackResult:
         self._gate.require()
+        shown = subject
+        subject = self._log_of(subject, partition)
         state, key = self._state_of(subject, group, consumer)
         now = self._clock.wall_us()
         delay_us = delay_ms * 1000 if delay_ms is not None else None
@@ -269,8 +336,9 @@ class DeliveryService:
             retrying += len(batch)
         if dead:
             record(ActionType.DEAD, dead, {"error": error})
+        self._heard_from(shown, group, consumer)
         if retrying or dead:
-            self._wake(subject)
+            self._wake(shown)
             await durable(self._journal.commit_point())
         self._metrics.nacked.inc(retrying + len(dead))
         return NackResult(retrying=retrying, dead=len(dead))
@@ -294,9 +362,17 @@ class DeliveryService:
     # --- dead letters ----------------------------------------------------------------------
 
     def dead_letters(
-        self, *, subject: str, group: str, limit: int, after_seq: int | None
+        self,
+        *,
+        subject: str,
+        group: str,
+        limit: int,
+        after_seq: int | None,
+        partition: int | None = None,
     ) -> DeadLetterPage:
         self._gate.require(write=False)
+        shown = subject
+        subject = self._log_of(subject, partition)
         found = self._group(subject, group)
         rows = [
             (seq, key, dead)
@@ -313,6 +389,8 @@ class DeliveryService:
                 message: PulledMessageJson | None = pulled(
                     read_message(self._reader, log, seq), attempt=dead.attempts
                 )
+                if partition is not None and message is not None:
+                    message["subject"], message["partition"] = shown, partition
             except (StorageError, CorruptRecord, ValueError, OverflowError):
                 message = None  # unreadable, or a record no answer can carry
             views.append(
@@ -328,9 +406,13 @@ class DeliveryService:
         more = len(rows) > limit
         return DeadLetterPage(dead=views, next_after_seq=page[-1][0] if page and more else None)
 
-    async def redrive(self, *, subject: str, group: str, seqs: list[int] | None) -> int:
+    async def redrive(
+        self, *, subject: str, group: str, seqs: list[int] | None, partition: int | None = None
+    ) -> int:
         """Send dead letters (the given seqs, or all with None) back for another round."""
         self._gate.require()
+        shown = subject
+        subject = self._log_of(subject, partition)
         found = self._group(subject, group)
         now = self._clock.wall_us()
         total = 0
@@ -353,7 +435,7 @@ class DeliveryService:
                 )
                 total += len(chosen)
         if total:
-            self._wake(subject)
+            self._wake(shown)
             await durable(self._journal.commit_point())
         return total
 

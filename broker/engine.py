@@ -8,7 +8,9 @@ consistent state, and disk writes go through the journal's group commit.
 Who owns what: ``SubjectTable`` (seqs, bytes, dedup) and ``GroupTable`` (delivery state)
 are the only writers of their state; ``ProduceService`` stores messages, ``DeliveryService``
 serves groups, ``DelayedMessages`` holds messages until due, ``Upkeep`` checkpoints and
-applies retention, ``StatsService`` answers operators, ``Gate`` says who may come in.
+applies retention, ``StatsService`` answers operators, ``Gate`` says who may come in;
+``RouteBook`` holds ordered subjects' routes (``RouteService`` changes them,
+``OrderedPulls`` serves their groups).
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ from broker.gate import Gate
 from broker.groups import Policy
 from broker.memory import malloc_trim
 from broker.metrics import BrokerMetrics
+from broker.ordered.book import RouteBook
+from broker.ordered.files import load_routes
+from broker.ordered.pulls import OrderedPulls
+from broker.ordered.service import RouteService
 from broker.produce import ProduceService
 from broker.pulls import SCHEDULERS, ActorMetrics, PullScheduler
 from broker.pulls.service import PullService
@@ -41,6 +47,7 @@ from broker.storage.journal import Journal
 from broker.storage.recovery import Recovered, recover
 from broker.storage.segments import SegmentReader
 from broker.upkeep import Upkeep
+from qmq_wire.ordered import split_partition_log
 
 logger = logging.getLogger(__name__)
 S = TypeVar("S")
@@ -73,6 +80,7 @@ class Broker:
         self._delayed: DelayedMessages | None = None
         self._upkeep: Upkeep | None = None
         self._stats: StatsService | None = None
+        self._routes: RouteService | None = None
 
     # --- the services ------------------------------------------------------------------------
 
@@ -101,6 +109,10 @@ class Broker:
         return _ready(self._stats)
 
     @property
+    def routes(self) -> RouteService:
+        return _ready(self._routes)
+
+    @property
     def journal(self) -> Journal:
         return _ready(self._journal)
 
@@ -117,6 +129,7 @@ class Broker:
                 on_damage=self.config.on_damage,
             )
             scheduled = await asyncio.to_thread(recover_schedule, self.config.data_dir)
+            routes = await asyncio.to_thread(load_routes, self.config.data_dir)
         except QmqBrokerError:
             self.gate.fail()
             logger.critical(
@@ -130,7 +143,9 @@ class Broker:
             await asyncio.to_thread(trim)  # recovery's temporaries
         self.recovered = recovered
         self.metrics.recovery_problems.set(len(recovered.problems) + len(scheduled.problems))
-        self._wire(recovered, scheduled)
+        self._wire(recovered, scheduled, RouteBook(routes))
+        commands = await self.routes.restore_commands()
+        self.gate.open(self.journal)
         logger.info(
             "broker recovered",
             extra={
@@ -140,11 +155,13 @@ class Broker:
                 "messages": recovered.subjects.messages(),
                 "groups": len(recovered.groups),
                 "scheduled": len(scheduled.ids),
+                "ordered": len(routes),
+                "commands_appended": commands,
                 "problems": recovered.problems + scheduled.problems,
             },
         )
 
-    def _wire(self, recovered: Recovered, scheduled: ScheduleRecovered) -> None:
+    def _wire(self, recovered: Recovered, scheduled: ScheduleRecovered, book: RouteBook) -> None:
         config, clock, metrics = self.config, self.clock, self.metrics
         subjects, groups = recovered.subjects, recovered.groups
         journal = self._journal = Journal(
@@ -165,6 +182,15 @@ class Broker:
             backoff_s=config.backoff_s,
         )
         self._read_pool = ThreadPoolExecutor(config.workers, thread_name_prefix="qmq-pull-read")
+        ordered = OrderedPulls(
+            book=book,
+            subjects=subjects,
+            groups=groups,
+            actions=actions,
+            policy=policy,
+            clock=clock,
+            lease_s=config.partition_lease_s,
+        )
         fair_only = {"anticipation_s": config.anticipation_s} if config.scheduler == "fair" else {}
         pulls = self._pulls = SCHEDULERS[config.scheduler](
             processor=PullService(
@@ -177,6 +203,7 @@ class Broker:
                 executor=self._read_pool,
                 metrics=metrics,
                 read_delays={(s, g): d for s, g, d in config.debug_read_delay_s},
+                ordered=ordered,
             ),
             clock=clock,
             workers=config.workers,
@@ -194,7 +221,8 @@ class Broker:
             reader=self._reader,
             clock=clock,
             metrics=metrics,
-            wake=pulls.wake_subject,
+            wake=lambda log: pulls.wake_subject(split_partition_log(log)[0]),
+            book=book,
         )
         delayed = self._delayed = DelayedMessages(
             data_dir=config.data_dir,
@@ -220,6 +248,19 @@ class Broker:
             clock=clock,
             metrics=metrics,
             wake=pulls.wake_subject,
+            ordered=ordered,
+        )
+        self._routes = RouteService(
+            data_dir=config.data_dir,
+            gate=self.gate,
+            book=book,
+            subjects=subjects,
+            producer=producer,
+            ordered=ordered,
+            reader=self._reader,
+            clock=clock,
+            wake=pulls.wake_subject,
+            known_elsewhere=delayed.knows,
         )
         upkeep = self._upkeep = Upkeep(
             data_dir=config.data_dir,
@@ -235,7 +276,7 @@ class Broker:
             retention_check_interval_s=config.retention_check_interval_s,
         )
         self._stats = StatsService(
-            gate=self.gate, subjects=subjects, groups=groups, delayed=delayed
+            gate=self.gate, subjects=subjects, groups=groups, delayed=delayed, book=book
         )
         metrics.watch_groups(self._stats.group_backlogs)
         self._spawn(delayed.run, "qmq-schedule-wheel")
@@ -245,7 +286,6 @@ class Broker:
         self._spawn(upkeep.retention_loop, "qmq-retention")
         self._spawn(upkeep.dedup_loop, "qmq-dedup")
         metrics.watch_storage(subjects)
-        self.gate.open(journal)
 
     def _spawn(self, loop: Callable[[], Awaitable[None]], name: str) -> None:
         async def supervised() -> None:

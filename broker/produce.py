@@ -12,16 +12,18 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from broker.clock import Clock
-from broker.errors import CorruptRecord, StorageError
+from broker.errors import Conflict, CorruptRecord, StorageError
 from broker.format import MessageRecord, id_hash, message_frame
 from broker.gate import Gate, durable
 from broker.messages import IncomingMessage
 from broker.metrics import BrokerMetrics
+from broker.ordered.book import RouteBook, Target
 from broker.pulls.reads import read_message
 from broker.storage.journal import Journal
 from broker.storage.segments import SegmentReader
 from broker.subjects import SubjectLog, SubjectTable
 from qmq_wire import ProduceResultJson, ProduceStatus
+from qmq_wire.ordered import split_partition_log
 
 if TYPE_CHECKING:
     from broker.delayed.service import DelayedMessages
@@ -40,8 +42,10 @@ class ProduceService:
         clock: Clock,
         metrics: BrokerMetrics,
         wake: Callable[[str], None],
+        book: RouteBook | None = None,
     ) -> None:
         self._gate = gate
+        self._book = book if book is not None else RouteBook()
         self._journal = journal
         self._subjects = subjects
         self._reader = reader
@@ -65,59 +69,132 @@ class ProduceService:
         assert delayed is not None, "attach() the delayed-message service first"
         now = self._clock.wall_us()
         hashes = [id_hash(message.id) for message in messages]
-        known = self._known(messages, hashes)
-        # the message this request stores under a (subject, id hash), kept only when an id
+        targets = self._targets(messages, now)
+        logs = [message.subject for message in messages] if targets is None else targets[0]
+        known = self._known(logs, hashes)
+        if targets is not None:
+            self._known_before(targets[1], hashes, messages, known, logs)
+        # the message this request stores under a (log, id hash), kept only when an id
         # hash comes twice in it; a later one is its duplicate
         stored_at: dict[tuple[str, int], int] | None = (
             {} if len(set(hashes)) < len(hashes) else None
         )
         repeats: list[tuple[int, int]] = []  # (message, the earlier one it repeats)
-        to_store: dict[str, list[int]] = {}  # per subject, the messages it stores, in order
+        to_store: dict[str, list[int]] = {}  # per log, the messages it stores, in order
         statuses: list[ProduceStatus] = []
         seqs: list[int | None] = []
         name: str | None = None
         log: SubjectLog | None = None
-        for at, (message, hashed, seq) in enumerate(zip(messages, hashes, known, strict=True)):
-            subject = message.subject
-            if subject != name:  # a batch mostly names one subject: look it up once per run
-                name, log = subject, self._subjects.find(subject)
+        for at, (message, target, hashed, seq) in enumerate(
+            zip(messages, logs, hashes, known, strict=True)
+        ):
+            if target != name:  # a batch mostly names one subject: look it up once per run
+                name, log = target, self._subjects.find(target)
             if seq is not None and log is not None:
                 seq = self._confirmed(log, seq, message.id)
             status: ProduceStatus
-            earlier = None if stored_at is None else stored_at.get((subject, hashed))
+            earlier = None if stored_at is None else stored_at.get((target, hashed))
             if earlier is not None:
                 repeats.append((at, earlier))
                 status = "duplicate"
-            elif seq is not None or delayed.is_scheduled(subject, message.id):
+            elif seq is not None or delayed.is_scheduled(message.subject, message.id):
                 status = "duplicate"
             elif message.deliver_at_us > now:
                 delayed.accept(message, now_us=now)
                 status = "scheduled"
             else:
-                run = to_store.get(subject)
+                run = to_store.get(target)
                 if run is None:
-                    run = to_store[subject] = []
+                    run = to_store[target] = []
                 run.append(at)
                 if stored_at is not None:
-                    stored_at[subject, hashed] = at
+                    stored_at[target, hashed] = at
                 status = "stored"
             statuses.append(status)
             seqs.append(seq)
         visible: dict[str, int] = {}
-        for subject, run in to_store.items():
+        for target, run in to_store.items():
             stored = [messages[at] for at in run]
-            first = self._store(subject, stored, [hashes[at] for at in run], now)
+            first = self._store(target, stored, [hashes[at] for at in run], now)
             for offset, at in enumerate(run):
                 seqs[at] = first + offset
-            visible[subject] = first + len(run)
+            visible[target] = first + len(run)
         for at, earlier in repeats:
             seqs[at] = seqs[earlier]
         await self._settle(visible)
         self._metrics.produced.inc(sum(map(len, to_store.values())))
-        return [
+        results: list[ProduceResultJson] = [
             {"id": message.id, "subject": message.subject, "status": status, "seq": seq}
             for message, status, seq in zip(messages, statuses, seqs, strict=True)
         ]
+        if targets is not None:
+            for result, target in zip(results, logs, strict=True):
+                partition = split_partition_log(target)[1]
+                if partition is not None:
+                    result["partition"] = partition
+        return results
+
+    def _targets(
+        self, messages: list[IncomingMessage], now: int
+    ) -> tuple[list[str], list[Target | None]] | None:
+        """The log each message goes to, when the batch names an ordered subject (None
+        when it does not: every message goes to its subject's own log)."""
+        book = self._book
+        if not any(book.is_ordered(message.subject) for message in messages):
+            return None
+        logs: list[str] = []
+        targets: list[Target | None] = []
+        for index, message in enumerate(messages):
+            if not book.is_ordered(message.subject):
+                logs.append(message.subject)
+                targets.append(None)
+                continue
+            if message.deliver_at_us > now:
+                raise Conflict(
+                    code="delay_not_ordered",
+                    message=f"{message.subject!r} is ordered: its messages cannot be delayed",
+                    field=f"messages[{index}].deliver_at",
+                )
+            target = book.target(message.subject, message.key, index=index)
+            logs.append(target.log)
+            targets.append(target)
+        return logs, targets
+
+    def _known_before(
+        self,
+        targets: list[Target | None],
+        hashes: list[int],
+        messages: list[IncomingMessage],
+        known: list[int | None],
+        logs: list[str],
+    ) -> None:
+        """Ids of an ordered subject that a partition holding their logic partition before
+        a route change already stored: ``duplicate`` there (``known`` and ``logs`` point
+        at the earlier partition)."""
+        for at, target in enumerate(targets):
+            if target is None or known[at] is not None:
+                continue
+            for earlier in target.earlier:
+                log = self._subjects.find(earlier)
+                seq = None if log is None else log.seq_of(hashes[at])
+                if (
+                    log is not None
+                    and seq is not None
+                    and self._confirmed(log, seq, messages[at].id) is not None
+                ):
+                    known[at] = seq
+                    logs[at] = earlier
+                    break
+
+    async def store_commands(self, commands: list[tuple[str, IncomingMessage]]) -> list[int]:
+        """Append command messages (each to its partition's log, as its last message) and
+        return their seqs once durable. Broker-internal: no gate, no dedup."""
+        now = self._clock.wall_us()
+        seqs = [
+            self._store(log, [message], [id_hash(message.id)], now) for log, message in commands
+        ]
+        await self._settle({log: seq + 1 for (log, _), seq in zip(commands, seqs, strict=True)})
+        return seqs
 
     async def store_due(self, records: list[MessageRecord]) -> tuple[list[int], int]:
         """Store due delayed messages like produced ones, same ids and dedup.
@@ -158,25 +235,25 @@ class ProduceService:
         self._metrics.produced.inc(sum(1 for seq in seqs if seq >= 0))
         return seqs, now
 
-    def _known(self, messages: list[IncomingMessage], hashes: list[int]) -> list[int | None]:
-        """The seq each message's id hash is stored under in its subject's dedup window
-        (asked a subject at a time, so the dedup filter sees whole batches)."""
-        subject = messages[0].subject if messages else ""
-        if all(message.subject == subject for message in messages):  # the usual request
-            log = self._subjects.find(subject)
-            return [None] * len(messages) if log is None else log.seqs_of(hashes)
-        found: list[int | None] = [None] * len(messages)
+    def _known(self, logs: list[str], hashes: list[int]) -> list[int | None]:
+        """The seq each message's id hash is stored under in its log's dedup window
+        (asked a log at a time, so the dedup filter sees whole batches)."""
+        first = logs[0] if logs else ""
+        if all(log == first for log in logs):  # the usual request
+            found_log = self._subjects.find(first)
+            return [None] * len(logs) if found_log is None else found_log.seqs_of(hashes)
+        found: list[int | None] = [None] * len(logs)
         positions: dict[str, list[int]] = {}
-        for at, message in enumerate(messages):
-            at_subject = positions.get(message.subject)
-            if at_subject is None:
-                at_subject = positions[message.subject] = []
-            at_subject.append(at)
-        for subject, at_subject in positions.items():
-            log = self._subjects.find(subject)
+        for at, name in enumerate(logs):
+            at_log = positions.get(name)
+            if at_log is None:
+                at_log = positions[name] = []
+            at_log.append(at)
+        for name, at_log in positions.items():
+            log = self._subjects.find(name)
             if log is not None:
-                seqs = log.seqs_of([hashes[at] for at in at_subject])
-                for at, seq in zip(at_subject, seqs, strict=True):
+                seqs = log.seqs_of([hashes[at] for at in at_log])
+                for at, seq in zip(at_log, seqs, strict=True):
                     found[at] = seq
         return found
 

@@ -9,7 +9,9 @@ from broker.delayed.service import DelayedMessages, ScheduledCount, ScheduleStat
 from broker.errors import NotFound
 from broker.gate import Gate
 from broker.groups import GroupStats, GroupTable
+from broker.ordered.book import RouteBook
 from broker.subjects import SubjectLog, SubjectStats, SubjectTable
+from qmq_wire.ordered import partition_log, split_partition_log
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -27,19 +29,43 @@ class SubjectDetail:
 
 class StatsService:
     def __init__(
-        self, *, gate: Gate, subjects: SubjectTable, groups: GroupTable, delayed: DelayedMessages
+        self,
+        *,
+        gate: Gate,
+        subjects: SubjectTable,
+        groups: GroupTable,
+        delayed: DelayedMessages,
+        book: RouteBook,
     ) -> None:
         self._gate = gate
+        self._book = book
         self._subjects = subjects
         self._groups = groups
         self._delayed = delayed
 
     def subjects(self) -> list[SubjectStats]:
         self._gate.require(write=False)
-        return [self._subjects[name].stats() for name in sorted(self._subjects)]
+        listed: dict[str, SubjectStats] = {}
+        for name in sorted(self._subjects):
+            subject, partition = split_partition_log(name)
+            stats = self._subjects[name].stats()
+            if partition is None:
+                listed[name] = stats
+            elif subject in listed:
+                listed[subject] = _summed(listed[subject], stats)
+            else:
+                listed[subject] = dataclasses.replace(stats, subject=subject, first_seq=0)
+        for subject in self._book.subjects():  # declared, nothing stored or pulled yet
+            listed.setdefault(
+                subject, SubjectStats(subject=subject, messages=0, bytes=0, first_seq=0, next_seq=0)
+            )
+        return [listed[name] for name in sorted(listed)]
 
     def subject(self, name: str) -> SubjectDetail:
         self._gate.require(write=False)
+        routes = self._book.get(name)
+        if routes is not None:
+            return self._ordered_subject(name, routes.every_partition())
         log = self._subjects.get(name)
         if log is None and self._delayed.knows(name):
             log = SubjectLog(name, self._subjects.reader, None)  # only delayed messages so far
@@ -58,6 +84,29 @@ class StatsService:
             groups=[group.stats(log.end_seq) for group in self._groups.of_subject(name)],
         )
 
+    def _ordered_subject(self, name: str, partitions: list[int]) -> SubjectDetail:
+        """An ordered subject: its partitions' counters summed, each group's too."""
+        total = SubjectStats(subject=name, messages=0, bytes=0, first_seq=0, next_seq=0)
+        groups: dict[str, GroupStats] = {}
+        for partition in partitions:
+            log = self._subjects.get(partition_log(name, partition))
+            if log is None:
+                continue
+            total = _summed(total, log.stats())
+            for group in self._groups.of_subject(log.name):
+                stats = dataclasses.replace(group.stats(log.end_seq), mode="ordered")
+                found = groups.get(group.name)
+                groups[group.name] = stats if found is None else _group_summed(found, stats)
+        return SubjectDetail(
+            subject=name,
+            messages=total.messages,
+            bytes=total.bytes,
+            first_seq=0,
+            next_seq=total.next_seq,
+            scheduled=self._delayed.subject_stats(name),
+            groups=[groups[group] for group in sorted(groups)],
+        )
+
     def schedule(self, *, limit: int) -> ScheduleStats:
         """Pending delayed messages by hour, next due time, dispatch lag."""
         self._gate.require(write=False)
@@ -69,3 +118,24 @@ class StatsService:
             log = self._subjects.get(subject)
             if log is not None:
                 yield subject, name, group.stats(log.end_seq)
+
+
+def _summed(total: SubjectStats, more: SubjectStats) -> SubjectStats:
+    """An ordered subject's counters: messages, bytes and seqs ever stored, over partitions."""
+    return dataclasses.replace(
+        total,
+        messages=total.messages + more.messages,
+        bytes=total.bytes + more.bytes,
+        next_seq=total.next_seq + more.next_seq,
+    )
+
+
+def _group_summed(total: GroupStats, more: GroupStats) -> GroupStats:
+    return dataclasses.replace(
+        total,
+        backlog=total.backlog + more.backlog,
+        in_flight=total.in_flight + more.in_flight,
+        retrying=total.retrying + more.retrying,
+        dead=total.dead + more.dead,
+        acked=total.acked + more.acked,
+    )

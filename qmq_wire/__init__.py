@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
+from qmq_wire.ordered import LOGIC_PARTITIONS, MAX_PARTITIONS
 from qmq_wire.shapes import (
     AckAnswerJson,
     BodyEncoding,
@@ -18,9 +19,11 @@ from qmq_wire.shapes import (
     EnvelopeJson,
     ErrorAnswerJson,
     ErrorDetailJson,
+    GroupRouteJson,
     GroupStatsJson,
     HealthAnswerJson,
     NackAnswerJson,
+    OnDead,
     ProduceAnswerJson,
     ProduceResultJson,
     ProduceStatus,
@@ -28,6 +31,10 @@ from qmq_wire.shapes import (
     PulledMessageJson,
     PullMode,
     RedriveAnswerJson,
+    RouteChange,
+    RouteRangeJson,
+    RoutesAnswerJson,
+    RouteVersionJson,
     ScheduledStatsJson,
     StartPosition,
     SubjectAnswerJson,
@@ -36,6 +43,8 @@ from qmq_wire.shapes import (
 )
 
 __all__ = [
+    "LOGIC_PARTITIONS",
+    "MAX_PARTITIONS",
     "AckAnswerJson",
     "BodyEncoding",
     "DeadLetterJson",
@@ -43,9 +52,11 @@ __all__ = [
     "EnvelopeJson",
     "ErrorAnswerJson",
     "ErrorDetailJson",
+    "GroupRouteJson",
     "GroupStatsJson",
     "HealthAnswerJson",
     "NackAnswerJson",
+    "OnDead",
     "ProduceAnswerJson",
     "ProduceResultJson",
     "ProduceStatus",
@@ -53,6 +64,10 @@ __all__ = [
     "PullMode",
     "PulledMessageJson",
     "RedriveAnswerJson",
+    "RouteChange",
+    "RouteRangeJson",
+    "RouteVersionJson",
+    "RoutesAnswerJson",
     "ScheduledStatsJson",
     "StartPosition",
     "SubjectAnswerJson",
@@ -101,6 +116,8 @@ MIN_TIME_US: Final = -62_135_596_800_000_000
 """``MIN_TIME`` in microseconds since the Unix epoch."""
 MAX_TIME_US: Final = 253_402_300_799_999_999
 """``MAX_TIME`` in microseconds since the Unix epoch."""
+MAX_PARTITION_NUMBER: Final = 2**31 - 1
+"""Largest partition number a request may name (numbers grow with route changes)."""
 DEFAULT_DEAD_PAGE: Final = 100
 MAX_DEAD_PAGE: Final = 1000
 
@@ -116,7 +133,7 @@ DEFAULT_MAX_DELAY_S: Final = 730 * 86400
 # --- enumerations --------------------------------------------------------------------------
 
 BODY_ENCODINGS: Final = ("utf-8", "base64")
-PULL_MODES: Final = ("shared", "broadcast")
+PULL_MODES: Final = ("shared", "broadcast", "ordered")
 START_POSITIONS: Final = ("earliest", "latest")
 PRODUCE_STATUSES: Final = ("stored", "duplicate", "scheduled")
 
@@ -147,6 +164,13 @@ ERROR_STATUS: Final[dict[str, int]] = {
     "method_not_allowed": 405,
     # 409: the request contradicts existing state
     "mode_conflict": 409,
+    "subject_conflict": 409,
+    "not_ordered": 409,
+    "route_conflict": 409,
+    # 409 too: requests valid on their own that an ordered subject (or a plain one) refuses
+    "key_required": 409,
+    "delay_not_ordered": 409,
+    "partition_required": 409,
     # 413: too large
     "request_too_large": 413,
     "body_too_large": 413,

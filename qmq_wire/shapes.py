@@ -11,7 +11,9 @@ from typing import Literal, NotRequired, TypedDict
 
 ProduceStatus = Literal["stored", "duplicate", "scheduled"]
 BodyEncoding = Literal["utf-8", "base64"]
-PullMode = Literal["shared", "broadcast"]
+PullMode = Literal["shared", "broadcast", "ordered"]
+OnDead = Literal["skip", "block"]
+RouteChange = Literal["create", "split", "merge", "move"]
 StartPosition = Literal["earliest", "latest"]
 
 
@@ -29,20 +31,25 @@ class EnvelopeJson(TypedDict):
     deliver_at: NotRequired[str | None]
 
 
-class ProduceResultJson(TypedDict):
-    """``seq`` is null for a scheduled message and for a duplicate of one."""
-
+class _ProduceResult(TypedDict):
     id: str
     subject: str
     status: ProduceStatus
     seq: int | None
 
 
+class ProduceResultJson(_ProduceResult, total=False):
+    """``seq`` is null for a scheduled message and for a duplicate of one; ``partition``
+    only for an ordered subject (seqs count per partition there)."""
+
+    partition: int
+
+
 class ProduceAnswerJson(TypedDict):
     results: list[ProduceResultJson]
 
 
-class PulledMessageJson(TypedDict):
+class _PulledMessage(TypedDict):
     id: str
     subject: str
     seq: int
@@ -54,6 +61,12 @@ class PulledMessageJson(TypedDict):
     producer: str | None
     created_at: str
     stored_at: str
+
+
+class PulledMessageJson(_PulledMessage, total=False):
+    """``partition`` only for an ordered subject."""
+
+    partition: int
 
 
 class _PullAnswerMessages(TypedDict):
@@ -131,6 +144,40 @@ class DeadLettersAnswerJson(TypedDict):
 
 class RedriveAnswerJson(TypedDict):
     redriven: int
+
+
+class RouteRangeJson(TypedDict):
+    """Logic partitions ``[lo, hi)`` stored in physical partition ``partition``."""
+
+    lo: int
+    hi: int
+    partition: int
+
+
+class RouteVersionJson(TypedDict):
+    version: int
+    change: RouteChange
+    ranges: list[RouteRangeJson]
+    closed: list[int]  # the partitions this change closed
+
+
+class GroupRouteJson(TypedDict):
+    group: str
+    version: int  # the route version whose partitions the group consumes
+
+
+class RoutesAnswerJson(TypedDict):
+    """An ordered subject's routes (``GET /v1/subjects/{subject}/routes`` and the answer
+    of a declaration or a change)."""
+
+    subject: str
+    ordered: bool
+    logic_partitions: int
+    on_dead: OnDead
+    version: int
+    ranges: list[RouteRangeJson]
+    history: list[RouteVersionJson]
+    groups: list[GroupRouteJson]
 
 
 class HealthAnswerJson(TypedDict):

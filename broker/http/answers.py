@@ -35,6 +35,9 @@ class ProducedItem(_Answer):
             "due) and for a duplicate of a message still scheduled"
         )
     )
+    partition: Annotated[int, Field(ge=0)] | None = Field(
+        default=None, description="only for an ordered subject: the partition seq counts in"
+    )
 
 
 class ProduceResponse(_Answer):
@@ -53,6 +56,9 @@ class DeliveredMessage(_Answer):
     producer: str | None
     created_at: Timestamp
     stored_at: Timestamp
+    partition: Annotated[int, Field(ge=0)] | None = Field(
+        default=None, description="only for an ordered subject: the partition seq counts in"
+    )
 
 
 class PullResponse(_Answer):
@@ -89,7 +95,7 @@ class SubjectsResponse(_Answer):
 
 class GroupSummary(_Answer):
     group: Name
-    mode: Literal["shared", "broadcast"]
+    mode: Literal["shared", "broadcast", "ordered"]
     backlog: Count
     in_flight: Count
     retrying: Count
@@ -151,6 +157,35 @@ class ScheduleResponse(_Answer):
     more_hours: bool
 
 
+class RouteRange(_Answer):
+    lo: Annotated[int, Field(ge=0, lt=wire.LOGIC_PARTITIONS)]
+    hi: Annotated[int, Field(gt=0, le=wire.LOGIC_PARTITIONS)]
+    partition: Annotated[int, Field(ge=0)]
+
+
+class RouteVersion(_Answer):
+    version: Annotated[int, Field(ge=1)]
+    change: Literal["create", "split", "merge", "move"]
+    ranges: list[RouteRange]
+    closed: list[Annotated[int, Field(ge=0)]]
+
+
+class GroupRoute(_Answer):
+    group: Name
+    version: Annotated[int, Field(ge=1)]
+
+
+class RoutesResponse(_Answer):
+    subject: Name
+    ordered: Literal[True]
+    logic_partitions: Literal[1024]
+    on_dead: Literal["skip", "block"]
+    version: Annotated[int, Field(ge=1)]
+    ranges: list[RouteRange]
+    history: list[RouteVersion]
+    groups: list[GroupRoute]
+
+
 class HealthResponse(_Answer):
     status: Literal["ok", "recovering", "stopping", "failed"] = Field(
         description='"ok" once recovery finished; the broker status with a 503'
@@ -177,6 +212,7 @@ ANSWERS: tuple[type[BaseModel], ...] = (
     DeadLettersResponse,
     RedriveResponse,
     ScheduleResponse,
+    RoutesResponse,
     HealthResponse,
     ErrorResponse,
 )

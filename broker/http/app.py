@@ -25,7 +25,13 @@ from broker.http.auth import Authorizer, Grant, Right
 from broker.http.errors import error_response, from_validation
 from broker.http.guard import GuardPolicy, RequestGuard, content_type_error
 from broker.http.openapi import openapi_document
-from broker.http.schemas import RedriveRequest
+from broker.http.schemas import (
+    DeclareRequest,
+    MergeRequest,
+    MoveRequest,
+    RedriveRequest,
+    SplitRequest,
+)
 from broker.messages import IncomingMessage
 
 M = TypeVar("M", bound=BaseModel)
@@ -202,7 +208,11 @@ class Api:
         parsed = bodies.decode(await self._body(request), bodies.AckBody)
         self._require(grant, Right.CONSUME, parsed.subject, group=parsed.group, field="group")
         result = await self.broker.delivery.ack(
-            subject=parsed.subject, group=parsed.group, consumer=parsed.consumer, seqs=parsed.seqs
+            subject=parsed.subject,
+            group=parsed.group,
+            consumer=parsed.consumer,
+            seqs=parsed.seqs,
+            partition=parsed.partition,
         )
         return _json(result)
 
@@ -217,6 +227,7 @@ class Api:
             seqs=parsed.seqs,
             delay_ms=parsed.delay_ms,
             error=parsed.error,
+            partition=parsed.partition,
         )
         return _json(result)
 
@@ -262,9 +273,12 @@ class Api:
             request, "limit", default=qmq_wire.DEFAULT_DEAD_PAGE, high=qmq_wire.MAX_DEAD_PAGE
         )
         after = _int_param(request, "after_seq", default=None, low=0, high=qmq_wire.MAX_SEQ)
+        partition = _int_param(
+            request, "partition", default=None, low=0, high=qmq_wire.MAX_PARTITION_NUMBER
+        )
         return _json(
             self.broker.delivery.dead_letters(
-                subject=subject, group=group, limit=limit, after_seq=after
+                subject=subject, group=group, limit=limit, after_seq=after, partition=partition
             )
         )
 
@@ -281,9 +295,67 @@ class Api:
                 field="seqs",
             )
         redriven = await self.broker.delivery.redrive(
-            subject=subject, group=group, seqs=parsed.seqs
+            subject=subject, group=group, seqs=parsed.seqs, partition=parsed.partition
         )
         return _json({"redriven": redriven})
+
+    # --- ordered subjects -------------------------------------------------------------------
+
+    def _require_admin(self, request: Request, subject: str) -> None:
+        """Declaring a subject and changing its routes concern every group: admin only."""
+        grant = self._grant(request)
+        if grant is not None and not grant.admin:
+            raise Denied(
+                code="forbidden",
+                message=f"token {grant.name!r} may not change {subject!r}: it needs admin",
+                field="subject",
+            )
+
+    async def subject_or_declare(self, request: Request) -> Response:
+        """One route per path, so that a 405 names every method the path allows."""
+        if request.method == "PUT":
+            return await self.declare(request)
+        return await self.subject(request)
+
+    async def declare(self, request: Request) -> Response:
+        subject = self._path_name(request, "subject")
+        self._require_admin(request, subject)
+        parsed = await self._parse(request, DeclareRequest)
+        routes = await self.broker.routes.declare(
+            subject, partitions=parsed.partitions, on_dead=parsed.on_dead
+        )
+        return _json(routes)
+
+    async def routes(self, request: Request) -> Response:
+        grant = self._grant(request)
+        subject = self._path_name(request, "subject")
+        if grant is not None and not grant.sees(subject):
+            raise Denied(
+                code="forbidden",
+                message=f"token {grant.name!r} has no right on {subject!r}",
+                field="subject",
+            )
+        return _json(self.broker.routes.document(subject))
+
+    async def split(self, request: Request) -> Response:
+        subject = self._path_name(request, "subject")
+        self._require_admin(request, subject)
+        parsed = await self._parse(request, SplitRequest)
+        return _json(
+            await self.broker.routes.split(subject, partition=parsed.partition, at=parsed.at)
+        )
+
+    async def merge(self, request: Request) -> Response:
+        subject = self._path_name(request, "subject")
+        self._require_admin(request, subject)
+        parsed = await self._parse(request, MergeRequest)
+        return _json(await self.broker.routes.merge(subject, partitions=parsed.partitions))
+
+    async def move(self, request: Request) -> Response:
+        subject = self._path_name(request, "subject")
+        self._require_admin(request, subject)
+        parsed = await self._parse(request, MoveRequest)
+        return _json(await self.broker.routes.move(subject, partition=parsed.partition))
 
     async def schedule(self, request: Request) -> Response:
         grant = self._grant(request)
@@ -373,7 +445,11 @@ def create_app(
         ("/v1/ack", "ack", api.ack, ["POST"]),
         ("/v1/nack", "nack", api.nack, ["POST"]),
         ("/v1/subjects", "subjects", api.subjects, ["GET"]),
-        ("/v1/subjects/{subject}", "subject", api.subject, ["GET"]),
+        ("/v1/subjects/{subject}", "subject", api.subject_or_declare, ["GET", "PUT"]),
+        ("/v1/subjects/{subject}/routes", "routes", api.routes, ["GET"]),
+        ("/v1/subjects/{subject}/partitions/split", "split", api.split, ["POST"]),
+        ("/v1/subjects/{subject}/partitions/merge", "merge", api.merge, ["POST"]),
+        ("/v1/subjects/{subject}/partitions/move", "move", api.move, ["POST"]),
         ("/v1/subjects/{subject}/groups/{group}/dead", "dead", api.dead, ["GET"]),
         ("/v1/subjects/{subject}/groups/{group}/dead/redrive", "redrive", api.redrive, ["POST"]),
         ("/v1/schedule", "schedule", api.schedule, ["GET"]),

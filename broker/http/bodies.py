@@ -95,6 +95,7 @@ PullMax = Annotated[int, msgspec.Meta(ge=1, le=wire.MAX_PULL)]
 WaitMs = Annotated[int, msgspec.Meta(ge=0, le=wire.MAX_WAIT_MS)]
 NackDelayMs = Annotated[int, msgspec.Meta(ge=0, le=wire.MAX_NACK_DELAY_MS)]
 ErrorText = Annotated[str, msgspec.Meta(max_length=wire.MAX_ERROR_TEXT)]
+Partition = Annotated[int, msgspec.Meta(ge=0, le=wire.MAX_PARTITION_NUMBER)]
 
 
 _VALID_SUBJECTS: set[str] = set()
@@ -152,7 +153,7 @@ class PullBody(_Body, frozen=True):
     consumer: ConsumerId
     max: PullMax = wire.DEFAULT_PULL
     wait_ms: WaitMs = 0
-    mode: Literal["shared", "broadcast"] = "shared"
+    mode: Literal["shared", "broadcast", "ordered"] = "shared"
     start: Literal["earliest", "latest"] = "earliest"
     ack: Seqs | None = None
     min: PullMax = 1
@@ -164,6 +165,7 @@ class AckBody(_Body, frozen=True):
     group: Name
     consumer: ConsumerId
     seqs: Seqs
+    partition: Partition | None = None
 
 
 class NackBody(AckBody, frozen=True):

@@ -19,7 +19,17 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 import qmq_wire as wire
 from broker.http import answers
-from broker.http.schemas import AckRequest, NackRequest, ProduceRequest, PullRequest, RedriveRequest
+from broker.http.schemas import (
+    AckRequest,
+    DeclareRequest,
+    MergeRequest,
+    MoveRequest,
+    NackRequest,
+    ProduceRequest,
+    PullRequest,
+    RedriveRequest,
+    SplitRequest,
+)
 
 _REF = "#/components/schemas/{model}"
 _REQUESTS: tuple[type[BaseModel], ...] = (
@@ -28,6 +38,10 @@ _REQUESTS: tuple[type[BaseModel], ...] = (
     AckRequest,
     NackRequest,
     RedriveRequest,
+    DeclareRequest,
+    SplitRequest,
+    MergeRequest,
+    MoveRequest,
 )
 MAX_SCHEDULE_HOURS = 20_000
 """Largest ``limit`` of ``GET /v1/schedule`` (``broker.http.app`` enforces the same)."""
@@ -38,7 +52,10 @@ _DESCRIPTIONS = {
     401: "No bearer token, or an unknown one",
     403: "The token lacks the right, or the Host or Origin header is not allowed",
     404: "Unknown subject, group or broadcast consumer",
-    409: "The request contradicts the group's state (its mode)",
+    409: (
+        "The request contradicts existing state: the group's mode, the subject being "
+        "ordered or not, its route table"
+    ),
     413: "Request or message body too large",
     415: "A POST body must be sent as Content-Type: application/json",
     429: "The group's mailbox of pending pulls is full; retry after Retry-After seconds",
@@ -173,6 +190,7 @@ def _operations() -> dict[str, dict[str, _Operation]]:
                 summary="Produce a batch of messages",
                 request=ProduceRequest,
                 answer=answers.ProduceResponse,
+                errors=(409,),
             )
         },
         "/v1/pull": {
@@ -188,7 +206,7 @@ def _operations() -> dict[str, dict[str, _Operation]]:
                 summary="Acknowledge leased messages",
                 request=AckRequest,
                 answer=answers.AckResponse,
-                errors=(404,),
+                errors=(404, 409),
             )
         },
         "/v1/nack": {
@@ -196,7 +214,7 @@ def _operations() -> dict[str, dict[str, _Operation]]:
                 summary="Reject leased messages for retry",
                 request=NackRequest,
                 answer=answers.NackResponse,
-                errors=(404,),
+                errors=(404, 409),
             )
         },
         "/v1/subjects": {
@@ -208,6 +226,37 @@ def _operations() -> dict[str, dict[str, _Operation]]:
                 answer=answers.SubjectResponse,
                 params=(_path_param("subject"),),
                 errors=(400, 404),
+            ),
+            "put": _Operation(
+                summary="Declare an ordered subject (the same declaration again answers alike)",
+                request=DeclareRequest,
+                answer=answers.RoutesResponse,
+                params=(_path_param("subject"),),
+                errors=(409,),
+            ),
+        },
+        "/v1/subjects/{subject}/routes": {
+            "get": _Operation(
+                summary="An ordered subject's route table, its history and its groups' versions",
+                answer=answers.RoutesResponse,
+                params=(_path_param("subject"),),
+                errors=(400, 404, 409),
+            )
+        },
+        **{
+            f"/v1/subjects/{{subject}}/partitions/{change}": {
+                "post": _Operation(
+                    summary=summary,
+                    request=model,
+                    answer=answers.RoutesResponse,
+                    params=(_path_param("subject"),),
+                    errors=(404, 409),
+                )
+            }
+            for change, model, summary in (
+                ("split", SplitRequest, "Split a partition's range over two new partitions"),
+                ("merge", MergeRequest, "Merge two partitions of adjacent ranges into a new one"),
+                ("move", MoveRequest, "Move a partition's range to a new partition"),
             )
         },
         "/v1/subjects/{subject}/groups/{group}/dead": {
@@ -223,8 +272,9 @@ def _operations() -> dict[str, dict[str, _Operation]]:
                         default=wire.DEFAULT_DEAD_PAGE,
                     ),
                     _query_param("after_seq", low=0, high=wire.MAX_SEQ, default=None),
+                    _query_param("partition", low=0, high=wire.MAX_PARTITION_NUMBER, default=None),
                 ),
-                errors=(400, 404),
+                errors=(400, 404, 409),
             )
         },
         "/v1/subjects/{subject}/groups/{group}/dead/redrive": {
@@ -233,7 +283,7 @@ def _operations() -> dict[str, dict[str, _Operation]]:
                 request=RedriveRequest,
                 answer=answers.RedriveResponse,
                 params=subject_group,
-                errors=(404,),
+                errors=(404, 409),
             )
         },
         "/v1/schedule": {

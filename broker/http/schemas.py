@@ -40,6 +40,11 @@ HeaderName = Annotated[str, StringConstraints(min_length=1, max_length=wire.MAX_
 HeaderValue = Annotated[str, StringConstraints(max_length=wire.MAX_HEADER_VALUE)]
 Seq = Annotated[int, Field(ge=0, le=wire.MAX_SEQ), _AS_JSON_INTEGER]
 Seqs = Annotated[list[Seq], Field(min_length=1, max_length=wire.MAX_SEQS)]
+Partition = Annotated[
+    int,
+    Field(ge=0, le=wire.MAX_PARTITION_NUMBER, description="an ordered subject's partition"),
+    _AS_JSON_INTEGER,
+]
 
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 """Standard base64 with its padding: what ``body_encoding: "base64"`` bodies must be."""
@@ -114,11 +119,18 @@ class PullRequest(_Strict):
     consumer: ConsumerId
     max: Annotated[int, Field(ge=1, le=wire.MAX_PULL), _AS_JSON_INTEGER] = wire.DEFAULT_PULL
     wait_ms: Annotated[int, Field(ge=0, le=wire.MAX_WAIT_MS), _AS_JSON_INTEGER] = 0
-    mode: Literal["shared", "broadcast"] = "shared"
+    mode: Literal["shared", "broadcast", "ordered"] = Field(
+        default="shared", description="ordered: the only mode of an ordered subject"
+    )
     start: Literal["earliest", "latest"] = "earliest"
     ack: Annotated[
         Seqs | None,
-        Field(description="Seqs this consumer acks with the pull, as POST /v1/ack would."),
+        Field(
+            description=(
+                "Seqs this consumer acks with the pull, as POST /v1/ack would "
+                "(not in ordered mode: acks name their partition there)."
+            )
+        ),
     ] = None
     min: Annotated[
         int,
@@ -145,6 +157,9 @@ class AckRequest(_Strict):
     group: GroupName
     consumer: ConsumerId
     seqs: Seqs
+    partition: Partition | None = Field(
+        default=None, description="required for an ordered subject, refused for a plain one"
+    )
 
 
 class NackRequest(AckRequest):
@@ -168,6 +183,46 @@ class RedriveRequest(_Strict):
 
     seqs: Seqs | None = None
     all: bool | None = None
+    partition: Partition | None = Field(
+        default=None, description="required for an ordered subject, refused for a plain one"
+    )
+
+
+class DeclareRequest(_Strict):
+    ordered: Literal[True] = Field(description="only ordered subjects are declared")
+    partitions: Annotated[
+        int,
+        Field(ge=1, le=wire.MAX_PARTITIONS, description="physical partitions"),
+        _AS_JSON_INTEGER,
+    ] = 1
+    on_dead: Literal["skip", "block"] = Field(
+        default="skip",
+        description="block: a partition waits while it has dead letters, until redriven",
+    )
+
+
+class SplitRequest(_Strict):
+    partition: Partition
+    at: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=wire.LOGIC_PARTITIONS - 1,
+            description="the first logic partition of the second half (inside the range)",
+        ),
+        _AS_JSON_INTEGER,
+    ]
+
+
+class MergeRequest(_Strict):
+    partitions: Annotated[
+        list[Partition],
+        Field(min_length=2, max_length=2, description="two partitions with adjacent ranges"),
+    ]
+
+
+class MoveRequest(_Strict):
+    partition: Partition
 
 
 REQUEST_MODELS: tuple[type[BaseModel], ...] = (
@@ -177,5 +232,9 @@ REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     AckRequest,
     NackRequest,
     RedriveRequest,
+    DeclareRequest,
+    SplitRequest,
+    MergeRequest,
+    MoveRequest,
 )
 """Every request model (error codes name their fields; the OpenAPI document lists them)."""

@@ -58,6 +58,8 @@ class Batch:
     attempts: list[int]
     positions: list[tuple[int, int, int]]  # (segment, offset, length)
     now_us: int
+    # an ordered subject's partition: (subject, partition) to answer instead of the log name
+    shown_as: tuple[str, int] | None = None
 
 
 def read_batches(reader: SegmentReader, batches: list[tuple[Batch, float]]) -> list[Read]:
@@ -84,12 +86,16 @@ def _read_batch(reader: SegmentReader, batch: Batch, delay_s: float) -> Read:
             unreadable.append((seq, str(exc)))
             continue
         try:
-            out.append(pulled_fields(fields, attempt=attempt))
+            message = pulled_fields(fields, attempt=attempt)
         except (ValueError, OverflowError) as exc:
             # Stored by an older broker that did not check what it accepted (a timestamp no
             # answer can carry, a body that is not the UTF-8 it claims): dead-letter that one
             # message; the rest of the batch is served.
             unreadable.append((seq, f"record cannot be served: {exc}"))
+            continue
+        if batch.shown_as is not None:
+            message["subject"], message["partition"] = batch.shown_as
+        out.append(message)
     return out, unreadable
 
 

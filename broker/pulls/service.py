@@ -21,6 +21,7 @@ from broker.clock import Clock
 from broker.format import ActionRecord, ActionType
 from broker.groups import DeliveryState, GroupTable, Policy
 from broker.metrics import BrokerMetrics
+from broker.ordered.pulls import OrderedPulls
 from broker.pulls.reads import Batch, read_batches
 from broker.pulls.request import TIMER_SLACK_S, PullOutcome, QueuedPull
 from broker.storage.segments import SegmentReader
@@ -52,6 +53,7 @@ class PullService:
         executor: Executor,
         metrics: BrokerMetrics,
         read_delays: Mapping[tuple[str, str], float] | None = None,
+        ordered: OrderedPulls | None = None,
     ) -> None:
         self._groups = groups
         self._subjects = subjects
@@ -62,6 +64,7 @@ class PullService:
         self._executor = executor
         self._metrics = metrics
         self._read_delays = dict(read_delays or {})
+        self._ordered = ordered
 
     async def __call__(self, requests: Sequence[QueuedPull]) -> list[PullOutcome]:
         """Decide every request in order, read all their records in one hand-off."""
@@ -72,6 +75,13 @@ class PullService:
             reads: list[tuple[int, Batch, float]] = []
             for index in todo:
                 request = requests[index]
+                delay = self._read_delays.get((request.subject, request.group), 0.0)
+                if self._ordered is not None and self._ordered.ordered(request.subject):
+                    batches, wake_at = self._ordered.decide(request)
+                    if not batches:
+                        outcomes[index] = PullOutcome(None, wake_at=wake_at)
+                    reads.extend((index, batch, delay) for batch in batches)
+                    continue
                 state = self._groups[(request.subject, request.group)].states[request.key]
                 batch = self._decide(request, state)
                 if isinstance(batch, _Linger):
@@ -81,17 +91,19 @@ class PullService:
                 elif batch is None:
                     outcomes[index] = PullOutcome(None, wake_at=self._wake_at(state))
                 else:
-                    delay = self._read_delays.get((request.subject, request.group), 0.0)
                     reads.append((index, batch, delay))
             if not reads:
                 break
             results = await loop.run_in_executor(
                 self._executor, read_batches, self._reader, [(b, d) for _, b, d in reads]
             )
-            todo = []
+            served: dict[int, list[Any]] = {}
             for (index, batch, _), (messages, unreadable) in zip(reads, results, strict=True):
                 if unreadable:
-                    self._bury(requests[index], batch.now_us, unreadable)
+                    self._bury(requests[index], batch, unreadable)
+                served.setdefault(index, []).extend(messages)
+            todo = []
+            for index, messages in served.items():
                 if messages:
                     self._metrics.pulled.inc(len(messages))
                     outcomes[index] = PullOutcome(messages)
@@ -131,20 +143,30 @@ class PullService:
             subject=request.subject, seqs=seqs, attempts=attempts, positions=positions, now_us=now
         )
 
-    def _bury(self, request: QueuedPull, now: int, unreadable: list[tuple[int, str]]) -> None:
+    def _bury(self, request: QueuedPull, batch: Batch, unreadable: list[tuple[int, str]]) -> None:
         for seq, error in unreadable:
             logger.error(
                 "unreadable message not served",
                 extra={
                     "action": "broker.unreadable",
-                    "subject": request.subject,
+                    "subject": batch.subject,
                     "seq": seq,
                     "error": error,
                 },
             )
         self._metrics.unreadable.inc(len(unreadable))
         seqs = [seq for seq, _ in unreadable]
-        self._record(_action(ActionType.DEAD, now, request, seqs, {"error": "unreadable record"}))
+        fields = {"error": "unreadable record"}
+        dead = action(
+            ActionType.DEAD,
+            at_us=batch.now_us,
+            subject=batch.subject,
+            group=request.group,
+            state=request.key,
+            seqs=seqs,
+            fields=fields,
+        )
+        self._record(dead)
 
     def _wake_at(self, state: DeliveryState) -> float | None:
         """The scheduler-clock time of the group's next retry or lease expiry, if any."""

@@ -2,8 +2,8 @@
 
 The journal's group commit calls ``sync_data`` on the log and index descriptors it wrote;
 new segment files call ``sync_new_file``; checkpoints use ``replace_keeping_previous``;
-recovery uses ``truncate_file`` and ``rewrite_file``. Nothing else in the broker calls
-``os.fsync``.
+route tables ``replace_file``; recovery uses ``truncate_file`` and ``rewrite_file``.
+Nothing else in the broker calls ``os.fsync``.
 """
 
 from __future__ import annotations
@@ -51,6 +51,18 @@ def replace_keeping_previous(path: Path, previous: Path, data: bytes) -> None:
         os.fsync(handle.fileno())
     if path.exists():
         os.replace(path, previous)
+    os.replace(tmp, path)
+    sync_dir(path.parent)
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Atomically replace ``path`` with ``data``: a temporary, fsync, rename, fsync the
+    directory (a crash leaves the old file or the new one, never a mix)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
     os.replace(tmp, path)
     sync_dir(path.parent)
 

@@ -132,6 +132,16 @@ def test_the_broker_answers_as_its_openapi_document_says(
     # document's own URL, fetched above); with auth on, requests without the token too.
     operations = {f"{m.upper()} {p}" for p, ms in served["paths"].items() for m in ms}
     accepted = {label for label, statuses in answered.items() if statuses[200]}
-    assert operations - {"GET /openapi.json"} <= accepted
+    # The ordered-subject operations answer 200 only in states random requests rarely make:
+    # a declaration needs a name nothing used yet (or the same declaration again), the
+    # others a declared subject, and a route change a partition and split point that fit
+    # its ranges. Their 200s are tested in test_ordered_broker.py; here every answer they
+    # gave was still checked against the document.
+    ordered = {
+        "PUT /v1/subjects/{subject}",
+        "GET /v1/subjects/{subject}/routes",
+        *(f"POST /v1/subjects/{{subject}}/partitions/{c}" for c in ("split", "merge", "move")),
+    }
+    assert operations - {"GET /openapi.json"} - ordered <= accepted
     if auth:
         assert sum(statuses[401] for statuses in answered.values()) > 0

@@ -1,0 +1,1 @@
+"""Ordered subjects: route tables, partitions, command messages and ordered pulls."""
