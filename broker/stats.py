@@ -48,7 +48,7 @@ class StatsService:
         listed: dict[str, SubjectStats] = {}
         for name in sorted(self._subjects):
             subject, partition = split_partition_log(name)
-            stats = self._subjects[name].stats()
+            stats = self._without_command(self._subjects[name], subject, partition)
             if partition is None:
                 listed[name] = stats
             elif subject in listed:
@@ -92,7 +92,7 @@ class StatsService:
             log = self._subjects.get(partition_log(name, partition))
             if log is None:
                 continue
-            total = _summed(total, log.stats())
+            total = _summed(total, self._without_command(log, name, partition))
             for group in self._groups.of_subject(log.name):
                 stats = dataclasses.replace(group.stats(log.end_seq), mode="ordered")
                 found = groups.get(group.name)
@@ -106,6 +106,16 @@ class StatsService:
             scheduled=self._delayed.subject_stats(name),
             groups=[groups[group] for group in sorted(groups)],
         )
+
+    def _without_command(
+        self, log: SubjectLog, subject: str, partition: int | None
+    ) -> SubjectStats:
+        """A log's counters; a closed partition's command message is not counted."""
+        stats = log.stats()
+        command = None if partition is None else self._book.command_seq(subject, partition)
+        if command is not None and log.first_seq <= command < log.end_seq:
+            stats = dataclasses.replace(stats, messages=stats.messages - 1)
+        return stats
 
     def schedule(self, *, limit: int) -> ScheduleStats:
         """Pending delayed messages by hour, next due time, dispatch lag."""

@@ -291,6 +291,14 @@ def test_new_partitions_stay_invisible_until_the_closed_one_is_consumed(api: Api
     # A resend of an id stored before the split is a duplicate, in its old partition.
     again = api.produce([("old3", "k3", 3)])
     assert (again[0]["status"], again[0]["partition"], again[0]["seq"]) == ("duplicate", 0, 3)
+    # Listings show the subject, its partitions summed, the command message not counted.
+    listed = api.call("GET", "/v1/subjects")["subjects"]
+    assert [(s["subject"], s["messages"]) for s in listed] == [(SUBJECT, 20)]
+    detail = api.call("GET", f"/v1/subjects/{SUBJECT}")
+    assert detail["messages"] == 20
+    assert [(g["group"], g["mode"], g["in_flight"]) for g in detail["groups"]] == [
+        (GROUP, "ordered", len(after))
+    ]
 
 
 def test_a_lost_consumer_gives_up_its_partitions(api: Api) -> None:
