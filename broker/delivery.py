@@ -148,7 +148,7 @@ class DeliveryService:
         """
         self._gate.require()
         if mode == "ordered" or self._ordered.ordered(subject):
-            key, created = self._join_ordered(subject, group, mode, start, ack)
+            key, created = self._join_ordered(subject, group, consumer, mode, start, ack)
         else:
             key, created = self._join(subject, group, consumer, mode, start)
         if created:
@@ -209,8 +209,14 @@ class DeliveryService:
         return key, False
 
     def _join_ordered(
-        self, subject: str, group: str, mode: str, start: str, ack: list[int] | None
+        self, subject: str, group: str, consumer: str, mode: str, start: str, ack: list[int] | None
     ) -> tuple[str, bool]:
+        if not self._ordered.ordered(subject) and subject not in self._subjects:
+            raise NotFound(
+                code="subject_not_found",
+                message=f"no subject {subject!r}: declare it ordered first",
+                field="subject",
+            )
         if not self._ordered.ordered(subject):
             raise Conflict(
                 code="not_ordered",
@@ -229,7 +235,9 @@ class DeliveryService:
                 message=f"{subject!r} is ordered: ack with POST /v1/ack naming the partition",
                 field="ack",
             )
-        return "", self._ordered.join(subject, group, start)
+        # Keyed by consumer like broadcast pulls: each consumer's long poll is woken on its
+        # own (an ack unblocks the partitions of the consumer that sent it).
+        return consumer, self._ordered.join(subject, group, start)
 
     def _log_of(self, subject: str, partition: int | None) -> str:
         """The log a consumer's ack, nack or dead-letter call is about."""
@@ -238,6 +246,12 @@ class DeliveryService:
                 raise Conflict(
                     code="partition_required",
                     message=f"{subject!r} is ordered: name the partition",
+                    field="partition",
+                )
+            if not self._ordered.has_partition(subject, partition):
+                raise NotFound(
+                    code="partition_not_found",
+                    message=f"{subject!r} has no partition {partition}",
                     field="partition",
                 )
             return partition_log(subject, partition)

@@ -3,6 +3,11 @@
 Each API call is described once, as a ``Call`` (method, path, body, how to read the answer);
 the two clients only send it, blocking or awaited. Transport errors, 429 and 5xx become
 ``BrokerUnavailable`` (retry later), other 4xx ``BrokerRejected`` (permanent).
+
+Ordered subjects (docs/architecture.md 3.6): ``declare_subject`` and the route changes
+(``split_partition``, ``merge_partitions``, ``move_partition``) answer the subject's routes
+document, as ``routes`` does; a pull in ``mode="ordered"`` gets messages that carry their
+``partition``, and their acks and nacks name it (``partition=``).
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ import qmq_wire
 from qmq_outbox import http11
 from qmq_outbox.envelope import Message, OutgoingMessage, ProduceResult
 from qmq_outbox.errors import BrokerRejected, BrokerUnavailable
+from qmq_wire import OnDead, RoutesAnswerJson
 
-PullMode = Literal["shared", "broadcast"]
+PullMode = Literal["shared", "broadcast", "ordered"]
 StartAt = Literal["earliest", "latest"]
 DEFAULT_TIMEOUT = 10.0
 _JSON = {"content-type": "application/json"}
@@ -34,7 +40,7 @@ T = TypeVar("T")
 class Call(Generic[T]):
     """One request of the API and how to read its answer."""
 
-    method: Literal["GET", "POST"]
+    method: Literal["GET", "POST", "PUT"]
     path: str
     read: Callable[[Any], T]
     content: bytes | None = None
@@ -89,8 +95,18 @@ def _post(path: str, doc: Any, read: Callable[[Any], T], **options: Any) -> Call
     return Call(method="POST", path=path, read=read, content=orjson.dumps(doc), **options)
 
 
-def _seqs(subject: str, group: str, consumer: str, seqs: Sequence[int]) -> dict[str, Any]:
-    return {"subject": subject, "group": group, "consumer": consumer, "seqs": list(seqs)}
+def _seqs(
+    subject: str, group: str, consumer: str, seqs: Sequence[int], partition: int | None
+) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "subject": subject,
+        "group": group,
+        "consumer": consumer,
+        "seqs": list(seqs),
+    }
+    if partition is not None:  # only an ordered subject's acks and nacks name one
+        doc["partition"] = partition
+    return doc
 
 
 def produce(messages: Sequence[OutgoingMessage]) -> Call[list[ProduceResult]]:
@@ -118,7 +134,9 @@ def pull(
 ) -> Call[list[Message]]:
     """Lease up to ``max_messages`` of ``subject`` for ``group``, long-polling ``wait_ms``.
 
-    ``min_messages``/``linger_ms``: during the first ``linger_ms`` (within ``wait_ms``) the
+    ``mode="ordered"`` (the only mode of an ordered subject): batches of the partitions this
+    consumer holds, each in seq order; a partition's next batch comes once this one is
+    acked. ``min_messages``/``linger_ms``: during the first ``linger_ms`` (within ``wait_ms``) the
     broker answers only with at least ``min_messages``: fewer, fuller pulls for some
     latency.
     """
@@ -184,7 +202,8 @@ def ack_and_pull(
     """Ack ``ack`` (1..1000 seqs, e.g. the previous batch) and ``pull`` in one request.
 
     The acks are as durable when this answers as ``ack`` makes them. If it fails after the
-    broker applied them, sending them again answers them as ``unknown``.
+    broker applied them, sending them again answers them as ``unknown``. Not for ordered
+    subjects: their acks name a partition, so they go by ``ack``.
     """
     doc = _pull_doc(
         subject, group, consumer, max_messages, wait_ms, mode, start, min_messages, linger_ms
@@ -198,9 +217,19 @@ def _acked_pull(doc: Any) -> AckedPull:
     return AckedPull(_messages(doc), int(doc.get("acked", 0)), list(doc.get("unknown") or []))
 
 
-def ack(subject: str, group: str, consumer: str, seqs: Sequence[int]) -> Call[dict[str, Any]]:
-    """Ack leased messages: ``{"acked": n, "unknown": [seqs not leased to us]}``."""
-    return _post("/v1/ack", _seqs(subject, group, consumer, seqs), _as_dict)
+def ack(
+    subject: str,
+    group: str,
+    consumer: str,
+    seqs: Sequence[int],
+    *,
+    partition: int | None = None,
+) -> Call[dict[str, Any]]:
+    """Ack leased messages: ``{"acked": n, "unknown": [seqs not leased to us]}``.
+
+    ``partition``: required for an ordered subject (its seqs count per partition), never
+    given for a plain one."""
+    return _post("/v1/ack", _seqs(subject, group, consumer, seqs, partition), _as_dict)
 
 
 def nack(
@@ -211,9 +240,13 @@ def nack(
     *,
     delay_ms: int | None = None,
     error: str | None = None,
+    partition: int | None = None,
 ) -> Call[dict[str, Any]]:
-    """Give leased messages back for a retry after ``delay_ms`` (None: the broker's backoff)."""
-    doc = _seqs(subject, group, consumer, seqs) | {"delay_ms": delay_ms, "error": error}
+    """Give leased messages back for a retry after ``delay_ms`` (None: the broker's backoff).
+
+    ``partition`` as for ``ack``."""
+    doc = _seqs(subject, group, consumer, seqs, partition)
+    doc |= {"delay_ms": delay_ms, "error": error}
     return _post("/v1/nack", doc, _as_dict)
 
 
@@ -228,21 +261,79 @@ def subject(subject: str) -> Call[dict[str, Any]]:
 
 
 def dead_letters(
-    subject: str, group: str, *, limit: int = 100, after_seq: int | None = None
+    subject: str,
+    group: str,
+    *,
+    limit: int = 100,
+    after_seq: int | None = None,
+    partition: int | None = None,
 ) -> Call[dict[str, Any]]:
-    """A page of the group's dead letters, oldest first."""
+    """A page of the group's dead letters, oldest first (of one ``partition`` of an ordered
+    subject)."""
     params: dict[str, Any] = {"limit": limit}
     if after_seq is not None:
         params["after_seq"] = after_seq
+    if partition is not None:
+        params["partition"] = partition
     path = f"/v1/subjects/{subject}/groups/{group}/dead"
     return Call(method="GET", path=path, read=_as_dict, params=params)
 
 
-def redrive(subject: str, group: str, seqs: Sequence[int] | None = None) -> Call[int]:
-    """Put dead letters back (all of them when ``seqs`` is None); returns how many."""
+def redrive(
+    subject: str, group: str, seqs: Sequence[int] | None = None, *, partition: int | None = None
+) -> Call[int]:
+    """Put dead letters back (all of them when ``seqs`` is None); returns how many.
+    ``partition``: which one of an ordered subject."""
     doc: dict[str, Any] = {"all": True} if seqs is None else {"seqs": list(seqs)}
+    if partition is not None:
+        doc["partition"] = partition
     path = f"/v1/subjects/{subject}/groups/{group}/dead/redrive"
     return _post(path, doc, lambda answer: int(answer["redriven"]))
+
+
+# -- ordered subjects: declaring and changing routes (operator calls) ---------------------------
+
+
+def _routes_document(doc: Any) -> RoutesAnswerJson:
+    routes: RoutesAnswerJson = doc
+    return routes
+
+
+def declare_subject(
+    subject: str, *, partitions: int = 1, on_dead: OnDead = "skip"
+) -> Call[RoutesAnswerJson]:
+    """Make ``subject`` ordered with ``partitions`` (1..64) physical partitions; returns its
+    routes. The same declaration again answers the same; a different one, or a subject
+    that already stored messages unordered, is rejected (409 ``subject_conflict``).
+    ``on_dead="block"``: a partition waits at a dead letter until it is redriven."""
+    doc = {"ordered": True, "partitions": partitions, "on_dead": on_dead}
+    content = orjson.dumps(doc)
+    path = f"/v1/subjects/{subject}"
+    return Call(method="PUT", path=path, read=_routes_document, content=content)
+
+
+def routes(subject: str) -> Call[RoutesAnswerJson]:
+    """An ordered subject's routes: current ranges, history, and each group's version."""
+    path = f"/v1/subjects/{subject}/routes"
+    return Call(method="GET", path=path, read=_routes_document)
+
+
+def split_partition(subject: str, *, partition: int, at: int) -> Call[RoutesAnswerJson]:
+    """Split ``partition``'s logic range ``[lo, hi)`` at ``at`` onto two new partitions."""
+    path = f"/v1/subjects/{subject}/partitions/split"
+    return _post(path, {"partition": partition, "at": at}, _routes_document)
+
+
+def merge_partitions(subject: str, *, partitions: Sequence[int]) -> Call[RoutesAnswerJson]:
+    """Merge two partitions with adjacent ranges into one new partition."""
+    path = f"/v1/subjects/{subject}/partitions/merge"
+    return _post(path, {"partitions": list(partitions)}, _routes_document)
+
+
+def move_partition(subject: str, *, partition: int) -> Call[RoutesAnswerJson]:
+    """Move ``partition``'s range, unchanged, onto one new partition."""
+    path = f"/v1/subjects/{subject}/partitions/move"
+    return _post(path, {"partition": partition}, _routes_document)
 
 
 # -- the two clients ----------------------------------------------------------------------------
@@ -353,6 +444,11 @@ class _Client(Generic[HttpClient, Transport, Lean]):
     subject = _Endpoint(subject)
     dead_letters = _Endpoint(dead_letters)
     redrive = _Endpoint(redrive)
+    declare_subject = _Endpoint(declare_subject)
+    routes = _Endpoint(routes)
+    split_partition = _Endpoint(split_partition)
+    merge_partitions = _Endpoint(merge_partitions)
+    move_partition = _Endpoint(move_partition)
 
 
 class BrokerClient(_Client[httpx.Client, httpx.BaseTransport, http11.Http11Transport]):

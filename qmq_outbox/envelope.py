@@ -118,9 +118,22 @@ class ProduceResult:
     subject: str
     status: str  # "stored" | "duplicate" | "scheduled"
     seq: int | None
+    partition: int | None = None  # an ordered subject's partition (seqs count per partition)
 
-    def __init__(self, *, id: str, subject: str, status: str, seq: int | None) -> None:
-        _fill(self, "__dict__", {"id": id, "subject": subject, "status": status, "seq": seq})
+    def __init__(
+        self,
+        *,
+        id: str,
+        subject: str,
+        status: str,
+        seq: int | None,
+        partition: int | None = None,
+    ) -> None:
+        _fill(
+            self,
+            "__dict__",
+            {"id": id, "subject": subject, "status": status, "seq": seq, "partition": partition},
+        )
 
     @classmethod
     def from_wire(cls, wire: dict[str, Any]) -> ProduceResult:
@@ -131,9 +144,16 @@ class ProduceResult:
     def adopt(cls, wire: dict[str, Any]) -> ProduceResult:
         """``from_wire`` for a dict nobody else holds (a freshly decoded answer): when it has
         exactly the fields, it becomes the result's own, not copied."""
-        if wire.keys() != _RESULT_KEYS:
+        keys = wire.keys()
+        if keys == _RESULT_KEYS:
+            wire["partition"] = None
+        elif keys != _ORDERED_RESULT_KEYS:
             return cls(
-                id=wire["id"], subject=wire["subject"], status=wire["status"], seq=wire.get("seq")
+                id=wire["id"],
+                subject=wire["subject"],
+                status=wire["status"],
+                seq=wire.get("seq"),
+                partition=wire.get("partition"),
             )
         result = _new(cls)
         _fill(result, "__dict__", wire)
@@ -141,6 +161,7 @@ class ProduceResult:
 
 
 _RESULT_KEYS = frozenset(("id", "subject", "status", "seq"))
+_ORDERED_RESULT_KEYS = _RESULT_KEYS | {"partition"}
 _DELIVERED_KEYS = frozenset(
     (
         "id",
@@ -156,6 +177,7 @@ _DELIVERED_KEYS = frozenset(
         "stored_at",
     )
 )
+_ORDERED_KEYS = _DELIVERED_KEYS | {"partition"}  # a message of an ordered subject
 
 
 # A delivered message keeps the wire text of its timestamps under these keys until they are
@@ -177,6 +199,8 @@ class Message:
     producer: str | None
     created_at: datetime | None
     stored_at: datetime | None
+    partition: int | None = None
+    """The physical partition of an ordered subject that holds it (its seq counts there)."""
 
     def __init__(
         self,
@@ -191,6 +215,7 @@ class Message:
         producer: str | None,
         created_at: datetime | None,
         stored_at: datetime | None,
+        partition: int | None = None,
     ) -> None:
         _fill(
             self,
@@ -206,6 +231,7 @@ class Message:
                 "producer": producer,
                 "created_at": created_at,
                 "stored_at": stored_at,
+                "partition": partition,
             },
         )
 
@@ -230,8 +256,11 @@ class Message:
         becomes the message's fields in place, its ``headers`` too. A second dict per
         message, filled and the first one freed, cost more than decoding the message.
         ``created_at`` and ``stored_at`` are parsed when first read."""
-        if wire.keys() != _DELIVERED_KEYS:  # a field missing (or one we do not know)
-            wire = {name: wire.get(name) for name in _DELIVERED_KEYS} | {
+        keys = wire.keys()
+        if keys == _DELIVERED_KEYS:  # a plain subject's message
+            wire["partition"] = None
+        elif keys != _ORDERED_KEYS:  # a field missing (or one we do not know)
+            wire = {name: wire.get(name) for name in _ORDERED_KEYS} | {
                 "id": wire["id"],
                 "subject": wire["subject"],
                 "seq": wire["seq"],

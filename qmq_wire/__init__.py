@@ -161,6 +161,7 @@ ERROR_STATUS: Final[dict[str, int]] = {
     "subject_not_found": 404,
     "group_not_found": 404,
     "consumer_not_found": 404,
+    "partition_not_found": 404,
     "method_not_allowed": 405,
     # 409: the request contradicts existing state
     "mode_conflict": 409,

@@ -198,7 +198,7 @@ def _operations() -> dict[str, dict[str, _Operation]]:
                 summary="Lease messages for a consumer (long poll)",
                 request=PullRequest,
                 answer=answers.PullResponse,
-                errors=(409, 429),
+                errors=(404, 409, 429),
             )
         },
         "/v1/ack": {

@@ -70,6 +70,9 @@ class OrderedPulls:
     def ordered(self, subject: str) -> bool:
         return self._book.is_ordered(subject)
 
+    def has_partition(self, subject: str, partition: int) -> bool:
+        return partition in self._routes(subject).every_partition()
+
     # --- joining ---------------------------------------------------------------------------
 
     def join(self, subject: str, group: str, start: str) -> bool:

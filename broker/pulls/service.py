@@ -162,7 +162,8 @@ class PullService:
             at_us=batch.now_us,
             subject=batch.subject,
             group=request.group,
-            state=request.key,
+            # an ordered partition's state is the group's (its pulls are keyed by consumer)
+            state=request.key if batch.shown_as is None else "",
             seqs=seqs,
             fields=fields,
         )

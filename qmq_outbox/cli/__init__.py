@@ -37,6 +37,11 @@ SUBCOMMANDS = {
     "db": Subcommand(
         module="qmq_outbox.cli.db", extra=None, help="Migrate the SDK's tables (Alembic)."
     ),
+    "subject": Subcommand(
+        module="qmq_outbox.cli.subject",
+        extra=None,
+        help="Declare ordered subjects; split, merge or move partitions.",
+    ),
     "reconcile": Subcommand(
         module="spark_reconcile.cli",
         extra="spark",

@@ -1,7 +1,11 @@
 """The acker: one task that sends the buffered acks (``AckBuffer``) by size, by interval,
 when hurried, and on close. A sent ack gives its lease slot back to the budget. While the
 broker is unavailable the acks wait, retried with a jittered backoff; the outage is logged
-by the consumer's ``FailureLog`` (source ``ack``)."""
+by the consumer's ``FailureLog`` (source ``ack``).
+
+Acks are buffered under a key: the subject, or for an ordered subject's partition its log
+name ``subject#p`` (``qmq_wire.partition_log``), so each partition's acks are a request of
+their own that names it."""
 
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from qmq_outbox.consumer.logs import (
 )
 from qmq_outbox.errors import BrokerError, BrokerUnavailable
 from qmq_outbox.failure_log import FailureLog
+from qmq_wire.ordered import split_partition_log
 
 SOURCE = "ack"  # the acker's name in the consumer's FailureLog
 
@@ -52,9 +57,10 @@ class Acker:
         self._closed = False
         self._retry_at = 0.0
 
-    def add(self, subject: str, seq: int) -> None:
+    def add(self, key: str, seq: int) -> None:
+        """Buffer the ack of ``seq`` of ``key`` (a subject, or ``subject#p``)."""
         first = len(self._buffer) == 0
-        if self._buffer.add(subject, seq, time.monotonic()) or first or self._buffer.urgent:
+        if self._buffer.add(key, seq, time.monotonic()) or first or self._buffer.urgent:
             self._wake.set()  # due now, or the interval's clock starts
 
     def hurry(self) -> None:
@@ -63,6 +69,10 @@ class Acker:
 
     def idle(self) -> None:
         """A pull came back empty: nothing will join the buffered acks soon, send them."""
+        self.send_now()
+
+    def send_now(self) -> None:
+        """Send what is buffered without waiting for the interval (nothing if nothing is)."""
         if len(self._buffer):
             self.hurry()
 
@@ -127,24 +137,32 @@ class Acker:
                 await asyncio.wait_for(self._wake.wait(), wait)
 
     async def send(self, batch: dict[str, list[int]]) -> dict[str, list[int]]:
-        """Ack every subject's seqs; returns what could not be sent (to retry)."""
+        """Ack every key's seqs; returns what could not be sent (to retry)."""
         unsent: dict[str, list[int]] = {}
-        cfg = self._config
-        for subject, seqs in batch.items():
+        for key, seqs in batch.items():
             for part in chunks(seqs):
                 try:
-                    answer = await self._client.ack(subject, cfg.group, cfg.consumer_id, part)
+                    answer = await self._ack(key, part)
                 except BrokerUnavailable as exc:
-                    unsent.setdefault(subject, []).extend(part)
+                    unsent.setdefault(key, []).extend(part)
                     self._failures.failed(exc, source=SOURCE)
                     continue  # the slots stay taken until the retry
                 except BrokerError as exc:  # rejected: retrying won't help; leases expire
-                    log_ack_failed(cfg, subject, part, exc)
+                    log_ack_failed(self._config, key, part, exc)
                 else:
                     self._failures.succeeded(source=SOURCE)
-                    self._record(subject, answer)
+                    self._record(key, answer)
                 self._budget.release(len(part))
         return unsent
+
+    async def _ack(self, key: str, seqs: list[int]) -> dict[str, Any]:
+        cfg = self._config
+        subject, partition = split_partition_log(key)
+        if partition is None:  # a plain subject: the call as clients without partitions have it
+            return await self._client.ack(subject, cfg.group, cfg.consumer_id, seqs)
+        return await self._client.ack(
+            subject, cfg.group, cfg.consumer_id, seqs, partition=partition
+        )
 
     def _record(self, subject: str, answer: dict[str, Any]) -> None:
         self._counters.add("acked", int(answer.get("acked", 0)))

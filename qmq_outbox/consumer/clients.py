@@ -13,7 +13,8 @@ from qmq_outbox.envelope import Message
 
 
 class PullClient(Protocol):
-    """What the consumer needs of ``AsyncBrokerClient``."""
+    """What the consumer needs of ``AsyncBrokerClient``. ``partition`` is passed to ``ack``
+    and ``nack`` only for ordered subjects, so a client for plain subjects may lack it."""
 
     async def pull(
         self,
@@ -28,7 +29,13 @@ class PullClient(Protocol):
     ) -> list[Message]: ...
 
     async def ack(
-        self, subject: str, group: str, consumer: str, seqs: Sequence[int]
+        self,
+        subject: str,
+        group: str,
+        consumer: str,
+        seqs: Sequence[int],
+        *,
+        partition: int | None = ...,
     ) -> dict[str, Any]: ...
 
     async def ack_and_pull(
@@ -53,6 +60,7 @@ class PullClient(Protocol):
         *,
         delay_ms: int | None = ...,
         error: str | None = ...,
+        partition: int | None = ...,
     ) -> dict[str, Any]: ...
 
 
@@ -79,11 +87,10 @@ class OnThreads:
         return messages
 
     async def ack(
-        self, subject: str, group: str, consumer: str, seqs: Sequence[int]
+        self, subject: str, group: str, consumer: str, seqs: Sequence[int], **options: Any
     ) -> dict[str, Any]:
-        answer: dict[str, Any] = await self._threads.run(
-            self._client.ack, subject, group, consumer, seqs
-        )
+        call = functools.partial(self._client.ack, subject, group, consumer, seqs, **options)
+        answer: dict[str, Any] = await self._threads.run(call)
         return answer
 
     async def ack_and_pull(

@@ -61,6 +61,8 @@ class Consumer:
     ``concurrency`` handlers run at once and at most ``concurrency + prefetch`` messages are
     leased to this consumer at any time, so a slow handler does not hoard the group's
     messages. ``mode="broadcast"`` gives every consumer of the group every message.
+    ``@handler(subject, ordered=True)`` consumes an ordered subject partition by partition
+    (``docs/consumer.md``, "Ordered handlers").
 
     ``client`` is an injected ``BrokerClient`` (for ``run()``) or ``AsyncBrokerClient``
     (for ``run_async()``), or anything with their ``pull/ack/nack/ack_and_pull``; the
@@ -138,44 +140,66 @@ class Consumer:
     # -- registration -----------------------------------------------------------------
 
     @overload
-    def handler(self, subject: str, *, idempotent: None = None) -> Callable[[H], H]: ...
+    def handler(
+        self, subject: str, *, idempotent: None = None, ordered: bool = False
+    ) -> Callable[[H], H]: ...
 
     @overload
     def handler(
-        self, subject: str, *, idempotent: IdempotentStore[Session]
+        self, subject: str, *, idempotent: IdempotentStore[Session], ordered: bool = False
     ) -> Callable[[HS], HS]: ...
 
     @overload
     def handler(
-        self, subject: str, *, idempotent: IdempotentStore[AsyncSession]
+        self, subject: str, *, idempotent: IdempotentStore[AsyncSession], ordered: bool = False
     ) -> Callable[[HA], HA]: ...
 
     @overload
-    def handler(self, subject: str, *, idempotent: NonTransactional[Any]) -> Callable[[H], H]: ...
+    def handler(
+        self, subject: str, *, idempotent: NonTransactional[Any], ordered: bool = False
+    ) -> Callable[[H], H]: ...
 
-    def handler(self, subject: str, *, idempotent: Guard | None = None) -> Callable[[Any], Any]:
+    def handler(
+        self, subject: str, *, idempotent: Guard | None = None, ordered: bool = False
+    ) -> Callable[[Any], Any]:
         """Register the decorated function for ``subject`` (returned unchanged).
 
         ``idempotent=store`` runs it as ``handler(message, session)`` in one transaction
         with the dedup row; ``idempotent=store.non_transactional()`` as
         ``handler(message)`` between a *processing* claim and *done*.
+
+        ``ordered=True`` for an ordered subject (declared with partitions): its messages are
+        pulled in ``"ordered"`` mode, one partition's run strictly one after another in seq
+        order, different partitions' concurrently (up to ``concurrency``). A failure nacks
+        that message and the partition's later ones of the same batch together, unrun.
+        A store then commits one message per transaction (its ``batch_size`` is not used).
         """
 
         def register(fn: Any) -> Any:
-            self.add_handler(subject, fn, idempotent=idempotent)
+            self.add_handler(subject, fn, idempotent=idempotent, ordered=ordered)
             return fn
 
         return register
 
     def add_handler(
-        self, subject: str, fn: Callable[..., Any], *, idempotent: Guard | None = None
+        self,
+        subject: str,
+        fn: Callable[..., Any],
+        *,
+        idempotent: Guard | None = None,
+        ordered: bool = False,
     ) -> None:
         """The non-decorator form of ``handler``."""
         if self._running:
             raise ConfigurationError("handlers must be registered before run()")
         if subject in self._specs:
             raise ConfigurationError(f"subject {subject!r} already has a handler")
-        spec = HandlerSpec(subject=subject, fn=fn, guard=idempotent)
+        if ordered and self.config.mode != "shared":
+            raise ConfigurationError(
+                "ordered handlers need a shared-mode consumer: an ordered subject hands each "
+                "partition to one consumer of the group at a time"
+            )
+        spec = HandlerSpec(subject=subject, fn=fn, guard=idempotent, ordered=ordered)
         spec.validate()
         self._specs[subject] = spec
 

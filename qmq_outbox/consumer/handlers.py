@@ -80,11 +80,13 @@ ACK_DUPLICATE = Ack(duplicate=True)
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class HandlerSpec:
-    """One registered handler: its subject, function and idempotency guard."""
+    """One registered handler: its subject, function, idempotency guard, and whether its
+    subject is ordered (pulled in ``"ordered"`` mode, one partition's messages at a time)."""
 
     subject: str
     fn: Callable[..., Any]
     guard: Guard | None
+    ordered: bool = False
 
     @property
     def is_coroutine(self) -> bool:
@@ -99,8 +101,11 @@ class HandlerSpec:
 
     @property
     def batch_limit(self) -> int:
-        """How many queued messages of this subject one transaction may take."""
-        if isinstance(self.guard, IdempotentStore):
+        """How many queued messages of this subject one transaction may take.
+
+        One for an ordered handler: a batch that fails is redone message by message, the
+        ones after the failure too, and those must not run before it succeeds."""
+        if isinstance(self.guard, IdempotentStore) and not self.ordered:
             return self.guard.batch_size
         return 1
 

@@ -10,6 +10,14 @@ the same graceful
 shutdown as a stop. ``Consumer.run()`` drives this runner with ``asyncio.run`` on the
 caller's thread, ``Consumer.run_async()`` on the caller's loop.
 
+An ordered handler's subject is pulled in ``"ordered"`` mode and its messages go to one lane
+per partition (``lanes.py``) instead of the shared queue: a worker takes a whole lane and
+runs its messages one after another, so a partition's handlers never overlap and different
+partitions' run on different workers. A failure nacks that message and the rest of its lane
+in one request (they come back together, in order) and runs none of them; when a lane is
+done its acks are sent at once, since the broker serves a partition's next batch only once
+this one is acked.
+
 An unavailable broker is retried with a jittered backoff; the pullers and the acker share
 one ``FailureLog``, so an outage is one line when it starts, a summary every
 ``config.outage_summary`` seconds and one line when it clears. Each handler runs in a
@@ -30,7 +38,15 @@ from qmq_outbox.consumer.acker import Acker
 from qmq_outbox.consumer.budget import LeaseBudget, next_want
 from qmq_outbox.consumer.clients import PullClient
 from qmq_outbox.consumer.config import ConsumerConfig, Counters
-from qmq_outbox.consumer.handlers import Ack, HandlerSpec, Nack, Result, handle_batch_async
+from qmq_outbox.consumer.handlers import (
+    Ack,
+    HandlerSpec,
+    Nack,
+    Result,
+    handle_async,
+    handle_batch_async,
+)
+from qmq_outbox.consumer.lanes import Lane, Lanes
 from qmq_outbox.consumer.logs import STOPPED_ERROR, broker_failures, ids, retry_pause
 from qmq_outbox.consumer.threads import ThreadPool
 from qmq_outbox.envelope import Message
@@ -62,7 +78,8 @@ class Runner:
         self.stop = stop
         self.fatal: BaseException | None = None
         self.budget = LeaseBudget(config.capacity)
-        self.queue: asyncio.Queue[Message | None] = asyncio.Queue()
+        self.queue: asyncio.Queue[Message | Lane | None] = asyncio.Queue()
+        self.lanes = Lanes()  # the ordered subjects' partitions
         self.broker_failures = broker_failures(
             config, client_url(client), summary_interval=config.outage_summary
         )
@@ -121,9 +138,11 @@ class Runner:
     async def _pull_loop(self, subject: str) -> None:
         cfg = self.config
         source = f"pull {subject}"
+        ordered = self.specs[subject].ordered
         want, busy = 1, False
         while not self.stop.is_set():
-            granted, carried = await self._reserve(subject, want, busy=busy)
+            # An ordered pull carries no acks: they name the partition, pulls do not.
+            granted, carried = await self._reserve(subject, want, busy=busy and not ordered)
             if granted + len(carried) == 0:
                 return
             held = granted + len(carried)  # the carried acks' slots pass to this pull
@@ -142,8 +161,11 @@ class Runner:
                 self.acker.idle()
             self.budget.release(held - len(messages))
             self.counters.add("pulled", len(messages))
-            for message in messages:
-                self.queue.put_nowait(message)
+            if ordered:
+                self._to_lanes(messages)
+            else:
+                for message in messages:
+                    self.queue.put_nowait(message)
             want = next_want(last_pulled=len(messages), max_batch=cfg.max_batch)
             busy = bool(messages)
 
@@ -167,7 +189,7 @@ class Runner:
         options: dict[str, Any] = {
             "max_messages": max_messages,
             "wait_ms": cfg.wait_ms,
-            "mode": cfg.mode,
+            "mode": "ordered" if self.specs[subject].ordered else cfg.mode,
             "start": cfg.start,
         }
         if not carried:
@@ -197,16 +219,19 @@ class Runner:
     # -- handling ---------------------------------------------------------------------
 
     async def _work(self) -> None:
-        held: list[Message | None] = []  # an item taken while batching, for the next round
+        held: list[Message | Lane | None] = []  # an item taken while batching, for later
         while True:
             message = held.pop() if held else await self.queue.get()
             if message is None:
                 return
+            if isinstance(message, Lane):
+                await self._run_lane(message)
+                continue
             spec = self.specs[message.subject]
             batch = [message]
             while len(batch) < spec.batch_limit and not self.queue.empty():
                 more = self.queue.get_nowait()
-                if more is None or more.subject != message.subject:
+                if not isinstance(more, Message) or more.subject != message.subject:
                     held.append(more)
                     break
                 batch.append(more)
@@ -215,6 +240,69 @@ class Runner:
                 results = await handle_batch_async(spec, group, batch, self._on_thread)
             for one, result in zip(batch, results, strict=True):
                 await self._finish(one, result)
+
+    # -- ordered handlers -------------------------------------------------------------
+
+    def _to_lanes(self, messages: list[Message]) -> None:
+        """An ordered pull's messages onto their partitions' lanes; an idle lane goes to
+        the workers."""
+        for message in messages:
+            lane = self.lanes.add(message)
+            if lane is not None:
+                self.queue.put_nowait(lane)
+
+    async def _run_lane(self, lane: Lane) -> None:
+        """Run a partition's messages one at a time until none is left; at a failure, give
+        that message and the rest back in one nack. Once stopping, leave the rest on the
+        lane: ``shutdown`` returns them after the pulls ended, so that none of our own
+        pulls takes them again."""
+        spec = self.specs[lane.subject]
+        group = self.config.store_group
+        while not self.stop.is_set() and (message := self.lanes.next(lane)) is not None:
+            with tracing.handling(message.subject, self.config.group, [message]):
+                result = await handle_async(spec, group, message, self._on_thread)
+            if isinstance(result, Ack):
+                self.counters.add("duplicates" if result.duplicate else "processed")
+                self.acker.add(lane.key, message.seq)
+            else:
+                await self._nack_lane(lane, message, result)
+        # The broker serves this partition's next batch only once the last one is acked.
+        self.acker.send_now()
+
+    async def _nack_lane(self, lane: Lane, first: Message, result: Nack) -> None:
+        """Nack ``first`` and every message after it on ``lane``, in one request with one
+        delay: they come back together and in order, and none runs before ``first``."""
+        batch = [first, *lane.take_rest()]
+        try:
+            await self._nack_ordered(lane, batch, result)
+        finally:
+            self.budget.release(len(batch))
+
+    async def _nack_ordered(self, lane: Lane, batch: list[Message], result: Nack) -> None:
+        cfg = self.config
+        self.counters.add("nacked", len(batch))
+        seqs = list(dict.fromkeys(m.seq for m in batch))  # a redelivered copy may be there too
+        try:
+            await self.client.nack(
+                lane.subject,
+                cfg.group,
+                cfg.consumer_id,
+                seqs,
+                delay_ms=result.delay_ms,
+                error=result.error,
+                partition=lane.partition,
+            )
+        except BrokerError as exc:  # the leases expire and the broker redelivers anyway
+            logger.warning(
+                "nack failed; the leases will expire instead",
+                extra=ids(cfg, batch[0])
+                | {
+                    "action": "consumer.nack_failed",
+                    "partition": lane.partition,
+                    "count": len(seqs),
+                    "error": str(exc),
+                },
+            )
 
     async def _on_thread(self, fn: Callable[..., T], /, *args: Any) -> T:
         """``fn(*args)`` on a handler thread, in this task's context (its current span)."""
@@ -278,11 +366,19 @@ class Runner:
         )
 
     async def _release_unstarted(self) -> None:
-        """Messages no worker got to: nack them now so others need not wait for the lease."""
+        """Messages no worker got to: nack them now so others need not wait for the lease.
+        A partition's are nacked together (its lane: queued, left at the stop, or left by
+        a handler that ran past the timeout)."""
+        stopped = Nack(delay_ms=0, error=STOPPED_ERROR)
         while not self.queue.empty():
             message = self.queue.get_nowait()
-            if message is not None:
-                await self._finish(message, Nack(delay_ms=0, error=STOPPED_ERROR))
+            if isinstance(message, Message):
+                await self._finish(message, stopped)
+        for lane, rest in self.lanes.take_all():
+            try:
+                await self._nack_ordered(lane, rest, stopped)
+            finally:
+                self.budget.release(len(rest))
 
 
 async def _wait_all(tasks: list[asyncio.Task[None]], deadline: float) -> int:

@@ -1,8 +1,10 @@
 """``InMemoryBroker``: API v1 in memory, served to the real clients through ``httpx.MockTransport``.
 
 Thread-safe: one lock around all state. A long poll waits on a condition (sync clients) or
-an asyncio event (async clients) and re-checks whenever a produce, nack, redrive or clock
-step could have made messages available.
+an asyncio event (async clients) and re-checks whenever a produce, ack, nack, redrive or
+clock step could have made messages available. Ordered subjects are kept simply
+(``ordered.py`` says what is left out): each partition is a log of its own, ``subject#p``,
+with its own groups' standings, as on the broker.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from qmq_outbox.client import AsyncBrokerClient, BrokerClient
 from qmq_outbox.testing.checks import (
     Rejected,
     check_ack,
+    check_declare,
     check_path_name,
     check_produce,
     check_pull,
@@ -40,6 +43,8 @@ from qmq_outbox.testing.checks import (
 )
 from qmq_outbox.testing.delivery import GroupStanding, RetryPolicy, Standing
 from qmq_outbox.testing.failures import PlannedFailures
+from qmq_outbox.testing.ordered import ROUTE_CHANGES_REFUSED, OrderedSubject
+from qmq_wire.ordered import partition_log, split_partition_log
 
 BASE_URL = "http://qmq.test"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -60,13 +65,14 @@ class _Kept:
     producer: str | None
     created_at_us: int
     stored_at_us: int
+    partition: int | None = None  # of an ordered subject
 
     def wire(self, attempt: int) -> wire.PulledMessageJson:
         if self.base64:
             body, encoding = base64.b64encode(self.body).decode("ascii"), "base64"
         else:
             body, encoding = self.body.decode("utf-8"), "utf-8"
-        return {
+        answer: wire.PulledMessageJson = {
             "id": self.id,
             "subject": self.subject,
             "seq": self.seq,
@@ -79,6 +85,9 @@ class _Kept:
             "created_at": _rfc3339(self.created_at_us),
             "stored_at": _rfc3339(self.stored_at_us),
         }
+        if self.partition is not None:
+            answer["partition"] = self.partition
+        return answer
 
 
 @dataclasses.dataclass(slots=True)
@@ -124,7 +133,8 @@ class _LongPoll:
 
 
 class InMemoryBroker:
-    """The broker's API v1 for unit tests: produce, pull, ack, nack, dead letters, stats.
+    """The broker's API v1 for unit tests: produce, pull, ack, nack, dead letters, stats,
+    and ordered subjects without route changes (``qmq_outbox/testing/ordered.py``).
 
     Use it through the real clients: ``broker.client()`` / ``broker.async_client()``, or
     ``BrokerClient(BASE_URL, transport=broker.transport())``. Same validation, error codes
@@ -138,7 +148,9 @@ class InMemoryBroker:
     error. Introspection: ``stored`` (every accepted envelope, as sent), ``ids``,
     ``requests``, ``received(operation)``, ``most_leased``, ``acked_seqs``, ``dead_seqs``.
     Operations are named as the clients' methods: ``produce``, ``pull``, ``ack``, ``nack``,
-    ``subjects``, ``subject``, ``dead_letters``, ``redrive``, and ``healthz``.
+    ``subjects``, ``subject``, ``dead_letters``, ``redrive``, ``declare_subject``,
+    ``routes``, ``split_partition``, ``merge_partitions``, ``move_partition``, and
+    ``healthz``.
     """
 
     def __init__(
@@ -167,7 +179,8 @@ class InMemoryBroker:
         self._received: list[tuple[str, Any]] = []
         self._failures = PlannedFailures()
         self._most_leased: dict[tuple[str, str], int] = {}
-        self._shelves: dict[str, _Shelf] = {}
+        self._shelves: dict[str, _Shelf] = {}  # by log name: a subject, or ``subject#p``
+        self._ordered: dict[str, OrderedSubject] = {}
         self._groups: dict[tuple[str, str], GroupStanding] = {}
         self._delayed: dict[tuple[str, str], _Delayed] = {}
         self._due: list[tuple[int, int, str, str]] = []  # (due, order, subject, id)
@@ -205,20 +218,23 @@ class InMemoryBroker:
         with self._lock:
             return self._most_leased.get((group, consumer), 0)
 
-    def acked_seqs(self, subject: str, group: str) -> set[int]:
-        """The seqs of ``subject`` that ``group`` acked (empty until it pulled). For a
-        broadcast group, those acked by any of its consumers."""
+    def acked_seqs(self, subject: str, group: str, *, partition: int | None = None) -> set[int]:
+        """The seqs of ``subject`` (of its ``partition``, if ordered) that ``group`` acked
+        (empty until it pulled). For a broadcast group, those acked by any of its consumers."""
         with self._lock:
-            return {seq for owner in self._owners(subject, group) for seq in owner.acked}
+            owners = self._owners(subject, group, partition)
+            return {seq for owner in owners for seq in owner.acked}
 
-    def dead_seqs(self, subject: str, group: str) -> set[int]:
-        """The seqs of ``subject`` that are dead letters of ``group`` now (redrive takes them
-        out again). For a broadcast group, those of any of its consumers."""
+    def dead_seqs(self, subject: str, group: str, *, partition: int | None = None) -> set[int]:
+        """The seqs of ``subject`` (of its ``partition``, if ordered) that are dead letters
+        of ``group`` now (redrive takes them out again). For a broadcast group, those of any
+        of its consumers."""
         with self._lock:
-            return {seq for owner in self._owners(subject, group) for seq in owner.dead}
+            owners = self._owners(subject, group, partition)
+            return {seq for owner in owners for seq in owner.dead}
 
-    def _owners(self, subject: str, group: str) -> list[Standing]:
-        standing = self._groups.get((subject, group))
+    def _owners(self, subject: str, group: str, partition: int | None) -> list[Standing]:
+        standing = self._groups.get((_log(subject, partition), group))
         return [] if standing is None else list(standing.owners.values())
 
     # --- the clients' side --------------------------------------------------------------
@@ -276,13 +292,15 @@ class InMemoryBroker:
 
     def _route(self, request: httpx.Request) -> Answer | _LongPoll | httpx.Response:
         path = request.url.path
+        found = False
         for pattern, method, name in _ROUTES:
             match = pattern.fullmatch(path)
             if match is None:
                 continue
+            found = True
             if request.method != method:
-                raise Rejected(405, "method_not_allowed", f"{request.method} is not allowed here")
-            if method == "POST" and _media_type(request) != "application/json":
+                continue  # the same path may take another method (GET and PUT a subject)
+            if method != "GET" and _media_type(request) != "application/json":
                 message = "a POST body must be sent as Content-Type: application/json"
                 raise Rejected(415, "unsupported_media_type", message, "Content-Type")
             doc = _read(request)
@@ -297,6 +315,8 @@ class InMemoryBroker:
             self._release_due()
             handler: Callable[..., Answer | _LongPoll] = getattr(self, f"_{name}")
             return handler(doc, *match.groups())
+        if found:
+            raise Rejected(405, "method_not_allowed", f"{request.method} is not allowed here")
         raise Rejected(404, "not_found", f"no route {path}")
 
     def _healthz(self, params: dict[str, str]) -> Answer:
@@ -316,10 +336,28 @@ class InMemoryBroker:
         accepted = []
         for index, envelope in enumerate(envelopes):
             body = decode_body(envelope, f"messages[{index}].body", self.max_body)
-            accepted.append((envelope, body, self._due_us(envelope, now, index)))
-        results = [self._accept(envelope, body, due, now) for envelope, body, due in accepted]
+            due = self._due_us(envelope, now, index)
+            accepted.append((envelope, body, due, self._partition_of(envelope, index, due)))
+        results = [
+            self._accept(envelope, body, due, now, partition)
+            for envelope, body, due, partition in accepted
+        ]
         self._wake()
         return {"results": results}
+
+    def _partition_of(self, envelope: dict[str, Any], index: int, due: int) -> int | None:
+        """The partition a message of an ordered subject goes to (None for a plain one)."""
+        routes = self._ordered.get(envelope["subject"])
+        if routes is None:
+            return None
+        if due:
+            message = f"{routes.name!r} is ordered: its messages cannot be delayed"
+            raise Rejected(409, "delay_not_ordered", message, f"messages[{index}].deliver_at")
+        key = envelope.get("key")
+        if key is None:
+            message = f"{routes.name!r} is ordered: every message needs a key"
+            raise Rejected(409, "key_required", message, f"messages[{index}].key")
+        return routes.partition_of(key)
 
     def _due_us(self, envelope: dict[str, Any], now: int, index: int) -> int:
         """A future due time, or 0 (deliver now); 400 beyond the longest delay."""
@@ -333,31 +371,37 @@ class InMemoryBroker:
         return due
 
     def _accept(
-        self, envelope: dict[str, Any], body: bytes, due: int, now: int
+        self, envelope: dict[str, Any], body: bytes, due: int, now: int, partition: int | None
     ) -> wire.ProduceResultJson:
         subject, message_id = envelope["subject"], envelope["id"]
-        shelf = self._shelves.get(subject)
+        shelf = self._shelves.get(_log(subject, partition))
         if shelf is not None and message_id in shelf.dedup:
-            return _result(envelope, "duplicate", shelf.dedup[message_id])
+            return _result(envelope, "duplicate", shelf.dedup[message_id], partition)
         if (subject, message_id) in self._delayed:
-            return _result(envelope, "duplicate", None)
+            return _result(envelope, "duplicate", None, None)
         self.stored.append(envelope)
         if due:
             self._delayed[(subject, message_id)] = _Delayed(envelope, body, now)
             heapq.heappush(self._due, (due, next(self._order), subject, message_id))
-            return _result(envelope, "scheduled", None)
-        seq = self._store(envelope, body, created_default_us=now, now=now)
-        return _result(envelope, "stored", seq)
+            return _result(envelope, "scheduled", None, None)
+        seq = self._store(envelope, body, created_default_us=now, now=now, partition=partition)
+        return _result(envelope, "stored", seq, partition)
 
     def _store(
-        self, envelope: dict[str, Any], body: bytes, *, created_default_us: int, now: int
+        self,
+        envelope: dict[str, Any],
+        body: bytes,
+        *,
+        created_default_us: int,
+        now: int,
+        partition: int | None = None,
     ) -> int:
-        shelf = self._shelf(envelope["subject"])
+        shelf = self._shelf(_log(envelope["subject"], partition))
         created = parse_timestamp(envelope.get("created_at"))
         kept = _Kept(
             seq=len(shelf.messages),
             id=envelope["id"],
-            subject=shelf.name,
+            subject=envelope["subject"],
             key=envelope.get("key"),
             headers=dict(envelope.get("headers") or {}),
             body=body,
@@ -365,6 +409,7 @@ class InMemoryBroker:
             producer=envelope.get("producer"),
             created_at_us=micros(created) if created is not None else created_default_us,
             stored_at_us=now,
+            partition=partition,
         )
         shelf.messages.append(kept)
         shelf.dedup[kept.id] = kept.seq
@@ -397,6 +442,8 @@ class InMemoryBroker:
             pull["consumer"],
             pull["mode"],
         )
+        if mode == "ordered" or subject in self._ordered:
+            return self._pull_ordered(pull)
         group = self._groups.get((subject, name))
         if group is not None and group.mode != mode:
             message = f"group {name!r} on {subject!r} is in {group.mode} mode"
@@ -418,7 +465,38 @@ class InMemoryBroker:
             return {"messages": messages, **acks}
         return poll
 
+    def _pull_ordered(self, pull: dict[str, Any]) -> Answer | _LongPoll:
+        """An ordered pull: its group joins every partition at its first pull."""
+        subject, name = pull["subject"], pull["group"]
+        routes = self._ordered.get(subject)
+        if routes is None:
+            message = f"{subject!r} is not ordered: pull it in shared or broadcast mode"
+            raise Rejected(409, "not_ordered", message, "mode")
+        if pull["mode"] != "ordered":
+            raise Rejected(
+                409, "mode_conflict", f"{subject!r} is ordered: pull it in ordered mode", "mode"
+            )
+        if pull.get("ack") is not None:
+            message = f"{subject!r} is ordered: ack with POST /v1/ack naming the partition"
+            raise Rejected(409, "partition_required", message, "ack")
+        for _, log in routes.logs():
+            group = self._groups.get((log, name))
+            if group is None:
+                group = self._groups[(log, name)] = GroupStanding(name, "ordered")
+            if "" not in group.owners:
+                shelf = self._shelf(log)
+                group.owners[""] = Standing(len(shelf.messages) if pull["start"] == "latest" else 0)
+        deadline = time.monotonic() + pull["wait_ms"] / 1000
+        poll = _LongPoll(subject, name, "", pull["consumer"], pull["max"], deadline, {})
+        messages = self._lease(poll)
+        if messages or pull["wait_ms"] == 0:
+            return {"messages": messages}
+        return poll
+
     def _lease(self, poll: _LongPoll) -> list[wire.PulledMessageJson]:
+        routes = self._ordered.get(poll.subject)
+        if routes is not None:
+            return self._lease_ordered(poll, routes)
         self._release_due()
         now = self.now_us()
         owner = self._groups[(poll.subject, poll.group)].owners[poll.owner]
@@ -438,6 +516,31 @@ class InMemoryBroker:
         if chosen:
             self._note_leased(poll.group, poll.consumer, now)
         return [shelf.messages[seq].wire(attempt) for seq, attempt in chosen]
+
+    def _lease_ordered(
+        self, poll: _LongPoll, routes: OrderedSubject
+    ) -> list[wire.PulledMessageJson]:
+        """The next batch of each partition that has nothing in flight, up to the limit."""
+        now = self.now_us()
+        served: list[wire.PulledMessageJson] = []
+        for _, log in routes.logs():
+            if len(served) >= poll.limit:
+                break
+            owner = self._groups[(log, poll.group)].owners[""]
+            owner.expire(now_us=now, policy=self.policy)
+            shelf = self._shelves[log]
+            chosen = owner.lease_in_order(
+                consumer=poll.consumer,
+                limit=poll.limit - len(served),
+                end_seq=len(shelf.messages),
+                now_us=now,
+                policy=self.policy,
+                hold_on_dead=routes.on_dead == "block",
+            )
+            served.extend(shelf.messages[seq].wire(attempt) for seq, attempt in chosen)
+        if served:
+            self._note_leased(poll.group, poll.consumer, now)
+        return served
 
     def _note_leased(self, group: str, consumer: str, now_us: int) -> None:
         """Keep the peak of the live leases ``consumer`` holds in ``group``, all subjects."""
@@ -493,14 +596,19 @@ class InMemoryBroker:
         remaining = poll.deadline - time.monotonic()
         if remaining <= 0:
             return None
-        owner = self._groups[(poll.subject, poll.group)].owners[poll.owner]
-        times = [t for t in (owner.next_due_us(), self._due[0][0] if self._due else None) if t]
+        times = [t for t in (*self._owners_due(poll), self._due[0][0] if self._due else None) if t]
         if times:
             remaining = min(remaining, max((min(times) - self.now_us()) / 1_000_000, 0.001))
         lingering = poll.linger_until - time.monotonic()
         if lingering > 0:
             remaining = min(remaining, lingering)
         return remaining
+
+    def _owners_due(self, poll: _LongPoll) -> list[int | None]:
+        """When a lease of the poll's group expires or a retry comes due, per state owner."""
+        routes = self._ordered.get(poll.subject)
+        logs = [poll.subject] if routes is None else [log for _, log in routes.logs()]
+        return [self._groups[(log, poll.group)].owners[poll.owner].next_due_us() for log in logs]
 
     def _wake(self) -> None:
         with self._lock:
@@ -509,8 +617,22 @@ class InMemoryBroker:
         for wake in wakers:
             wake()
 
+    def _log_of(self, subject: str, partition: int | None) -> str:
+        """The log an ack, nack or dead-letter call is about: an ordered subject's partition
+        must be named, a plain subject's must not."""
+        if subject in self._ordered:
+            if partition is None:
+                message = f"{subject!r} is ordered: name the partition"
+                raise Rejected(409, "partition_required", message, "partition")
+            return partition_log(subject, partition)
+        if partition is not None:
+            message = f"{subject!r} is not ordered: it has no partitions"
+            raise Rejected(409, "not_ordered", message, "partition")
+        return subject
+
     def _owner(self, doc: dict[str, Any]) -> Standing:
-        subject, name, consumer = doc["subject"], doc["group"], doc["consumer"]
+        name, consumer = doc["group"], doc["consumer"]
+        subject = self._log_of(doc["subject"], doc.get("partition"))
         group = self._groups.get((subject, name))
         if group is None:
             raise Rejected(404, "group_not_found", f"no group {name!r} on {subject!r}", "group")
@@ -521,7 +643,10 @@ class InMemoryBroker:
         return owner
 
     def _ack(self, doc: Any) -> Answer:
-        return self._apply_acks(check_ack(doc))
+        answer = self._apply_acks(check_ack(doc))
+        if answer["acked"] and doc["subject"] in self._ordered:
+            self._wake()  # the partition's next batch may be served now
+        return answer
 
     def _apply_acks(self, doc: dict[str, Any]) -> Answer:
         """Ack a checked ``{subject, group, consumer, seqs}`` (an ack, or a pull's acks)."""
@@ -548,13 +673,15 @@ class InMemoryBroker:
 
     # --- dead letters and stats ---------------------------------------------------------------
 
-    def _group(self, subject: str, name: str) -> GroupStanding:
-        if subject not in self._shelves:
+    def _group(self, subject: str, name: str, partition: int | None) -> tuple[str, GroupStanding]:
+        """The log of ``subject`` (its ``partition``'s, if ordered) and ``name``'s group there."""
+        if subject not in self._shelves and subject not in self._ordered:
             raise Rejected(404, "subject_not_found", f"no subject {subject!r}", "subject")
-        group = self._groups.get((subject, name))
+        log = self._log_of(subject, partition)
+        group = self._groups.get((log, name))
         if group is None:
-            raise Rejected(404, "group_not_found", f"no group {name!r} on {subject!r}", "group")
-        return group
+            raise Rejected(404, "group_not_found", f"no group {name!r} on {log!r}", "group")
+        return log, group
 
     def _dead_letters(self, params: dict[str, str], subject: str, name: str) -> Answer:
         check_path_name(subject, "subject")
@@ -563,7 +690,10 @@ class InMemoryBroker:
             params, "limit", default=wire.DEFAULT_DEAD_PAGE, low=1, high=wire.MAX_DEAD_PAGE
         )
         after = int_param(params, "after_seq", default=None, low=0, high=wire.MAX_SEQ)
-        group = self._group(subject, name)
+        partition = int_param(
+            params, "partition", default=None, low=0, high=wire.MAX_PARTITION_NUMBER
+        )
+        log, group = self._group(subject, name, partition)
         rows = sorted(
             (seq, key, dead)
             for key, owner in group.owners.items()
@@ -573,7 +703,7 @@ class InMemoryBroker:
             rows = [row for row in rows if row[0] > after]
         assert limit is not None
         page = rows[:limit]
-        shelf = self._shelves[subject]
+        shelf = self._shelves[log]
         dead: list[wire.DeadLetterJson] = [
             {
                 "seq": seq,
@@ -592,7 +722,7 @@ class InMemoryBroker:
         check_path_name(subject, "subject")
         check_path_name(name, "group")
         seqs = check_redrive(doc)
-        group = self._group(subject, name)
+        _, group = self._group(subject, name, doc.get("partition"))
         now = self.now_us()
         chosen = None if seqs is None else list(dict.fromkeys(seqs))
         redriven = sum(owner.redrive(chosen, now_us=now) for owner in group.owners.values())
@@ -601,10 +731,26 @@ class InMemoryBroker:
         return {"redriven": redriven}
 
     def _subjects(self, params: dict[str, str]) -> Answer:
-        return {"subjects": [self._shelves[name].stats() for name in sorted(self._shelves)]}
+        """Every subject; an ordered one with its partitions' counters summed."""
+        listed: dict[str, wire.SubjectStatsJson] = {}
+        for name in sorted(self._shelves):
+            subject, partition = split_partition_log(name)
+            stats = self._shelves[name].stats()
+            if partition is None:
+                listed[name] = stats
+            elif subject in listed:
+                listed[subject] = _summed(listed[subject], stats)
+            else:
+                listed[subject] = {**stats, "subject": subject, "first_seq": 0}
+        for subject in self._ordered:  # declared, nothing stored or pulled yet
+            listed.setdefault(subject, _Shelf(subject).stats())
+        return {"subjects": [listed[name] for name in sorted(listed)]}
 
     def _subject(self, params: dict[str, str], name: str) -> Answer:
         check_path_name(name, "subject")
+        routes = self._ordered.get(name)
+        if routes is not None:
+            return self._ordered_subject(routes)
         delayed = [d for (subject, _), d in self._delayed.items() if subject == name]
         shelf = self._shelves.get(name)
         if shelf is None and not delayed:
@@ -617,6 +763,72 @@ class InMemoryBroker:
             "groups": [group.stats(len(shelf.messages)) for _, group in groups],
         }
 
+    def _ordered_subject(self, routes: OrderedSubject) -> Answer:
+        """An ordered subject's counters and each group's, its partitions' summed."""
+        total = _Shelf(routes.name).stats()
+        groups: dict[str, dict[str, int | str]] = {}
+        for _, log in routes.logs():
+            shelf = self._shelves.get(log)
+            if shelf is None:
+                continue
+            total = _summed(total, shelf.stats())
+            for (where, name), group in self._groups.items():
+                if where != log:
+                    continue
+                stats = group.stats(len(shelf.messages))
+                found = groups.get(name)
+                groups[name] = stats if found is None else _group_summed(found, stats)
+        return {
+            **total,
+            "scheduled": {"messages": 0, "bytes": 0},
+            "groups": [groups[name] for name in sorted(groups)],
+        }
+
+    # --- ordered subjects: declaring and routes -------------------------------------------
+
+    def _declare_subject(self, doc: Any, subject: str) -> Answer:
+        check_path_name(subject, "subject")
+        partitions, on_dead = check_declare(doc)
+        found = self._ordered.get(subject)
+        if found is not None:
+            if (found.partitions, found.on_dead) != (partitions, on_dead):
+                message = (
+                    f"{subject!r} is ordered with {found.partitions} partitions "
+                    f"and on_dead {found.on_dead!r}"
+                )
+                raise Rejected(409, "subject_conflict", message, "partitions")
+            return dict(self._routes_document(found))
+        if subject in self._shelves or any(s == subject for s, _ in self._delayed):
+            message = f"{subject!r} already holds or served messages unordered"
+            raise Rejected(409, "subject_conflict", message, "subject")
+        declared = OrderedSubject(name=subject, partitions=partitions, on_dead=on_dead)
+        self._ordered[subject] = declared
+        return dict(self._routes_document(declared))
+
+    def _routes(self, params: dict[str, str], subject: str) -> Answer:
+        return dict(self._routes_document(self._declared(subject)))
+
+    def _split_partition(self, doc: Any, subject: str) -> Answer:
+        self._declared(subject)
+        raise NotImplementedError(ROUTE_CHANGES_REFUSED)
+
+    _merge_partitions = _split_partition
+    _move_partition = _split_partition
+
+    def _declared(self, subject: str) -> OrderedSubject:
+        """An ordered subject (404 for an unknown one, 409 for a plain one)."""
+        check_path_name(subject, "subject")
+        routes = self._ordered.get(subject)
+        if routes is not None:
+            return routes
+        if subject in self._shelves:
+            raise Rejected(409, "not_ordered", f"{subject!r} is not ordered", "subject")
+        raise Rejected(404, "subject_not_found", f"no subject {subject!r}", "subject")
+
+    def _routes_document(self, routes: OrderedSubject) -> wire.RoutesAnswerJson:
+        logs = {log for _, log in routes.logs()}
+        return routes.document(sorted({name for log, name in self._groups if log in logs}))
+
     def now_us(self) -> int:
         return round(self.clock() * 1_000_000)
 
@@ -628,6 +840,11 @@ _ROUTES: list[tuple[re.Pattern[str], str, str]] = [
     (re.compile(r"/v1/nack"), "POST", "nack"),
     (re.compile(r"/v1/subjects"), "GET", "subjects"),
     (re.compile(r"/v1/subjects/([^/]+)"), "GET", "subject"),
+    (re.compile(r"/v1/subjects/([^/]+)"), "PUT", "declare_subject"),
+    (re.compile(r"/v1/subjects/([^/]+)/routes"), "GET", "routes"),
+    (re.compile(r"/v1/subjects/([^/]+)/partitions/split"), "POST", "split_partition"),
+    (re.compile(r"/v1/subjects/([^/]+)/partitions/merge"), "POST", "merge_partitions"),
+    (re.compile(r"/v1/subjects/([^/]+)/partitions/move"), "POST", "move_partition"),
     (re.compile(r"/v1/subjects/([^/]+)/groups/([^/]+)/dead"), "GET", "dead_letters"),
     (re.compile(r"/v1/subjects/([^/]+)/groups/([^/]+)/dead/redrive"), "POST", "redrive"),
     (re.compile(r"/healthz"), "GET", "healthz"),
@@ -635,9 +852,37 @@ _ROUTES: list[tuple[re.Pattern[str], str, str]] = [
 
 
 def _result(
-    envelope: dict[str, Any], status: wire.ProduceStatus, seq: int | None
+    envelope: dict[str, Any], status: wire.ProduceStatus, seq: int | None, partition: int | None
 ) -> wire.ProduceResultJson:
-    return {"id": envelope["id"], "subject": envelope["subject"], "status": status, "seq": seq}
+    result: wire.ProduceResultJson = {
+        "id": envelope["id"],
+        "subject": envelope["subject"],
+        "status": status,
+        "seq": seq,
+    }
+    if partition is not None:
+        result["partition"] = partition
+    return result
+
+
+def _summed(total: wire.SubjectStatsJson, more: wire.SubjectStatsJson) -> wire.SubjectStatsJson:
+    """An ordered subject's counters over its partitions (seqs count per partition)."""
+    return {
+        **total,
+        "messages": total["messages"] + more["messages"],
+        "bytes": total["bytes"] + more["bytes"],
+        "next_seq": total["next_seq"] + more["next_seq"],
+    }
+
+
+def _group_summed(total: dict[str, int | str], more: dict[str, int | str]) -> dict[str, int | str]:
+    counters = ("backlog", "in_flight", "retrying", "dead", "acked")
+    return {**total, **{name: int(total[name]) + int(more[name]) for name in counters}}
+
+
+def _log(subject: str, partition: int | None) -> str:
+    """The log a message of ``subject`` is kept in: its own, or its partition's."""
+    return subject if partition is None else partition_log(subject, partition)
 
 
 OPERATIONS = tuple(name for _, _, name in _ROUTES)
@@ -662,8 +907,8 @@ def _media_type(request: httpx.Request) -> str:
 
 
 def _read(request: httpx.Request) -> Any:
-    """A POST's JSON document, a GET's query parameters."""
-    if request.method != "POST":
+    """A POST's or PUT's JSON document, a GET's query parameters."""
+    if request.method == "GET":
         return dict(request.url.params)
     try:
         return orjson.loads(request.content)

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import qmq_wire as wire
+from qmq_wire.ordered import ON_DEAD
 
 _MESSAGE_ID = re.compile(wire.MESSAGE_ID_PATTERN)
 _CONSUMER_ID = re.compile(wire.CONSUMER_ID_PATTERN)
@@ -203,8 +204,12 @@ _PULL["min"] = (False, lambda v, w: _integer(v, 1, wire.MAX_PULL))
 _PULL["linger_ms"] = (False, lambda v, w: _integer(v, 0, wire.MAX_WAIT_MS))
 
 
+def _partition(value: Any, where: str) -> bool:
+    return _integer(value, 0, wire.MAX_PARTITION_NUMBER)
+
+
 def check_ack(doc: Any, *, nack: bool = False) -> dict[str, Any]:
-    fields = {**_ADDRESS, "seqs": (True, _seqs)}
+    fields = {**_ADDRESS, "seqs": (True, _seqs), "partition": (False, _optional(_partition))}
     if nack:
         fields["delay_ms"] = (False, _optional(lambda v, w: _integer(v, 0, wire.MAX_NACK_DELAY_MS)))
         fields["error"] = (False, _optional(lambda v, w: _text(v, high=wire.MAX_ERROR_TEXT)))
@@ -218,12 +223,25 @@ def check_redrive(doc: Any) -> list[int] | None:
     fields: dict[str, tuple[bool, Check]] = {
         "seqs": (False, _optional(_seqs)),
         "all": (False, _optional(lambda v, w: type(v) is bool)),
+        "partition": (False, _optional(_partition)),
     }
     _object(body_object(doc), fields)
     seqs, everything = doc.get("seqs"), doc.get("all")
     if (seqs is None) == (everything is not True):
         raise Rejected(400, "invalid_redrive", 'give either "seqs" or "all": true', "seqs")
     return None if seqs is None else list(seqs)
+
+
+def check_declare(doc: Any) -> tuple[int, wire.OnDead]:
+    """The partitions and ``on_dead`` of a ``PUT /v1/subjects/{subject}`` declaration."""
+    fields: dict[str, tuple[bool, Check]] = {
+        "ordered": (True, lambda v, w: v is True),
+        "partitions": (False, lambda v, w: _integer(v, 1, wire.MAX_PARTITIONS)),
+        "on_dead": (False, lambda v, w: v in ON_DEAD),
+    }
+    _object(body_object(doc), fields)
+    on_dead: wire.OnDead = doc.get("on_dead", "skip")
+    return doc.get("partitions", 1), on_dead
 
 
 def check_path_name(value: str, field: str) -> str:

@@ -2,7 +2,8 @@
 
 The same rules as the broker (``docs/architecture.md`` section 3.2): due retries before new
 messages, an expired lease is a failed attempt, out of attempts means dead, redrive starts
-the count again. Times are microseconds of the in-memory broker's clock.
+the count again; an ordered subject's partition is served one batch at a time, in seq
+order (section 3.6). Times are microseconds of the in-memory broker's clock.
 """
 
 from __future__ import annotations
@@ -76,6 +77,39 @@ class Standing:
         while len(chosen) < limit and self.cursor < end_seq:
             chosen.append((self.cursor, 1))
             self.cursor += 1
+        deadline = now_us + policy.ack_timeout_us
+        for seq, attempt in chosen:
+            self.leases[seq] = Held(consumer, attempt, deadline)
+        return chosen
+
+    def lease_in_order(
+        self,
+        *,
+        consumer: str,
+        limit: int,
+        end_seq: int,
+        now_us: int,
+        policy: RetryPolicy,
+        hold_on_dead: bool,
+    ) -> list[tuple[int, int]]:
+        """An ordered partition's next batch, in seq order: nothing while a message is
+        leased (or, ``hold_on_dead``, while one is dead); its retries once due, the oldest
+        one not due holding back everything after it; else new messages."""
+        if self.leases or (hold_on_dead and self.dead):
+            return []
+        chosen: list[tuple[int, int]] = []
+        if self.retries:
+            for seq in sorted(self.retries):
+                waiting = self.retries[seq]
+                if waiting.due_us > now_us or len(chosen) >= limit:
+                    break
+                chosen.append((seq, waiting.attempts + 1))
+            for seq, _ in chosen:
+                del self.retries[seq]
+        else:
+            while len(chosen) < limit and self.cursor < end_seq:
+                chosen.append((self.cursor, 1))
+                self.cursor += 1
         deadline = now_us + policy.ack_timeout_us
         for seq, attempt in chosen:
             self.leases[seq] = Held(consumer, attempt, deadline)

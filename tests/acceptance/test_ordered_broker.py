@@ -37,6 +37,12 @@ class Api:
     def close(self) -> None:
         self.http.close()
 
+    def __enter__(self) -> Api:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def call(self, method: str, path: str, body: Any = None, status: int = 200) -> Any:
         response = self.http.request(method, path, json=body)
         assert response.status_code == status, (method, path, body, response.text)
@@ -477,3 +483,31 @@ def test_order_holds_through_kill9_of_the_broker(broker: BrokerProcess, api: Api
         broker.restart()
     traffic.check(api)
     assert sum(traffic.sent.values()) > 300
+
+
+def test_an_ack_wakes_its_own_consumers_long_poll_while_others_wait(
+    api: Api, broker: BrokerProcess
+) -> None:
+    """Ordered long polls wait per consumer: another consumer's parked pull does not stand
+    in the way of the one whose partition the ack unblocked."""
+    api.declare(1)
+    api.produce([(f"m{n}", "k", n) for n in range(4)])
+    seqs = [m["seq"] for m in api.pull("a", max_messages=2)]
+    answers: dict[str, tuple[float, list[Any]]] = {}
+
+    def long_poll(consumer: str) -> None:
+        with Api(broker.url) as client:
+            began = time.monotonic()
+            messages = client.pull(consumer, max_messages=10, wait_ms=3000)
+            answers[consumer] = (time.monotonic() - began, messages)
+
+    waiting = [threading.Thread(target=long_poll, args=(c,)) for c in ("b", "a")]
+    for thread in waiting:
+        thread.start()
+        time.sleep(0.2)
+    api.ack("a", 0, seqs)
+    for thread in waiting:
+        thread.join(10)
+    took, messages = answers["a"]
+    assert messages, "the unblocked consumer's long poll got nothing"
+    assert took < 1.5, f"answered only after {took:.2f} s"

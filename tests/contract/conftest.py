@@ -39,6 +39,9 @@ _ANSWER_MODELS: list[tuple[str, re.Pattern[str], type[BaseModel]]] = [
     ("GET", re.compile(r"/v1/subjects/[^/]+"), answers.SubjectResponse),
     ("GET", re.compile(r"/v1/subjects/[^/]+/groups/[^/]+/dead"), answers.DeadLettersResponse),
     ("POST", re.compile(r"/v1/subjects/[^/]+/groups/[^/]+/dead/redrive"), answers.RedriveResponse),
+    ("PUT", re.compile(r"/v1/subjects/[^/]+"), answers.RoutesResponse),
+    ("GET", re.compile(r"/v1/subjects/[^/]+/routes"), answers.RoutesResponse),
+    ("POST", re.compile(r"/v1/subjects/[^/]+/partitions/(split|merge|move)"), answers.RoutesResponse),
     ("GET", re.compile(r"/healthz"), answers.HealthResponse),
 ]
 
