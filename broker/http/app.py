@@ -252,12 +252,7 @@ class Api:
     async def subject(self, request: Request) -> Response:
         grant = self._grant(request)
         subject = self._path_name(request, "subject")
-        if grant is not None and not grant.sees(subject):
-            raise Denied(
-                code="forbidden",
-                message=f"token {grant.name!r} has no right on {subject!r}",
-                field="subject",
-            )
+        _require_sight(grant, subject)
         detail = self.broker.stats.subject(subject)
         if grant is not None:
             shown = [g for g in detail.groups if grant.sees(subject, g.group)]
@@ -329,12 +324,7 @@ class Api:
     async def routes(self, request: Request) -> Response:
         grant = self._grant(request)
         subject = self._path_name(request, "subject")
-        if grant is not None and not grant.sees(subject):
-            raise Denied(
-                code="forbidden",
-                message=f"token {grant.name!r} has no right on {subject!r}",
-                field="subject",
-            )
+        _require_sight(grant, subject)
         return _json(self.broker.routes.document(subject))
 
     async def split(self, request: Request) -> Response:
@@ -380,6 +370,16 @@ class Api:
 
     async def openapi(self, request: Request) -> Response:
         return _json(openapi_document(auth=self.authorizer is not None))
+
+
+def _require_sight(grant: Grant | None, subject: str) -> None:
+    """A subject's details are shown to a token with any right on it."""
+    if grant is not None and not grant.sees(subject):
+        raise Denied(
+            code="forbidden",
+            message=f"token {grant.name!r} has no right on {subject!r}",
+            field="subject",
+        )
 
 
 def _base64(text: str, index: int) -> bytes:
