@@ -7,6 +7,11 @@ broker rejection, or ``max_attempts`` used up). Resends are harmless: the broker
 deduplicates by message id. Passes run on an APScheduler ``BackgroundScheduler`` with a
 fixed delay between them; sent rows older than ``retention`` are purged in small batches.
 
+Keyed rows keep their key's order: a claim takes a keyed row only with every earlier
+pending row of its (subject, key) and returns them in id order, which is the order they are
+produced in; a failure stops the send, so nothing goes after a row that did not
+(``OutboxStore.claim``, docs/outbox.md "Per-key order").
+
 An unreachable database or broker is logged once when it starts failing, summarised every
 ``config.outage_summary`` while it lasts and logged once when it recovers
 (``FailureLog``); while the database is failing, passes back off from ``interval`` up to
@@ -211,12 +216,7 @@ class Compensator:
 
     def _reschedule(self, rows: list[ClaimedRow], token: str, error: str) -> tuple[int, int]:
         out_of_attempts = [row for row in rows if row.attempts >= self.config.max_attempts]
-        now = utcnow()
-        retries = [
-            Retry(id=row.id, next_attempt_at=now + self._delay(row.attempts))
-            for row in rows
-            if row.attempts < self.config.max_attempts
-        ]
+        retries = self._retries([row for row in rows if row.attempts < self.config.max_attempts])
         self.store.mark_retry(retries=retries, token=token, error=error)
         dead = self.store.mark_dead(ids=[r.id for r in out_of_attempts], token=token, error=error)
         for row in out_of_attempts:
@@ -229,6 +229,20 @@ class Compensator:
                 extra={"action": "outbox.retry_scheduled", "count": len(retries)},
             )
         return len(retries), dead
+
+    def _retries(self, rows: list[ClaimedRow]) -> list[Retry]:
+        """Each row's next attempt after its backoff; a key's rows (in id order) never
+        before an earlier one of theirs, so the claim finds them due together."""
+        now = utcnow()
+        retries: list[Retry] = []
+        key_due: dict[tuple[str, str], datetime] = {}
+        for row in sorted(rows, key=lambda r: r.id):
+            due = now + self._delay(row.attempts)
+            if row.message.key is not None:
+                order_key = (row.message.subject, row.message.key)
+                due = key_due[order_key] = max(due, key_due.get(order_key, due))
+            retries.append(Retry(id=row.id, next_attempt_at=due))
+        return retries
 
     def _delay(self, attempts: int) -> timedelta:
         return backoff_delay(

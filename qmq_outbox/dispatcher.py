@@ -9,16 +9,27 @@ loop) for asyncio engines. Rows are marked on the dispatcher's own connections, 
 caller's. An unavailable broker, or a database where rows cannot be marked, is logged once
 when it starts failing, summarised while it lasts and logged once when it recovers
 (``FailureLog``); after each failed send the breaker stays open a little longer (jittered).
+
+Keyed messages keep their key's order (docs/outbox.md, "Per-key order"). Each sender owns
+a lane, and a (subject, key) always goes to the same lane (``KeyLanes``), so this
+dispatcher never has one key in two sends at once. Before a send, the store's
+``order_check`` says which keyed rows may go: those with no earlier unsent row of their key
+outside the send; they go in outbox id order. A row held back (its earlier row is still
+being sent elsewhere, or its commit's hand-off has not arrived yet) waits in its lane and is
+tried again after ``hold_delay`` seconds, doubling, ``max_holds`` times; then it is left to
+the compensator. Unkeyed messages share one backlog that every sender takes from, as before.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import threading
 import time
 import weakref
+import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -32,11 +43,13 @@ from qmq_outbox.envelope import OutgoingMessage
 from qmq_outbox.errors import BrokerUnavailable, OutboxStoreError, QmqError
 from qmq_outbox.failure_log import DEFAULT_SUMMARY_INTERVAL, FailureLog, client_url
 from qmq_outbox.sending import SendReport, send, send_async
-from qmq_outbox.store import AsyncOutboxStore, OutboxStore, utcnow
+from qmq_outbox.store import AsyncOutboxStore, OrderCheck, OutboxStore, utcnow
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_NAME = "qmq-outbox-dispatcher"
+HOLD_DELAY = 0.02
+MAX_HOLDS = 6  # 20 ms doubling: about 1.3 s in all before the compensator takes over
 Item = tuple[Engine, OutgoingMessage]
 
 
@@ -62,11 +75,98 @@ class Backlog:
         return [self._items.popleft() for _ in range(count)]
 
 
-def by_engine(items: Sequence[Item]) -> dict[Engine, list[OutgoingMessage]]:
-    grouped: dict[Engine, list[OutgoingMessage]] = {}
-    for engine, message in items:
-        grouped.setdefault(engine, []).append(message)
-    return grouped
+@dataclasses.dataclass(slots=True)
+class Keyed:
+    """A keyed message in its lane: held back ``holds`` times so far, not taken before
+    ``due`` (``time.monotonic()``)."""
+
+    engine: Engine
+    message: OutgoingMessage
+    holds: int = 0
+    due: float = 0.0
+
+    @property
+    def order_key(self) -> tuple[str, str | None]:
+        return self.message.subject, self.message.key
+
+
+class KeyLanes:
+    """Keyed messages in ``count`` lanes, one per sender; a (subject, key) always lands in
+    the same lane. Not thread-safe by itself."""
+
+    def __init__(self, count: int) -> None:
+        self._lanes: list[collections.deque[Keyed]] = [
+            collections.deque() for _ in range(max(1, count))
+        ]
+
+    def __len__(self) -> int:
+        return sum(len(lane) for lane in self._lanes)
+
+    def lane_of(self, message: OutgoingMessage) -> int:
+        return zlib.crc32(f"{message.subject}\0{message.key}".encode()) % len(self._lanes)
+
+    def add(self, engine: Engine, messages: Sequence[OutgoingMessage]) -> None:
+        for message in messages:
+            self._lanes[self.lane_of(message)].append(Keyed(engine, message))
+
+    def is_empty(self, lane: int) -> bool:
+        return not self._lanes[lane]
+
+    def take(self, lane: int, limit: int, now: float) -> list[Keyed]:
+        """Up to ``limit`` due messages of ``lane``, oldest first. A key with a message not
+        due yet keeps its later messages back too: they could not go before it."""
+        queue = self._lanes[lane]
+        taken: list[Keyed] = []
+        kept: list[Keyed] = []
+        waiting: set[tuple[str, str | None]] = set()
+        while queue and len(taken) < limit:
+            entry = queue.popleft()
+            if entry.due > now or entry.order_key in waiting:
+                waiting.add(entry.order_key)
+                kept.append(entry)
+            else:
+                taken.append(entry)
+        queue.extendleft(reversed(kept))
+        return taken
+
+    def put_back(self, lane: int, entries: Sequence[Keyed]) -> None:
+        """Held messages go back to the front of their lane: they are older than the rest."""
+        self._lanes[lane].extendleft(reversed(entries))
+
+    def next_due(self, lane: int, now: float) -> float | None:
+        """When the next held message of ``lane`` falls due; None if none waits. (One that
+        is due but behind a held message of its key waits for that one's time.)"""
+        return min((e.due for e in self._lanes[lane] if e.due > now), default=None)
+
+
+@dataclasses.dataclass(slots=True)
+class Batch:
+    """What one sender took: unkeyed messages from the backlog, keyed ones from its lane."""
+
+    lane: int
+    plain: list[Item] = dataclasses.field(default_factory=list)
+    keyed: list[Keyed] = dataclasses.field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.plain or self.keyed)
+
+
+@dataclasses.dataclass(slots=True)
+class Send:
+    """One engine's part of a batch."""
+
+    engine: Engine
+    plain: list[OutgoingMessage] = dataclasses.field(default_factory=list)
+    keyed: list[Keyed] = dataclasses.field(default_factory=list)
+
+
+def by_engine(batch: Batch) -> list[Send]:
+    grouped: dict[Engine, Send] = {}
+    for engine, message in batch.plain:
+        grouped.setdefault(engine, Send(engine)).plain.append(message)
+    for entry in batch.keyed:
+        grouped.setdefault(entry.engine, Send(entry.engine)).keyed.append(entry)
+    return list(grouped.values())
 
 
 def _log_report(report: SendReport, marked: int) -> None:
@@ -101,6 +201,15 @@ def _log_skipped(messages: Sequence[OutgoingMessage]) -> None:
     )
 
 
+def _log_held(held: int, left: int) -> None:
+    logger.debug(
+        "%d keyed message(s) wait for an earlier row of their key, %d left to the compensator",
+        held,
+        left,
+        extra={"action": "outbox.order_held", "count": held, "left": left},
+    )
+
+
 class _Breaker:
     """After a failure, skip sending for a while (rows wait for the compensator): about
     ``cooldown`` seconds, doubling with each failure in a row up to ``max_cooldown``."""
@@ -122,7 +231,8 @@ class Dispatch:
     """The dispatcher's state and decisions; the drivers guard it (a lock, or one loop).
 
     ``broker`` follows the broker's outages (``target`` is its URL) and ``databases`` those
-    of each engine's database.
+    of each engine's database. ``lanes``: one per sender, for keyed messages; a held-back
+    keyed message is tried again after ``hold_delay`` seconds, doubling, ``max_holds`` times.
     """
 
     def __init__(
@@ -134,9 +244,15 @@ class Dispatch:
         max_cooldown: float = 15.0,
         target: str = "broker",
         outage_summary_interval: float = DEFAULT_SUMMARY_INTERVAL,
+        lanes: int = 1,
+        hold_delay: float = HOLD_DELAY,
+        max_holds: int = MAX_HOLDS,
     ) -> None:
         self.backlog = Backlog(capacity)
+        self.keyed = KeyLanes(lanes)
         self.batch_size = batch_size
+        self.hold_delay = hold_delay
+        self.max_holds = max_holds
         self.breaker = _Breaker(cooldown, max_cooldown)
         self.closing = False
         self.summary_interval = outage_summary_interval
@@ -155,22 +271,71 @@ class Dispatch:
         """A send failed moments ago: messages are left to the compensator for now."""
         return not self.breaker.allows()
 
+    @property
+    def queued(self) -> int:
+        return len(self.backlog) + len(self.keyed)
+
     def offer(self, engine: Engine, messages: Sequence[OutgoingMessage]) -> bool:
         """Queue committed messages; False (rows stay pending) if full, closed or cooling down."""
         if self.closing or not self.breaker.allows():
             return False
-        return self.backlog.offer(engine, messages)
+        if self.queued + len(messages) > self.backlog.capacity:
+            return False
+        self.backlog.offer(engine, [m for m in messages if m.key is None])
+        self.keyed.add(engine, [m for m in messages if m.key is not None])
+        return True
 
-    def take(self) -> list[Item]:
-        return self.backlog.take(self.batch_size)
+    def take(self, lane: int = 0, now: float | None = None) -> Batch:
+        """Lane ``lane``'s next batch: its due keyed messages and unkeyed ones, each kind
+        getting at least half of ``batch_size`` when both wait."""
+        now = time.monotonic() if now is None else now
+        keyed_room = self.batch_size - min(len(self.backlog), self.batch_size // 2)
+        keyed = self.keyed.take(lane, keyed_room, now)
+        return Batch(lane, self.backlog.take(self.batch_size - len(keyed)), keyed)
 
-    def sends(self, batch: list[Item]) -> Iterator[tuple[Engine, list[OutgoingMessage]]]:
+    def drained(self, lane: int) -> bool:
+        """Nothing left for lane ``lane``'s sender."""
+        return not self.backlog and self.keyed.is_empty(lane)
+
+    def wait_time(self, lane: int, now: float) -> float | None:
+        """Seconds until lane ``lane``'s next held message is due; None if none is held."""
+        due = self.keyed.next_due(lane, now)
+        return None if due is None else due - now
+
+    def sends(self, batch: Batch) -> Iterator[Send]:
         """The batch's messages by engine, as long as the broker is not cooling down."""
-        for engine, messages in by_engine(batch).items():
+        for part in by_engine(batch):
             if self.breaker.allows():
-                yield engine, messages
+                yield part
             else:
-                _log_skipped(messages)
+                _log_skipped(part.plain + [entry.message for entry in part.keyed])
+
+    def ordered(
+        self, lane: int, engine: Engine, keyed: list[Keyed], check: OrderCheck | QmqError
+    ) -> list[OutgoingMessage]:
+        """The keyed messages that may go now, in outbox id order. Held-back ones go back
+        to the lane for another try (the compensator's after ``max_holds``); those already
+        sent or dead are dropped; all of them, if the check itself failed."""
+        if isinstance(check, QmqError):
+            self._database(engine).failed(check)
+            return []
+        ready = [entry for entry in keyed if entry.message.id in check.sendable]
+        ready.sort(key=lambda entry: check.sendable[entry.message.id])
+        held = [entry for entry in keyed if entry.message.id in check.held]
+        if held:
+            self._hold(lane, held)
+        return [entry.message for entry in ready]
+
+    def _hold(self, lane: int, held: list[Keyed]) -> None:
+        now = time.monotonic()
+        again: list[Keyed] = []
+        for entry in held:
+            entry.holds += 1
+            if entry.holds <= self.max_holds:
+                entry.due = now + self.hold_delay * 2 ** (entry.holds - 1)
+                again.append(entry)
+        self.keyed.put_back(lane, again)
+        _log_held(len(held), len(held) - len(again))
 
     def completion(self, report: SendReport) -> dict[str, Any]:
         """Learn from a send (a failure opens the breaker); the store's ``mark_dispatched``
@@ -234,11 +399,14 @@ Client = TypeVar("Client", BrokerClient, AsyncBrokerClient)
 
 
 class _Driver(Generic[Client]):
-    """The settings of both drivers: ``senders`` send at once, named ``<name>-<n>``.
+    """The settings of both drivers: ``senders`` send at once, named ``<name>-<n>``, each
+    with its lane of keyed messages.
 
     After a failed send, messages go straight to the compensator for ``cooldown`` seconds,
     doubling with each failure in a row up to ``max_cooldown``; an outage is summarised in
-    the log every ``outage_summary_interval`` seconds.
+    the log every ``outage_summary_interval`` seconds. A keyed message held back by an
+    earlier row of its key is tried again after ``hold_delay`` seconds, doubling, up to
+    ``max_holds`` times.
     """
 
     def __init__(
@@ -252,8 +420,11 @@ class _Driver(Generic[Client]):
         max_cooldown: float = 15.0,
         outage_summary_interval: float = DEFAULT_SUMMARY_INTERVAL,
         name: str = DEFAULT_NAME,
+        hold_delay: float = HOLD_DELAY,
+        max_holds: int = MAX_HOLDS,
     ) -> None:
         self._client: Client = client
+        self._senders = max(1, senders)
         self._dispatch = Dispatch(
             capacity=capacity,
             batch_size=batch_size,
@@ -261,27 +432,33 @@ class _Driver(Generic[Client]):
             max_cooldown=max_cooldown,
             target=client_url(client),
             outage_summary_interval=outage_summary_interval,
+            lanes=self._senders,
+            hold_delay=hold_delay,
+            max_holds=max_holds,
         )
-        self._senders = senders
         self._name = name
         self._setup()
 
     def _setup(self) -> None:
         """The driver's own state."""
 
+    def _sender_name(self, lane: int) -> str:
+        return f"{self._name}-{lane + 1}"
+
 
 class ThreadDispatcher(_Driver[BrokerClient]):
     """Background senders for sync engines, started by the first ``submit()``.
 
-    ``senders`` threads (named ``<name>-<n>``) take batches from one backlog, so a batch can
-    go out while another waits for the broker's durable answer; batches of different
-    transactions may therefore be stored in either order.
+    ``senders`` threads (named ``<name>-<n>``) take unkeyed messages from one backlog, so a
+    batch can go out while another waits for the broker's durable answer; batches of
+    different transactions may therefore be stored in either order. Keyed messages go by
+    lanes, one per thread, and keep their key's order.
     """
 
     def _setup(self) -> None:
         self._cond = threading.Condition()
         self._abandon = False
-        self._threads: list[threading.Thread] = []
+        self._threads: list[threading.Thread | None] = [None] * self._senders
         self._stores: weakref.WeakKeyDictionary[Engine, OutboxStore] = weakref.WeakKeyDictionary()
 
     @property
@@ -294,13 +471,17 @@ class ThreadDispatcher(_Driver[BrokerClient]):
         with self._cond:
             if not self._dispatch.offer(engine, messages):
                 return False
-            self._threads = [t for t in self._threads if t.is_alive()]
-            while len(self._threads) < self._senders:
-                name = f"{self._name}-{len(self._threads) + 1}"
-                thread = threading.Thread(target=self._run, name=name, daemon=True)
-                thread.start()
-                self._threads.append(thread)
-            self._cond.notify()
+            for lane, thread in enumerate(self._threads):
+                if thread is None or not thread.is_alive():
+                    thread = threading.Thread(
+                        target=self._run, args=(lane,), name=self._sender_name(lane), daemon=True
+                    )
+                    thread.start()
+                    self._threads[lane] = thread
+            if any(message.key is not None for message in messages):
+                self._cond.notify_all()  # its lane's sender must be among those woken
+            else:
+                self._cond.notify()
             return True
 
     def close(self, drain_timeout: float = 10.0) -> bool:
@@ -308,29 +489,30 @@ class ThreadDispatcher(_Driver[BrokerClient]):
         with self._cond:
             self._dispatch.closing = True
             self._cond.notify_all()
-            threads = list(self._threads)
+            threads = [thread for thread in self._threads if thread is not None]
         deadline = time.monotonic() + drain_timeout
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         if any(thread.is_alive() for thread in threads):
             with self._cond:
                 self._abandon = True
-            _log_drain_timeout(drain_timeout, len(self._dispatch.backlog))
+                self._cond.notify_all()
+            _log_drain_timeout(drain_timeout, self._dispatch.queued)
             return False
         return True
 
-    def _run(self) -> None:
+    def _run(self, lane: int) -> None:
         try:
-            while batch := self._next_batch():
-                for engine, messages in self._dispatch.sends(batch):
-                    with tracing.sending("qmq send", messages) as traced:
-                        report = traced(send(self._client, messages))
-                    completion = self._dispatch.completion(report)
-                    try:
-                        marked: int | QmqError = self._store(engine).mark_dispatched(**completion)
-                    except QmqError as exc:
-                        marked = exc
-                    self._dispatch.settled(engine, report, marked)
+            while batch := self._next_batch(lane):
+                for part in self._dispatch.sends(batch):
+                    messages = part.plain
+                    if part.keyed:
+                        check = self._check(part)
+                        with self._cond:
+                            ready = self._dispatch.ordered(lane, part.engine, part.keyed, check)
+                        messages = messages + ready
+                    if messages:
+                        self._send(part.engine, messages)
         except BaseException:
             logger.critical(
                 "dispatcher thread died; committed messages now wait for the compensator",
@@ -339,12 +521,34 @@ class ThreadDispatcher(_Driver[BrokerClient]):
             )
             raise
 
-    def _next_batch(self) -> list[Item]:
-        """The next batch to send; empty once closed and drained (or abandoned)."""
+    def _check(self, part: Send) -> OrderCheck | QmqError:
+        try:
+            return self._store(part.engine).order_check(
+                message_ids=[entry.message.id for entry in part.keyed]
+            )
+        except QmqError as exc:
+            return exc
+
+    def _send(self, engine: Engine, messages: list[OutgoingMessage]) -> None:
+        with tracing.sending("qmq send", messages) as traced:
+            report = traced(send(self._client, messages))
+        completion = self._dispatch.completion(report)
+        try:
+            marked: int | QmqError = self._store(engine).mark_dispatched(**completion)
+        except QmqError as exc:
+            marked = exc
+        self._dispatch.settled(engine, report, marked)
+
+    def _next_batch(self, lane: int) -> Batch:
+        """Lane ``lane``'s next batch; empty once closed and drained (or abandoned)."""
         with self._cond:
-            while not self._dispatch.backlog and not self._dispatch.closing:
-                self._cond.wait()
-            return [] if self._abandon else self._dispatch.take()
+            while not self._abandon:
+                now = time.monotonic()
+                batch = self._dispatch.take(lane, now)
+                if batch or (self._dispatch.closing and self._dispatch.drained(lane)):
+                    return batch
+                self._cond.wait(self._dispatch.wait_time(lane, now))
+            return Batch(lane)
 
     def _store(self, engine: Engine) -> OutboxStore:
         with self._cond:
@@ -356,11 +560,12 @@ class ThreadDispatcher(_Driver[BrokerClient]):
 
 class AsyncDispatcher(_Driver[AsyncBrokerClient]):
     """Background senders for asyncio engines: ``senders`` tasks on the loop that
-    ``submit()`` runs on, taking batches from one backlog."""
+    ``submit()`` runs on, taking unkeyed messages from one backlog and keyed ones from
+    their own lanes."""
 
     def _setup(self) -> None:
         self._wake = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: list[asyncio.Task[None] | None] = [None] * self._senders
         self._stores: weakref.WeakKeyDictionary[Engine, AsyncOutboxStore] = (
             weakref.WeakKeyDictionary()
         )
@@ -375,46 +580,70 @@ class AsyncDispatcher(_Driver[AsyncBrokerClient]):
         if not self._dispatch.offer(engine, messages):
             return False
         loop = asyncio.get_running_loop()
-        self._tasks = [t for t in self._tasks if not t.done()]
-        while len(self._tasks) < self._senders:
-            name = f"{self._name}-{len(self._tasks) + 1}"
-            task = loop.create_task(self._run(), name=name)
-            task.add_done_callback(_report_death)
-            self._tasks.append(task)
+        for lane, task in enumerate(self._tasks):
+            if task is None or task.done():
+                task = loop.create_task(self._run(lane), name=self._sender_name(lane))
+                task.add_done_callback(_report_death)
+                self._tasks[lane] = task
         self._wake.set()
         return True
 
     async def aclose(self, drain_timeout: float = 10.0) -> bool:
         """Stop taking messages, send what is queued; True if drained within ``drain_timeout``."""
         self._dispatch.closing = True
-        if not self._tasks:
+        tasks = [task for task in self._tasks if task is not None]
+        if not tasks:
             return True
         self._wake.set()
-        _, pending = await asyncio.wait(self._tasks, timeout=drain_timeout)
+        _, pending = await asyncio.wait(tasks, timeout=drain_timeout)
         if pending:
             for task in pending:
                 task.cancel()
-            _log_drain_timeout(drain_timeout, len(self._dispatch.backlog))
+            _log_drain_timeout(drain_timeout, self._dispatch.queued)
             return False
         return True
 
-    async def _run(self) -> None:
-        while batch := await self._next_batch():
-            for engine, messages in self._dispatch.sends(batch):
-                with tracing.sending("qmq send", messages) as traced:
-                    report = traced(await send_async(self._client, messages))
-                completion = self._dispatch.completion(report)
-                try:
-                    marked: int | QmqError = await self._store(engine).mark_dispatched(**completion)
-                except QmqError as exc:
-                    marked = exc
-                self._dispatch.settled(engine, report, marked)
+    async def _run(self, lane: int) -> None:
+        while batch := await self._next_batch(lane):
+            for part in self._dispatch.sends(batch):
+                messages = part.plain
+                if part.keyed:
+                    check = await self._check(part)
+                    messages = messages + self._dispatch.ordered(
+                        lane, part.engine, part.keyed, check
+                    )
+                if messages:
+                    await self._send(part.engine, messages)
 
-    async def _next_batch(self) -> list[Item]:
-        while not self._dispatch.backlog and not self._dispatch.closing:
+    async def _check(self, part: Send) -> OrderCheck | QmqError:
+        try:
+            return await self._store(part.engine).order_check(
+                message_ids=[entry.message.id for entry in part.keyed]
+            )
+        except QmqError as exc:
+            return exc
+
+    async def _send(self, engine: Engine, messages: list[OutgoingMessage]) -> None:
+        with tracing.sending("qmq send", messages) as traced:
+            report = traced(await send_async(self._client, messages))
+        completion = self._dispatch.completion(report)
+        try:
+            marked: int | QmqError = await self._store(engine).mark_dispatched(**completion)
+        except QmqError as exc:
+            marked = exc
+        self._dispatch.settled(engine, report, marked)
+
+    async def _next_batch(self, lane: int) -> Batch:
+        while True:
+            now = time.monotonic()
+            batch = self._dispatch.take(lane, now)
+            if batch or (self._dispatch.closing and self._dispatch.drained(lane)):
+                return batch
             self._wake.clear()  # one loop thread: no wake-up can slip in between
-            await self._wake.wait()
-        return self._dispatch.take()
+            try:
+                await asyncio.wait_for(self._wake.wait(), self._dispatch.wait_time(lane, now))
+            except TimeoutError:
+                pass  # a held message is due
 
     def _store(self, engine: Engine) -> AsyncOutboxStore:
         store = self._stores.get(engine)

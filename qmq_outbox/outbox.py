@@ -146,6 +146,10 @@ class Outbox:
         rollback, a rolled-back savepoint or a close without commit discards it. ``body`` is
         serialized with the outbox's serializer (JSON by default); ``bytes`` pass unchanged.
         Works the same (without ``await``) for an ``AsyncSession``.
+
+        Messages with the same ``key`` (and subject) are sent in the order of their outbox
+        ids; on PostgreSQL the flush of a keyed row locks its key until the transaction ends,
+        so those ids follow the commits (docs/outbox.md, "Per-key order").
         """
         sync = session.sync_session if isinstance(session, AsyncSession) else session
         bind = self._installed_bind(sync)

@@ -4,14 +4,25 @@ Mapped on a private registry so it never touches the application's declarative b
 an object (instead of executing an INSERT) works the same for ``Session`` and
 ``AsyncSession``: the row is flushed by the caller's next flush or commit, inside the
 transaction (or savepoint) that was current when it was published.
+
+Per-key order needs a key's outbox ids to follow its transactions' commits: otherwise a
+transaction holding id 5 of key k could commit after the one holding id 6 was already sent.
+So on PostgreSQL, right before a keyed row's INSERT, the flush takes a transaction-level
+advisory lock on its (subject, key) (``key_lock_id``): transactions publishing the same key
+queue there until the first one ends, and each takes its ids after the previous committed.
+SQLite needs nothing: one writer at a time already does that. Unkeyed rows take no lock.
 """
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy.orm import registry
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Mapper, registry
 
 from qmq_outbox.envelope import OutgoingMessage
 from qmq_outbox.schema import outbox_table
@@ -61,3 +72,29 @@ def row_for(message: OutgoingMessage, content_type: str) -> OutboxRow:
         next_attempt_at=message.created_at,
         created_at=message.created_at,
     )
+
+
+def key_lock_id(subject: str, key: str) -> int:
+    """The advisory lock id of (subject, key): 64 bits of BLAKE2b, the same in every process."""
+    digest = hashlib.blake2b(f"qmq-outbox\0{subject}\0{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+_LOCKS_TAKEN = "qmq_outbox.key_locks"
+
+
+@event.listens_for(OutboxRow, "before_insert")
+def _lock_key(_mapper: Mapper[OutboxRow], connection: Connection, row: OutboxRow) -> None:
+    """Take the row's key lock before its id is drawn (PostgreSQL, keyed rows only)."""
+    if row.key is None or connection.dialect.name != "postgresql":
+        return
+    lock_id = key_lock_id(row.subject, row.key)
+    # Once per (sub)transaction: a rolled-back savepoint gives back the locks it took.
+    transaction = connection.get_nested_transaction() or connection.get_transaction()
+    owner, taken = connection.info.get(_LOCKS_TAKEN, (None, set()))
+    if owner is not transaction:
+        taken = set()
+        connection.info[_LOCKS_TAKEN] = (transaction, taken)
+    if lock_id not in taken:
+        connection.execute(sa.select(sa.func.pg_advisory_xact_lock(lock_id)))
+        taken.add(lock_id)

@@ -22,6 +22,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    text,
 )
 
 NAMING_CONVENTION = {
@@ -37,6 +38,9 @@ metadata = MetaData(naming_convention=NAMING_CONVENTION)
 # SQLite only autoincrements an INTEGER PRIMARY KEY.
 _BigId = BigInteger().with_variant(Integer(), "sqlite")
 
+
+# The rows that can hold back a later row of their key.
+PENDING_KEYED = text("status = 'pending' AND key IS NOT NULL")
 
 outbox_table = Table(
     "qmq_outbox",
@@ -64,6 +68,16 @@ outbox_table = Table(
     Index("ix_qmq_outbox_status_next_attempt_at", "status", "next_attempt_at"),
     # Serves the retention purge of sent rows.
     Index("ix_qmq_outbox_status_sent_at", "status", "sent_at"),
+    # Serves per-key order: a key's pending rows by id (docs/outbox.md, "Per-key order").
+    # Partial, so unkeyed rows never touch it and sent rows leave it.
+    Index(
+        "ix_qmq_outbox_pending_key",
+        "subject",
+        "key",
+        "id",
+        postgresql_where=PENDING_KEYED,
+        sqlite_where=PENDING_KEYED,
+    ),
 )
 
 CONSUMED_STATUSES = ("processing", "done")

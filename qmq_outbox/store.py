@@ -8,6 +8,13 @@ Completions are fenced by the claim token: a claimant whose lease expired and wa
 over cannot complete the row. SQLAlchemy errors become ``OutboxStoreError`` here.
 ``AsyncOutboxStore`` runs the same statements on an ``AsyncEngine`` (``run_sync``).
 
+Per-key order (docs/outbox.md, "Per-key order"): a keyed row may go out only when every
+earlier row of its (subject, key) is ``sent`` or ``dead`` or goes out before it in the same
+send. The claim takes a row only with all earlier pending rows of its key (those it cannot
+take hold it back, and leave the LIMIT to other keys); ``order_check`` tells the dispatcher
+which of its keyed rows may go now. Both probe ``ix_qmq_outbox_pending_key``, which holds
+only pending keyed rows; unkeyed rows pass every key test at once.
+
 None of these writes needs to survive a database crash (a lost claim or mark only causes a
 resend, which the broker deduplicates), so on PostgreSQL they commit with
 ``synchronous_commit = off`` and do not wait for the WAL flush.
@@ -103,6 +110,13 @@ _CLAIMED_COLUMNS = (
 )
 
 
+# A key's first pending row, in the claim's probe.
+_HEAD = t.alias("head")
+# A literal, not a parameter: the planner proves a partial index's predicate only from
+# constants (PostgreSQL's generic plans, SQLite always).
+_PENDING: sa.ColumnElement[str] = sa.literal_column("'pending'", sa.String())
+
+
 def claim_statement(
     *,
     token: str,
@@ -115,32 +129,174 @@ def claim_statement(
     """Due pending rows (older than ``grace`` on their first attempt), unclaimed or with an
     expired lease, oldest first; they get ``token``, a lease and one more attempt.
 
-    On PostgreSQL the locked ids are collected with ``= ANY(ARRAY(...))``, evaluated once,
+    A keyed row is taken only with every earlier pending row of its (subject, key):
+    - before the LIMIT, keys with a pending row that is not due (a retry waiting, or rows
+      another claim holds: claiming a keyed row moves its ``next_attempt_at`` to the end of
+      the lease) are passed over whole, so the LIMIT goes to keys that can move; so are rows
+      due before their key's first pending row (behind a retried one): in this scan's order
+      (by ``next_attempt_at``) a key's first row then always comes before the rest, and a
+      LIMIT full of rows that must wait for it cannot starve it;
+    - after it, a key's rows from the first earlier pending row this claim did not get
+      (LIMIT, SKIP LOCKED, a row in its grace) are dropped: locked until the claim commits,
+      not updated, seen again by the next claim.
+    Unkeyed rows pass these tests untouched.
+
+    On PostgreSQL a key's first row is looked up once per key (a LATERAL join the planner
+    memoizes), and the chosen ids are collected with ``= ANY(ARRAY(...))``, evaluated once,
     so the update probes the primary key instead of hash-joining the whole table.
     """
+    waiting_keys = (
+        sa.select(t.c.subject, t.c.key)
+        .where(t.c.status == "pending", t.c.next_attempt_at > now, t.c.key.is_not(None))
+        .distinct()
+    )
+    rows, head_first = _behind_head(dialect)
+    in_key_order = sa.and_(  # the cheap test first: it turns away most held-back rows
+        sa.tuple_(t.c.subject, t.c.key).not_in(waiting_keys), head_first
+    )
     due = (
-        sa.select(t.c.id)
+        sa.select(t.c.id, t.c.subject, t.c.key)
+        .select_from(rows)
         .where(
             t.c.status == "pending",
             t.c.next_attempt_at <= now,
             sa.or_(t.c.attempts > 0, t.c.created_at <= now - grace),
             sa.or_(t.c.claimed_until.is_(None), t.c.claimed_until < now),
+            sa.or_(t.c.key.is_(None), in_key_order),
         )
         .order_by(t.c.next_attempt_at)
         .limit(limit)
-        .with_for_update(skip_locked=True)  # rendered on PostgreSQL only
+        .with_for_update(skip_locked=True, of=t)  # rendered on PostgreSQL only
+        .cte("due")
     )
+    kept = _before_first_left_out(due, sa.select(due.c.id))
     chosen = (
-        t.c.id == sa.any_(sa.func.array(due.scalar_subquery()))
+        t.c.id == sa.any_(sa.func.array(kept.scalar_subquery()))
         if dialect == "postgresql"
-        else t.c.id.in_(due.scalar_subquery())
+        else t.c.id.in_(kept.scalar_subquery())
     )
+    lease_end = now + lease
     return (
         sa.update(t)
         .where(chosen)
-        .values(claim_token=token, claimed_until=now + lease, attempts=t.c.attempts + 1)
+        .values(
+            claim_token=token,
+            claimed_until=lease_end,
+            attempts=t.c.attempts + 1,
+            # Unkeyed rows keep theirs, so their claim stays a HOT update.
+            next_attempt_at=sa.case((t.c.key.is_(None), t.c.next_attempt_at), else_=lease_end),
+        )
         .returning(*_CLAIMED_COLUMNS)
     )
+
+
+def _behind_head(dialect: str) -> tuple[sa.FromClause, sa.ColumnElement[bool]]:
+    """The rows to scan and the test that a keyed row is its key's first pending row or
+    not due before it."""
+    if dialect == "postgresql":
+        head = (
+            sa.select(_HEAD.c.id, _HEAD.c.next_attempt_at)
+            .where(
+                _HEAD.c.subject == t.c.subject,
+                _HEAD.c.key == t.c.key,
+                _HEAD.c.key.is_not(None),
+                _HEAD.c.status == _PENDING,
+            )
+            .order_by(_HEAD.c.id)
+            .limit(1)
+            .lateral("key_head")
+        )
+        rows = t.outerjoin(head, t.c.key.is_not(None))
+        return rows, sa.or_(head.c.id == t.c.id, head.c.next_attempt_at <= t.c.next_attempt_at)
+    head_later = sa.exists().where(
+        _HEAD.c.id == _first_pending(t),
+        _HEAD.c.id < t.c.id,
+        _HEAD.c.next_attempt_at > t.c.next_attempt_at,
+    )
+    return t, ~head_later
+
+
+def _first_pending(
+    of: sa.FromClause, *, besides: sa.Select[tuple[int]] | None = None
+) -> sa.ScalarSelect[int]:
+    """The id of the first pending row of ``of``'s (subject, key), leaving out ``besides``:
+    one probe of ``ix_qmq_outbox_pending_key`` (spelled so PostgreSQL proves its predicate),
+    walking past the ids in ``besides``."""
+    first = t.alias("first")
+    conditions = [
+        first.c.subject == of.c.subject,
+        first.c.key == of.c.key,
+        first.c.key.is_not(None),
+        first.c.status == _PENDING,
+    ]
+    if besides is not None:
+        conditions.append(first.c.id.not_in(besides))
+    found = sa.select(sa.func.min(first.c.id)).where(*conditions)
+    return found.correlate_except(first).scalar_subquery()  # ``of`` may be two levels up
+
+
+def _before_first_left_out(rows: sa.CTE, ids: sa.Select[tuple[int]]) -> sa.Select[tuple[int]]:
+    """The ids of ``rows`` (a CTE of id, subject, key) that may go in id order: unkeyed
+    ones, and keyed ones below their key's first pending row outside ``ids``. Computed once
+    per key, not per row, so a key's walk past its own rows is paid once."""
+    keys = (
+        sa.select(rows.c.subject, rows.c.key)
+        .where(rows.c.key.is_not(None))
+        .distinct()
+        .subquery("keys")
+    )
+    cut = sa.select(
+        keys.c.subject, keys.c.key, _first_pending(keys, besides=ids).label("left_out")
+    ).cte(f"{rows.name}_cut")
+    same_key = sa.and_(cut.c.subject == rows.c.subject, cut.c.key == rows.c.key)
+    return (
+        sa.select(rows.c.id)
+        .select_from(rows.outerjoin(cut, same_key))
+        .where(sa.or_(cut.c.left_out.is_(None), rows.c.id < cut.c.left_out))
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class OrderCheck:
+    """Which of a send's keyed messages may go now (``order_check``).
+
+    ``sendable``: message id → outbox id of the rows that may go, in outbox id order per key;
+    ``held``: pending rows behind an earlier unsent row of their key outside the send;
+    ``settled``: messages whose row is no longer pending (sent or dead meanwhile) or absent.
+    """
+
+    sendable: dict[str, int]
+    held: frozenset[str]
+    settled: frozenset[str]
+
+
+def order_check_statement(*, message_ids: Sequence[str]) -> sa.Select[Any]:
+    """The send's rows, each with ``may_go``: below its key's first pending row outside
+    the send. Rows no longer pending come back too, to tell them from absent ones."""
+    batch = (
+        sa.select(t.c.id, t.c.message_id, t.c.subject, t.c.key, t.c.status)
+        .where(t.c.message_id.in_(list(message_ids)))
+        .cte("batch")
+    )
+    may_go = _before_first_left_out(batch, sa.select(batch.c.id)).subquery("may_go")
+    return sa.select(
+        batch.c.id, batch.c.message_id, batch.c.status, may_go.c.id.is_not(None).label("may_go")
+    ).select_from(batch.outerjoin(may_go, may_go.c.id == batch.c.id))
+
+
+def _order_check(conn: sa.Connection, *, message_ids: Sequence[str]) -> OrderCheck:
+    rows = conn.execute(order_check_statement(message_ids=message_ids)).all()
+    sendable: dict[str, int] = {}
+    held: set[str] = set()
+    for row in sorted(rows, key=lambda r: r.id):
+        if row.status != "pending":
+            continue
+        if row.may_go:
+            sendable[row.message_id] = row.id
+        else:
+            held.add(row.message_id)
+    settled = set(message_ids) - held - set(sendable)
+    return OrderCheck(sendable=sendable, held=frozenset(held), settled=frozenset(settled))
 
 
 def _claimed(row: sa.Row[Any]) -> ClaimedRow:
@@ -206,6 +362,7 @@ class OutboxStore:
     def claim(
         self, *, token: str, now: datetime, grace: timedelta, lease: timedelta, limit: int
     ) -> list[ClaimedRow]:
+        """Claim up to ``limit`` due rows (``claim_statement``), in outbox id order."""
         stmt = claim_statement(
             token=token,
             now=now,
@@ -215,7 +372,8 @@ class OutboxStore:
             dialect=self.engine.dialect.name,
         )
         with _transaction(self.engine, "claim") as conn:
-            return [_claimed(row) for row in conn.execute(stmt)]
+            claimed = [_claimed(row) for row in conn.execute(stmt)]
+        return sorted(claimed, key=lambda row: row.id)  # RETURNING has no order; keys need it
 
     def mark_sent(self, *, ids: Sequence[int], token: str, now: datetime) -> int:
         """Mark claimed rows sent; returns how many this claimant still held."""
@@ -273,6 +431,11 @@ class OutboxStore:
         with _transaction(self.engine, "mark dispatched") as conn:
             return _mark_dispatched(conn, sent_ids=sent_ids, dead=dead, now=now)
 
+    def order_check(self, *, message_ids: Sequence[str]) -> OrderCheck:
+        """Which of these keyed messages may be sent now, and in which order."""
+        with _translated("order check"), self.engine.connect() as conn:
+            return _order_check(conn, message_ids=message_ids)
+
     def purge_sent(self, *, before: datetime, batch_size: int) -> int:
         """Delete up to ``batch_size`` rows sent before ``before``; returns how many."""
         old = sa.select(t.c.id).where(t.c.status == "sent", t.c.sent_at < before).limit(batch_size)
@@ -290,7 +453,7 @@ class OutboxStore:
 
 
 class AsyncOutboxStore:
-    """The dispatcher's completions for asyncio apps, on an ``AsyncEngine``."""
+    """The dispatcher's order checks and completions for asyncio apps, on an ``AsyncEngine``."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
@@ -305,6 +468,12 @@ class AsyncOutboxStore:
             async with self.engine.begin() as conn:
                 await conn.run_sync(_no_flush_wait)
                 return await conn.run_sync(_mark_dispatched, sent_ids=sent_ids, dead=dead, now=now)
+
+    async def order_check(self, *, message_ids: Sequence[str]) -> OrderCheck:
+        """``OutboxStore.order_check`` through ``run_sync``."""
+        with _translated("order check"):
+            async with self.engine.connect() as conn:
+                return await conn.run_sync(_order_check, message_ids=message_ids)
 
 
 def _mark_dispatched(

@@ -157,7 +157,7 @@ def test_revisions_join_an_applications_history(tmp_path: Path) -> None:
     engine = sa.create_engine(url)
     with engine.connect() as conn:
         context = MigrationContext.configure(conn)
-        assert set(context.get_current_heads()) == {"app0001", "qmq0001"}
+        assert set(context.get_current_heads()) == {"app0001", "qmq0002"}
         app_metadata = sa.MetaData()
         sa.Table("orders", app_metadata, sa.Column("id", sa.Integer, primary_key=True))
         filtered = MigrationContext.configure(conn, opts={"include_object": migrate.include_object})

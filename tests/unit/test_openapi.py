@@ -28,11 +28,13 @@ def _validator(model: str) -> Any:
 def test_each_operation_lists_its_statuses_and_auth_adds_401_and_the_bearer_scheme() -> None:
     off, on = openapi_document(auth=False), openapi_document(auth=True)
     produce_off = off["paths"]["/v1/messages"]["post"]
-    assert set(produce_off["responses"]) == {"200", "400", "403", "413", "415", "503"}
+    # 409: a produce an ordered subject refuses (no key, a delay)
+    assert set(produce_off["responses"]) == {"200", "400", "403", "409", "413", "415", "503"}
     assert "security" not in produce_off
     assert "securitySchemes" not in off["components"]
     pull_on = on["paths"]["/v1/pull"]["post"]
-    assert set(pull_on["responses"]) == {"200", "400", "401", "403", "409", "413", "415"} | {
+    assert set(pull_on["responses"]) == {"200", "400", "401", "403", "404", "409", "413"} | {
+        "415",
         "429",
         "503",
     }
