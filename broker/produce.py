@@ -186,15 +186,21 @@ class ProduceService:
                     logs[at] = earlier
                     break
 
-    async def store_commands(self, commands: list[tuple[str, IncomingMessage]]) -> list[int]:
+    async def store_commands(
+        self,
+        commands: list[tuple[str, IncomingMessage]],
+        placed: Callable[[list[int]], None],
+    ) -> None:
         """Append command messages (each to its partition's log, as its last message) and
-        return their seqs once durable. Broker-internal: no gate, no dedup."""
+        answer once they are durable. ``placed`` gets their seqs as soon as they are
+        allocated, before they can become visible: a pull must never take a command for a
+        message. Broker-internal: no gate, no dedup."""
         now = self._clock.wall_us()
         seqs = [
             self._store(log, [message], [id_hash(message.id)], now) for log, message in commands
         ]
+        placed(seqs)
         await self._settle({log: seq + 1 for (log, _), seq in zip(commands, seqs, strict=True)})
-        return seqs
 
     async def store_due(self, records: list[MessageRecord]) -> tuple[list[int], int]:
         """Store due delayed messages like produced ones, same ids and dedup.

@@ -2,10 +2,13 @@
 
 Starts a broker on a data dir under ``.demo/``, an orders service on a SQLite file that
 publishes through the outbox, a compensator, two billing consumers with an idempotent store
-and two broadcast notification consumers. While orders flow it kill -9s the broker and
-restarts it (the compensator catches up) and kill -9s a billing consumer mid-batch (its
-leases expire and the idempotent store suppresses the redeliveries). Then it runs the Spark
-reconciliation and prints a verdict. Re-runnable: ``.demo/`` is recreated each time.
+and two broadcast notification consumers; each order's status changes also go to an
+ordered subject, ``order.state`` (2 partitions), whose consumer checks that it sees every
+order's ``placed`` before its ``paid`` or ``cancelled``. While orders flow it kill -9s the
+broker and restarts it (the compensator catches up), splits a partition of ``order.state``,
+and kill -9s a billing consumer mid-batch (its leases expire and the idempotent store
+suppresses the redeliveries). Then it runs the Spark reconciliation (its ``out_of_order``
+check included) and prints a verdict. Re-runnable: ``.demo/`` is recreated each time.
 """
 
 from __future__ import annotations
@@ -37,8 +40,9 @@ from sqlalchemy import func, select, text
 
 from examples.billing import prepare_database as prepare_billing
 from examples.orders.models import Order
-from examples.orders.service import connect, make_service, prepare_database
+from examples.orders.service import STATE_SUBJECT, connect, make_service, prepare_database
 from qmq_outbox import Consumer, Message, Outbox
+from qmq_outbox.client import BrokerClient
 
 console = Console()
 
@@ -88,6 +92,32 @@ class Progress:
     paid: int = 0
     cancelled: int = 0
     events: list[str] = field(default_factory=list)
+    states: dict[int, list[str]] = field(default_factory=dict)  # order -> states seen
+    states_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def state(self, order_id: int, state: str) -> None:
+        with self.states_lock:
+            seen = self.states.setdefault(order_id, [])
+            if not seen or seen[-1] != state:  # a redelivery repeats the last one
+                seen.append(state)
+
+    def out_of_order(self) -> int:
+        """Orders whose states did not come as placed, then at most one of paid/cancelled."""
+        with self.states_lock:
+            return sum(
+                1
+                for seen in self.states.values()
+                if seen[0] != "placed" or len(seen) > 2 or "placed" in seen[1:]
+            )
+
+    def in_order(self) -> int:
+        """Orders whose every state change came, in order: placed, then paid or cancelled."""
+        with self.states_lock:
+            return sum(
+                1
+                for seen in self.states.values()
+                if seen in (["placed", "paid"], ["placed", "cancelled"])
+            )
 
     def event(self, text: str) -> None:
         self.events.append(f"{time.strftime('%H:%M:%S')} {text}")
@@ -235,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         logs,
     ).start()
     wait_healthy(broker_url)
+    with BrokerClient(broker_url) as client:
+        client.declare_subject(STATE_SUBJECT, partitions=2)
     engine, sessions = connect(orders_url)
     prepare_database(engine)
     billing_engine, _ = connect(billing_url)
@@ -335,6 +367,17 @@ def main(argv: list[str] | None = None) -> int:
         target=timeouts.run, kwargs={"install_signal_handlers": False}, name="demo-timeouts"
     )
     timeout_thread.start()
+    history = Consumer(broker_url, "order-history", wait_ms=500)
+
+    @history.handler(STATE_SUBJECT, ordered=True)
+    def on_state(message: Message) -> None:
+        body = message.json()
+        progress.state(body["order_id"], body["state"])
+
+    history_thread = threading.Thread(
+        target=history.run, kwargs={"install_signal_handlers": False}, name="demo-history"
+    )
+    history_thread.start()
 
     def place_orders() -> None:
         rng = random.Random(42)
@@ -354,6 +397,12 @@ def main(argv: list[str] | None = None) -> int:
         broker.start()
         wait_healthy(broker_url)
         progress.event("broker restarted; recovery done, compensator resends pending rows")
+        while progress.placed < args.orders * 0.45:
+            time.sleep(0.05)
+        with BrokerClient(broker_url) as client:
+            routes = client.split_partition(STATE_SUBJECT, partition=0, at=256)
+        ranges = ", ".join(f"[{r['lo']},{r['hi']})->p{r['partition']}" for r in routes["ranges"])
+        progress.event(f"order.state partition 0 split: route v{routes['version']} {ranges}")
         while progress.placed < args.orders * 0.6:
             time.sleep(0.05)
         consumers["billing-b1"].kill9()
@@ -384,6 +433,8 @@ def main(argv: list[str] | None = None) -> int:
             "orders paid": progress.paid,
             "unpaid orders cancelled by delayed message": progress.cancelled,
             "duplicates suppressed by IdempotentStore": duplicates_suppressed(stats),
+            "orders whose state changes came in order": progress.in_order(),
+            "orders whose state changes came out of order": progress.out_of_order(),
         }
 
     deadline = None
@@ -404,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
                 and current["orders notified by email"] >= progress.placed
                 and current["orders notified by sms"] >= progress.placed
                 and progress.paid + progress.cancelled == progress.placed
+                and current["orders whose state changes came in order"] == progress.placed
             )
             if done:
                 break
@@ -416,6 +468,8 @@ def main(argv: list[str] | None = None) -> int:
 
     timeouts.stop()
     timeout_thread.join(30)
+    history.stop()
+    history_thread.join(30)
     outbox.close()
     for proc in consumers.values():
         proc.stop()
@@ -475,7 +529,10 @@ def main(argv: list[str] | None = None) -> int:
         "notifications_email": final["orders notified by email"],
         "notifications_sms": final["orders notified by sms"],
         "duplicates_suppressed": final["duplicates suppressed by IdempotentStore"],
+        "orders_states_in_order": final["orders whose state changes came in order"],
+        "orders_states_out_of_order": final["orders whose state changes came out of order"],
         "reconciliation_exit_code": reconcile.get("process_exit_code"),
+        "reconciliation_out_of_order": (reconcile.get("out_of_order") or {}).get("count"),
         "reconciliation_categories": reconcile.get("categories", {}),
         "events": progress.events,
     }
@@ -486,7 +543,10 @@ def main(argv: list[str] | None = None) -> int:
         and verdict["notifications_email"] == verdict["orders_placed"]
         and verdict["notifications_sms"] == verdict["orders_placed"]
         and verdict["orders_paid"] + verdict["orders_cancelled"] == verdict["orders_placed"]
+        and verdict["orders_states_in_order"] == verdict["orders_placed"]
+        and verdict["orders_states_out_of_order"] == 0
         and (args.skip_reconcile or verdict["reconciliation_exit_code"] == 0)
+        and (args.skip_reconcile or verdict["reconciliation_out_of_order"] == 0)
     )
     verdict["ok"] = ok
     (root / "verdict.json").write_text(json.dumps(verdict, indent=2))
@@ -504,6 +564,9 @@ def main(argv: list[str] | None = None) -> int:
         f"  invoices {v['invoices']} (one per order), email {v['notifications_email']} "
         f"and sms {v['notifications_sms']} notifications (broadcast)\n"
         f"  duplicates suppressed by the idempotent store: {v['duplicates_suppressed']}\n"
+        f"  order.state (ordered, split while running): {v['orders_states_in_order']} orders "
+        f"seen placed -> paid/cancelled in order, {v['orders_states_out_of_order']} out of "
+        f"order; reconciliation out_of_order: {v['reconciliation_out_of_order']}\n"
         f"  reconciliation: {reconciled}"
     )
     console.print(

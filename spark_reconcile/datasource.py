@@ -26,6 +26,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
+    BooleanType,
     LongType,
     StringType,
     StructField,
@@ -41,12 +42,17 @@ from broker.format import (
     list_segments,
     segment_number,
 )
+from qmq_wire.ordered import is_command, split_partition_log
 from spark_reconcile.scan import scan_actions, scan_messages
 
 FORMAT_NAME = "qmq-log"
 DEFAULT_BATCH_ROWS = 8192
 KINDS = {"messages": SegmentKind.MESSAGES, "actions": SegmentKind.ACTIONS}
 
+# ``subject`` is the subject a record belongs to and ``partition`` its physical partition:
+# physical partition p of an ordered subject S is stored as a log named ``S#p``
+# (``qmq_wire.ordered.split_partition_log``); ``partition`` is null for a plain subject.
+# ``command``: a command message (``qmq_wire.ordered.is_command``), which is not a message.
 MESSAGE_SCHEMA = StructType(
     [
         StructField("broker", StringType(), False),
@@ -54,9 +60,11 @@ MESSAGE_SCHEMA = StructType(
         StructField("offset", LongType(), False),
         StructField("id", StringType(), False),
         StructField("subject", StringType(), False),
+        StructField("partition", LongType(), True),
         StructField("seq", LongType(), False),
         StructField("producer", StringType(), True),
         StructField("key", StringType(), True),
+        StructField("command", BooleanType(), False),
         StructField("body_sha256", StringType(), False),
         StructField("created_at", TimestampType(), True),
         StructField("stored_at", TimestampType(), True),
@@ -66,10 +74,13 @@ MESSAGE_SCHEMA = StructType(
 
 # One row per (action record, seq); a record without seqs (e.g. ``group``) gives one row
 # with a null seq. ``start_seq`` is a ``group`` record's start cursor (its first seq).
+# ``subject`` and ``partition`` as in ``MESSAGE_SCHEMA``: a group's state on partition p
+# of an ordered subject is kept per partition, and its seqs are that partition's.
 ACTION_SCHEMA = StructType(
     [
         StructField("broker", StringType(), False),
         StructField("subject", StringType(), False),
+        StructField("partition", LongType(), True),
         StructField("group", StringType(), False),
         StructField("state", StringType(), False),
         StructField("type", StringType(), False),
@@ -113,6 +124,14 @@ def _us_or_none(value: int) -> int | None:
     return value if value > 0 else None
 
 
+class _LogNames(dict[str, tuple[str, int | None]]):
+    """``(subject, partition)`` of each stored log name, split once per name."""
+
+    def __missing__(self, name: str) -> tuple[str, int | None]:
+        split = self[name] = split_partition_log(name)
+        return split
+
+
 def _start_seq(record: ActionRecord) -> int | None:
     if record.type is not ActionType.GROUP:
         return None
@@ -126,7 +145,7 @@ def _start_seq(record: ActionRecord) -> int | None:
 def _batches(
     rows: Iterator[tuple[Any, ...]], schema: pa.Schema, batch_rows: int
 ) -> Iterator[pa.RecordBatch]:
-    """Group rows into Arrow batches of ``batch_rows`` (columns built by transposing)."""
+    """Group rows into Arrow batches of ``batch_rows``."""
     pending: list[tuple[Any, ...]] = []
     for row in rows:
         pending.append(row)
@@ -138,38 +157,42 @@ def _batches(
 
 
 def _to_batch(rows: list[tuple[Any, ...]], schema: pa.Schema) -> pa.RecordBatch:
-    columns = zip(*rows, strict=True)
-    arrays = [
-        pa.array(values, type=field.type) for field, values in zip(schema, columns, strict=True)
-    ]
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+    # Arrow turns the tuples into columns in C++, four times faster than zip(*rows).
+    records = pa.array(rows, type=pa.struct(list(schema)))
+    return pa.RecordBatch.from_struct_array(records)
 
 
 def _message_rows(
     broker: str, path: Path, *, last_segment: bool, unreadable: bool
 ) -> Iterator[tuple[Any, ...]]:
     segment = segment_number(path)
+    logs = _LogNames()
+    sha256 = hashlib.sha256
+    mark = (None,) if unreadable else ()
     for item in scan_messages(path, last_segment=last_segment):
         if isinstance(item, BadRegion):
             if unreadable:
                 yield _region_row(broker, segment, item, len(MESSAGE_SCHEMA.fields))
             continue
-        offset, (seq, _, created, stored, deliver, subject, id_, key, producer, _, body) = item
-        row = (
+        offset, (seq, _, created, stored, deliver, log, id_, key, producer, headers, body) = item
+        subject, partition = logs[log]
+        yield (
             broker,
             segment,
             offset,
             id_,
             subject,
+            partition,
             seq,
             producer,
             key,
-            hashlib.sha256(body).hexdigest(),
-            _us_or_none(created),
-            _us_or_none(stored),
-            _us_or_none(deliver),
+            is_command(headers),
+            sha256(body).hexdigest(),
+            created if created > 0 else None,
+            stored if stored > 0 else None,
+            deliver if deliver > 0 else None,
+            *mark,
         )
-        yield (*row, None) if unreadable else row
 
 
 def message_batches(
@@ -196,6 +219,7 @@ def _action_rows(
     last_segment: bool,
     unreadable: bool,
 ) -> Iterator[tuple[Any, ...]]:
+    logs = _LogNames()
     for item in scan_actions(path, last_segment=last_segment):
         if isinstance(item, BadRegion):
             if unreadable:
@@ -206,7 +230,8 @@ def _action_rows(
         if types is not None and rec.type not in types:
             continue
         error = rec.fields.get("error")
-        head = (broker, rec.subject, rec.group, rec.state, rec.type.name.lower())
+        subject, partition = logs[rec.subject]
+        head = (broker, subject, partition, rec.group, rec.state, rec.type.name.lower())
         tail: tuple[Any, ...] = (
             _us_or_none(rec.at_us),
             None if error is None else str(error),

@@ -8,7 +8,8 @@ Stages (timed in ``Result.timings``, shown as they go through a ``progress.Progr
 ``start_spark`` and ``stop_spark`` (only for a session the run creates), ``read_broker``
 and ``read_outbox`` (read and cache; the broker's records and the unreadable regions of
 its segments in one pass), ``classify`` (the categories, computed once and written as
-Parquet partitioned by category, counted as they are written), ``groups`` (group stats
+Parquet partitioned by category, counted as they are written; then, when the broker holds
+keyed messages, the messages stored out of their outbox order), ``groups`` (group stats
 and latency from one aggregation of stored messages and action records per state owner
 and seq), ``write_outputs`` (category folders moved into place, the unreadable regions,
 ``summary.json``, ``report.txt``, ``report.html``).
@@ -30,6 +31,7 @@ from typing import Any, TypeVar
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from spark_reconcile import readers, report, session, transforms, unreadable
 from spark_reconcile.errors import (
@@ -192,12 +194,13 @@ def run(
         broker, outbox = _together(read_broker, read_outbox)
         report.prepare_out(out_dir)
 
-        def classify() -> dict[str, int]:
+        def classify() -> tuple[dict[str, int], dict[str, Any]]:
             with timed("classify"):
                 classified = transforms.classify(
                     outbox, broker.messages, window=window, producers=producers
                 )
-                return report.stage_categories(classified, out_dir)
+                counts = report.stage_categories(classified, out_dir)
+                return counts, _out_of_order(outbox, broker, window=window, out=out_dir)
 
         def groups_and_latency() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
             with timed("groups"):
@@ -205,12 +208,12 @@ def run(
                     broker, now=started, ack_threshold=ack_threshold, window=window, cached=cached
                 )
 
-        counts, (groups, latency) = _together(classify, groups_and_latency)
+        (counts, disorder), (groups, latency) = _together(classify, groups_and_latency)
         with timed("write_outputs"):
             damage = report.write_unreadable(
                 broker.regions, out_dir, count=broker.damage_count, total_bytes=broker.damage_bytes
             )
-            doc = report.summary(counts, groups, latency, damage)
+            doc = report.summary(counts, groups, latency, damage, disorder)
             text = report.render_text(doc, info)
             page = report.render_html(doc, info, _histogram(latency))
             report.publish_categories(out_dir)
@@ -258,25 +261,34 @@ def _check_inputs(
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class _Broker:
-    """The broker data of a run: records, unreadable regions and their totals."""
+    """The broker data of a run: records, unreadable regions and their totals, and how
+    many records are keyed messages (command messages have no key)."""
 
     messages: DataFrame
     actions: DataFrame
     regions: DataFrame
     damage_count: int
     damage_bytes: int
+    keyed: int
+
+
+# Columns of the broker reads that no result uses: not cached.
+_UNUSED = {"messages": ("segment", "offset"), "actions": ("error",)}
 
 
 def _read_broker(spark: SparkSession, dirs: Sequence[str], cached: list[DataFrame]) -> _Broker:
-    read_messages = _cache(readers.read_broker(spark, dirs, "messages"), cached)
-    read_actions = _cache(readers.read_broker(spark, dirs, "actions"), cached)
-    count, total_bytes = _materialise_broker(read_messages, read_actions)
+    def read(kind: str) -> DataFrame:
+        return _cache(readers.read_broker(spark, dirs, kind).drop(*_UNUSED[kind]), cached)
+
+    read_messages, read_actions = read("messages"), read("actions")
+    count, total_bytes, keyed = _materialise_broker(read_messages, read_actions)
     return _Broker(
         messages=unreadable.records(read_messages),
         actions=unreadable.records(read_actions),
         regions=unreadable.regions(read_messages, read_actions),
         damage_count=count,
         damage_bytes=total_bytes,
+        keyed=keyed,
     )
 
 
@@ -291,6 +303,17 @@ def _read_outbox(
     outbox = _cache(outbox, cached)
     _materialise_outbox(outbox, sources)
     return outbox
+
+
+def _out_of_order(
+    outbox: DataFrame, broker: _Broker, *, window: transforms.Window, out: Path
+) -> dict[str, Any]:
+    """The ``out_of_order`` entry of the summary, its messages written under ``out``; with
+    no keyed message in the broker data there is nothing to order and nothing to run."""
+    if not broker.keyed:
+        return report.out_of_order_entry(0, 0, [])
+    rows = transforms.out_of_order(outbox, broker.messages, window=window)
+    return report.write_out_of_order(rows, out)
 
 
 def _groups_and_latency(
@@ -331,14 +354,22 @@ def _cache(frame: DataFrame, cached: list[DataFrame]) -> DataFrame:
     return frame
 
 
-def _materialise_broker(messages: DataFrame, actions: DataFrame) -> tuple[int, int]:
-    """Fill both caches (one job); how many unreadable regions they hold, how many bytes."""
-    both = unreadable.totals(messages).unionByName(unreadable.totals(actions))
+def _materialise_broker(messages: DataFrame, actions: DataFrame) -> tuple[int, int, int]:
+    """Fill both caches (one job); how many unreadable regions they hold, how many bytes,
+    and how many keyed messages there are."""
+    keyed = F.count_if(F.col("key").isNotNull() & ~F.col("command")).alias("keyed")
+    both = unreadable.totals(messages, keyed).unionByName(
+        unreadable.totals(actions, F.lit(0).cast("long").alias("keyed"))
+    )
     try:
         found = both.collect()
     except readers.SPARK_ERRORS as exc:
         raise BrokerDataUnreadable(f"broker data: {readers.first_line(exc)}") from exc
-    return sum(int(row["count"]) for row in found), sum(int(row["bytes"]) for row in found)
+    return (
+        sum(int(row["count"]) for row in found),
+        sum(int(row["bytes"]) for row in found),
+        sum(int(row["keyed"]) for row in found),
+    )
 
 
 def _materialise_outbox(outbox: DataFrame, sources: Sequence[readers.JdbcSource]) -> None:

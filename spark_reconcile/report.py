@@ -2,10 +2,12 @@
 
 ``summary`` builds the ``summary.json`` document (docs/architecture.md, section 7) from collected
 results; ``render_text`` and ``render_html`` are pure; ``prepare_out``,
-``stage_categories``, ``publish_categories``, ``write_unreadable`` and ``write_reports`` are
-the only functions that touch the output directory. The classified messages are written in
-one pass, partitioned by category, into ``out/_categories`` and then moved to
-``out/<category>/``; unreadable regions of broker segments go to ``out/unreadable_in_broker/``.
+``stage_categories``, ``publish_categories``, ``write_unreadable``, ``write_out_of_order``
+and ``write_reports`` are the only functions that touch the output directory. The
+classified messages are written in one pass, partitioned by category, into
+``out/_categories`` and then moved to ``out/<category>/``; unreadable regions of broker
+segments go to ``out/unreadable_in_broker/``, messages stored out of their outbox order to
+``out/out_of_order/``.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ from typing import Any
 
 import orjson
 from pyspark.sql import DataFrame, Observation
+from pyspark.sql import functions as F
 
 from spark_reconcile.transforms import (
     CATEGORIES,
     CRITICAL,
     HISTOGRAM_BOUNDS_MS,
     LATENCY_METRICS,
+    OUT_OF_ORDER_COLUMNS,
     category_counters,
 )
 from spark_reconcile.unreadable import NAME as UNREADABLE
@@ -61,6 +65,16 @@ UNREADABLE_MEANING = (
     "the messages in them, which show up by id in their own categories)"
 )
 LISTED_REGIONS = 100  # in summary.json and the reports; the Parquet folder has them all
+# Not a category either (an out-of-order message is still delivered, or whatever it is).
+OUT_OF_ORDER = "out_of_order"  # the Parquet folder and the summary.json key
+OUT_OF_ORDER_SEVERITY = "warning"
+OUT_OF_ORDER_MEANING = (
+    "messages stored after a message of the same outbox, subject and key with a larger "
+    "outbox id (consumers reading in stored order met the newer one first)"
+)
+LISTED_OUT_OF_ORDER = 100  # in summary.json and the reports; the Parquet folder has them all
+# Listed by subject and key, in stored order.
+_OUT_OF_ORDER_ORDER = ("subject", "key", "outbox", "stored_at", "broker", "partition", "seq")
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,16 +105,35 @@ def unreadable_entry(
     return {"count": count, "bytes": total_bytes, "regions": regions}
 
 
+def out_of_order_entry(
+    count: int, keys: int, listed: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """``summary.json``'s ``out_of_order``: how many messages, of how many (outbox,
+    subject, key)s, and the first ``LISTED_OUT_OF_ORDER`` by subject, key and stored order
+    (times as RFC 3339 text)."""
+    messages = [
+        {name: _json_value(m[name]) for name in OUT_OF_ORDER_COLUMNS}
+        for m in listed[:LISTED_OUT_OF_ORDER]
+    ]
+    return {"count": count, "keys": keys, "messages": messages}
+
+
+def _json_value(value: Any) -> Any:
+    return _fmt_time(value) if isinstance(value, datetime) else value
+
+
 def summary(
     counts: Mapping[str, int],
     groups: Iterable[Mapping[str, Any]],
     latency: Iterable[Mapping[str, Any]],
     unreadable: Mapping[str, Any] | None = None,
+    out_of_order: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``summary.json`` document: every category (zeros included), the unreadable
-    regions of broker data (``unreadable_entry``), groups nested by subject then group,
-    latency per metric, and the exit code (unreadable regions are a warning: they do not
-    change it)."""
+    regions of broker data (``unreadable_entry``), the messages stored out of their outbox
+    order (``out_of_order_entry``), groups nested by subject then group, latency per
+    metric, and the exit code (unreadable regions and out-of-order messages are warnings:
+    they do not change it)."""
     categories = {name: int(counts.get(name, 0)) for name in CATEGORIES}
     nested: dict[str, dict[str, dict[str, Any]]] = {}
     for row in sorted(groups, key=lambda r: (r["subject"], r["group"])):
@@ -116,6 +149,7 @@ def summary(
     return {
         "categories": categories,
         UNREADABLE: dict(unreadable or unreadable_entry(0, 0, [])),
+        OUT_OF_ORDER: dict(out_of_order or out_of_order_entry(0, 0, [])),
         "groups": nested,
         "latency_ms": latency_ms,
         "exit_code": exit_code(categories),
@@ -184,6 +218,7 @@ def render_text(doc: Mapping[str, Any], info: RunInfo) -> str:
         severity = SEVERITY[name].upper() if count and name in CRITICAL else SEVERITY[name]
         lines.append(f"{name:<22}{count:>12,}  {severity}")
     lines += ["", *_unreadable_lines(doc[UNREADABLE])]
+    lines += [*_out_of_order_lines(doc[OUT_OF_ORDER])]
     lines += ["", f"consumer groups (unacked past {_fmt_seconds(info.ack_threshold_s)})"]
     lines.append(f"{'subject/group':<40}{'mode':>10}{'acked':>10}{'unacked':>10}{'dead':>8}")
     for subject, groups in doc["groups"].items():
@@ -203,6 +238,8 @@ def render_text(doc: Mapping[str, Any], info: RunInfo) -> str:
     verdict = f"{critical:,} critical finding(s)" if critical else "clean"
     if doc[UNREADABLE]["count"]:
         verdict += f"; {doc[UNREADABLE]['count']:,} unreadable region(s) in broker data"
+    if doc[OUT_OF_ORDER]["count"]:
+        verdict += f"; {doc[OUT_OF_ORDER]['count']:,} message(s) stored out of order"
     lines += ["", f"result: {verdict} -> exit {doc['exit_code']}"]
     return "\n".join(lines) + "\n"
 
@@ -215,6 +252,25 @@ def _unreadable_lines(entry: Mapping[str, Any]) -> list[str]:
     if count > len(entry["regions"]):
         lines.append(f"  ... {count - len(entry['regions']):,} more in {UNREADABLE}/")
     return lines
+
+
+def _out_of_order_lines(entry: Mapping[str, Any]) -> list[str]:
+    count = entry["count"]
+    severity = OUT_OF_ORDER_SEVERITY.upper() if count else OUT_OF_ORDER_SEVERITY
+    lines = [f"{OUT_OF_ORDER:<22}{count:>12,}  {severity}  ({entry['keys']:,} key(s))"]
+    lines += [f"  {_out_of_order_text(m)}" for m in entry["messages"]]
+    if count > len(entry["messages"]):
+        lines.append(f"  ... {count - len(entry['messages']):,} more in {OUT_OF_ORDER}/")
+    return lines
+
+
+def _out_of_order_text(message: Mapping[str, Any]) -> str:
+    partition = "" if message["partition"] is None else f" partition {message['partition']}"
+    return (
+        f"{message['subject']} key {message['key']}: {message['message_id']} (outbox id "
+        f"{message['outbox_id']}) stored after {message['after_id']} (outbox id "
+        f"{message['after_outbox_id']}), {message['broker']}{partition} seq {message['seq']}"
+    )
 
 
 def _region_text(region: Mapping[str, Any]) -> str:
@@ -310,6 +366,8 @@ Not judged: {e(in_flight_words(info))}.</p>
 {"".join(rows)}</table>
 <h2>Unreadable in broker data</h2>
 {_unreadable_html(doc[UNREADABLE])}
+<h2>Stored out of order</h2>
+{_out_of_order_html(doc[OUT_OF_ORDER])}
 <h2>Consumer groups</h2>
 <table><tr><th>subject</th><th>group</th><th>mode</th><th>acked</th>
 <th>unacked past {_fmt_seconds(info.ack_threshold_s)}</th><th>dead letters</th>
@@ -342,16 +400,50 @@ def _unreadable_html(entry: Mapping[str, Any]) -> str:
     )
 
 
+def _out_of_order_html(entry: Mapping[str, Any]) -> str:
+    if not entry["count"]:
+        return "<p>none</p>"
+    rows = "".join(
+        "<tr>"
+        + "".join(f"<td>{html.escape(_cell(m[name]))}</td>" for name in OUT_OF_ORDER_COLUMNS)
+        + "</tr>"
+        for m in entry["messages"]
+    )
+    head = "".join(f"<th>{name}</th>" for name in OUT_OF_ORDER_COLUMNS)
+    return (
+        f'<p class="{OUT_OF_ORDER_SEVERITY}">{entry["count"]:,} message(s) of '
+        f"{entry['keys']:,} key(s) ({OUT_OF_ORDER_SEVERITY}): "
+        f"{html.escape(OUT_OF_ORDER_MEANING)}. Listed: the first {len(entry['messages']):,}; "
+        f"all are in {OUT_OF_ORDER}/.</p>"
+        f"<table><tr>{head}</tr>{rows}</table>"
+    )
+
+
+def _cell(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
 # --- writing ----------------------------------------------------------------------------------
 
 
 STAGING = "_categories"
+# Columns of the classification whose values are (nearly) all distinct: a dictionary
+# cannot encode them, and Parquet's writer would build one per column and page, then drop
+# it (a third of the write's CPU). Paths as Parquet names them.
+DISTINCT_COLUMNS = (
+    "message_id",
+    "outbox_sha256.list.element",
+    "broker_sha256.list.element",
+    "created_at",
+    "stored_at",
+    "sent_at",
+)
 
 
 def prepare_out(out: Path) -> None:
     """Create the output directory and drop category folders left by an earlier run."""
     out.mkdir(parents=True, exist_ok=True)
-    for name in (*CATEGORIES, STAGING, UNREADABLE):
+    for name in (*CATEGORIES, STAGING, UNREADABLE, OUT_OF_ORDER):
         folder = out / name
         if folder.exists():
             shutil.rmtree(folder)
@@ -363,7 +455,10 @@ def stage_categories(classified: DataFrame, out: Path) -> dict[str, int]:
     staging = out / STAGING
     counted = Observation("categories")
     observed = classified.observe(counted, *category_counters())
-    observed.write.mode("overwrite").partitionBy("category").parquet(str(staging))
+    writer = observed.write.mode("overwrite").partitionBy("category")
+    for column in DISTINCT_COLUMNS:
+        writer = writer.option(f"parquet.enable.dictionary#{column}", "false")
+    writer.parquet(str(staging))
     return {str(name): int(count) for name, count in counted.get.items() if count}
 
 
@@ -392,6 +487,26 @@ def write_unreadable(
     written = regions.sparkSession.read.parquet(str(folder))
     listed = written.orderBy(*REGION_COLUMNS[:4]).limit(LISTED_REGIONS).collect()
     return unreadable_entry(int(count), int(total_bytes), [r.asDict() for r in listed])
+
+
+def write_out_of_order(rows: DataFrame, out: Path) -> dict[str, Any]:
+    """Write the messages stored out of order (``transforms.out_of_order``) to
+    ``out/out_of_order/`` (the folder is removed again when there are none); returns their
+    ``out_of_order_entry``."""
+    folder = out / OUT_OF_ORDER
+    rows.write.mode("overwrite").parquet(str(folder))
+    written = rows.sparkSession.read.parquet(str(folder))
+    totals = written.agg(
+        F.count(F.lit(1)).alias("count"),
+        F.count_distinct("outbox", "subject", "key").alias("keys"),
+    ).collect()[0]
+    if not totals["count"]:
+        shutil.rmtree(folder)
+        return out_of_order_entry(0, 0, [])
+    listed = written.orderBy(*_OUT_OF_ORDER_ORDER).limit(LISTED_OUT_OF_ORDER).collect()
+    return out_of_order_entry(
+        int(totals["count"]), int(totals["keys"]), [r.asDict() for r in listed]
+    )
 
 
 def write_reports(out: Path, doc: Mapping[str, Any], text: str, page: str) -> None:

@@ -20,6 +20,15 @@ broker's) in ``[since, until)``, and created and due (``deliver_at``) at least `
 before the run. Younger ones are still in flight. Broker messages without an outbox row
 from producers that are not reconciled belong to other services and are not judged at all
 (not even as duplicates).
+
+Ordered subjects: the broker stores physical partition p of subject S as a log ``S#p``; the
+readers give its records ``subject`` S and ``partition`` p, so every result is by subject
+(a group's partitions are summed). Command messages (``command``: the records a route change
+appends to the partitions it closes) are not messages: they are in no category, no group
+count and no latency, and the acks that consume them are not counted either.
+
+Besides the categories, ``out_of_order`` finds messages stored in another order than their
+outbox ids' within their outbox, subject and key (a counter, not a category).
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from pyspark.sql import Column, DataFrame
+from pyspark.sql import Window as W
 from pyspark.sql import functions as F
 
 CATEGORIES = (
@@ -68,7 +78,23 @@ CLASSIFIED_COLUMNS = (
     "sent_at",
     "deliver_at",
 )
-_OWNER = ("broker", "subject", "group", "state")
+# A state owner: a group (or a broadcast consumer) on one log, a partition's for an ordered
+# subject; its seqs are that log's.
+_OWNER = ("broker", "subject", "partition", "group", "state")
+_LOG = ("broker", "subject", "partition")
+OUT_OF_ORDER_COLUMNS = (
+    "subject",
+    "key",
+    "message_id",
+    "outbox",
+    "outbox_id",
+    "broker",
+    "partition",
+    "seq",
+    "stored_at",
+    "after_id",
+    "after_outbox_id",
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -135,16 +161,22 @@ def by_message_id(outbox: DataFrame, messages: DataFrame) -> DataFrame:
         _null("string").alias("o_sha256"),
         *(F.col(c.removeprefix("b_")).alias(c) for c, _ in _BROKER_SIDE),
     )
+    # Partitioned by id before grouping, so the aggregation sorts once, after the shuffle:
+    # grouped where they are read, the rows would be sorted and their sets serialised for
+    # nothing (an id's outbox row and broker record are never in the same input partition).
+    # Grouped by the id's hash first: the sort then orders by a long, whatever prefix the
+    # ids share ("order-00001..."), and compares two ids' text only when their hashes tie.
     grouped = (
         rows.unionByName(stored)
-        .groupBy("message_id")
+        .repartition("message_id")
+        .groupBy(F.xxhash64("message_id").alias("id_hash"), "message_id")
         .agg(
             F.nullif(F.count("o"), F.lit(0)).alias("outbox_rows"),
             F.nullif(F.count("b_broker"), F.lit(0)).alias("broker_copies"),
             F.min("o").alias("o"),
-            F.array_sort(F.collect_set("o_sha256")).alias("outbox_sha256"),
-            F.array_sort(F.collect_set("b_broker")).alias("brokers"),
-            F.array_sort(F.collect_set("b_body_sha256")).alias("broker_sha256"),
+            F.sort_array(F.collect_set("o_sha256")).alias("outbox_sha256"),
+            F.sort_array(F.collect_set("b_broker")).alias("brokers"),
+            F.sort_array(F.collect_set("b_body_sha256")).alias("broker_sha256"),
             F.min("b_subject").alias("b_subject"),
             F.min("b_producer").alias("b_producer"),
             F.min("b_created_at").alias("b_created_at"),
@@ -152,7 +184,7 @@ def by_message_id(outbox: DataFrame, messages: DataFrame) -> DataFrame:
             F.min("b_stored_at").alias("stored_at"),
         )
     )
-    return grouped.select("*", "o.*").drop("o", "row_id")
+    return grouped.select("*", "o.*").drop("id_hash", "o", "row_id")
 
 
 _BROKER_SIDE = (
@@ -168,12 +200,19 @@ _BROKER_SIDE = (
 
 def _category(has_row: Column, stored: Column, reconciled: Column) -> Column:
     status = F.col("status")
-    hashes = F.size(F.array_union("outbox_sha256", "broker_sha256"))
+    # More than one hash between the two sets, unless each holds one and it is the same
+    # (``get``: null past the end, where indexing fails in ANSI mode).
+    outbox_sha, broker_sha = F.col("outbox_sha256"), F.col("broker_sha256")
+    differ = (
+        (F.size(outbox_sha) > 1)
+        | (F.size(broker_sha) > 1)
+        | (F.get(outbox_sha, 0) != F.get(broker_sha, 0))
+    )
     in_scope = has_row | (stored & reconciled)
     return F.when(
         in_scope,
         F.when(F.col("broker_copies") > 1, "duplicate_in_broker")
-        .when(has_row & stored & (hashes > 1), "body_mismatch")
+        .when(has_row & stored & differ, "body_mismatch")
         .when(has_row & (status == "dead"), "dead_in_outbox")
         .when(has_row & stored & (status == "sent"), "delivered")
         .when(has_row & stored & (status == "pending"), "pending_but_stored")
@@ -193,9 +232,9 @@ def classify(
     """Each judged message id with its category (``CLASSIFIED_COLUMNS``).
 
     ``producers``: whose broker messages need an outbox row (orphans); ``None`` means the
-    producers found in the outbox rows.
+    producers found in the outbox rows. Command messages are left out.
     """
-    joined = by_message_id(outbox, messages)
+    joined = by_message_id(outbox, messages.where(~F.col("command")))
     if producers is None:
         known = (
             outbox.where(F.col("producer").isNotNull())
@@ -265,34 +304,61 @@ def _event_code(type_: Column, at: Column) -> Column:
 
 
 def owners(actions: DataFrame) -> DataFrame:
-    """Every state owner (``broker, subject, group, state``) with its ``start_seq``: its
-    ``group`` record's start cursor, else 0."""
+    """Every state owner (``broker, subject, partition, group, state``) with its ``owner``
+    key (``owner_key``) and ``start_seq``: its ``group`` record's start cursor, else 0."""
     start = F.min(F.when(F.col("type") == "group", F.col("start_seq")))
-    return actions.groupBy(*_OWNER).agg(F.coalesce(start, F.lit(0)).alias("start_seq"))
+    return actions.groupBy(*_OWNER).agg(
+        owner_key().alias("owner"), F.coalesce(start, F.lit(0)).alias("start_seq")
+    )
+
+
+def owner_key() -> Column:
+    """A state owner as one long: a 64-bit hash of ``broker, subject, partition, group,
+    state``, so that seqs are grouped by two longs, not by five columns of text. Among ten
+    thousand owners, two share a key with odds of about 3 in 10**12."""
+    return F.xxhash64(*_OWNER)
+
+
+def _stored_for_owners(messages: DataFrame, found: DataFrame) -> DataFrame:
+    """``owner, seq, start_seq, command, created_at, stored_at``: each stored message once
+    per state owner of its log (``partition`` is null on a plain subject's log, hence the
+    null-safe comparison)."""
+    stored = messages.select(*_LOG, "seq", "command", "created_at", "stored_at").alias("m")
+    owner = F.broadcast(found.alias("o"))
+    same_log = (
+        (F.col("m.broker") == F.col("o.broker"))
+        & (F.col("m.subject") == F.col("o.subject"))
+        & F.col("m.partition").eqNullSafe(F.col("o.partition"))
+    )
+    return stored.join(owner, same_log).select(
+        "o.owner", "m.seq", "o.start_seq", "m.command", "m.created_at", "m.stored_at"
+    )
 
 
 def owner_seqs(messages: DataFrame, actions: DataFrame) -> DataFrame:
-    """One row per state owner and seq that is stored (for that owner's subject) or has an
-    ack, dead or redrive event: ``broker, subject, group, state, seq, start_seq, stored,
-    created_at, stored_at, acked, acked_at`` (the first ack), ``dead`` (a dead letter now);
-    and one row per owner with a null seq, so that an owner with neither still counts.
+    """One row per state owner (``owner``: ``owner_key``) and seq that is stored (for that
+    owner's log) or has an ack, dead or redrive event: ``owner, seq, start_seq, stored,
+    command, created_at, stored_at, acked, acked_at`` (the first ack), ``dead`` (a dead
+    letter now); and one row per owner with a null seq, so that an owner with neither
+    still counts. ``command``: the seq holds a command message (the broker acks it when it
+    consumes it for the group), which the counts leave out.
 
     The owners' stored messages and the action rows are aggregated together in one pass
     (no join between them); ``group_stats`` and ``latency_samples`` count from it.
     """
     found = owners(actions)
-    stored = messages.select("broker", "subject", "seq", "created_at", "stored_at").join(
-        F.broadcast(found), ["broker", "subject"]
-    )
     type_ = F.col("type")
     events = actions.where(F.col("seq").isNotNull() & type_.isin("ack", "dead", "redrive"))
     no_time = _null("timestamp")
+    no_flag = _null("boolean")
     rows = (
-        stored.select(
-            *_OWNER,
+        _stored_for_owners(messages, found)
+        .select(
+            "owner",
             "seq",
             "start_seq",
             F.lit(True).alias("stored"),
+            "command",
             "created_at",
             "stored_at",
             F.lit(False).alias("ack"),
@@ -301,10 +367,11 @@ def owner_seqs(messages: DataFrame, actions: DataFrame) -> DataFrame:
         )
         .unionByName(
             events.select(
-                *_OWNER,
+                owner_key().alias("owner"),
                 "seq",
                 _null("long").alias("start_seq"),
                 F.lit(False).alias("stored"),
+                no_flag.alias("command"),
                 no_time.alias("created_at"),
                 no_time.alias("stored_at"),
                 (type_ == "ack").alias("ack"),
@@ -314,10 +381,11 @@ def owner_seqs(messages: DataFrame, actions: DataFrame) -> DataFrame:
         )
         .unionByName(
             found.select(
-                *_OWNER,
+                "owner",
                 _null("long").alias("seq"),
                 "start_seq",
                 F.lit(False).alias("stored"),
+                no_flag.alias("command"),
                 no_time.alias("created_at"),
                 no_time.alias("stored_at"),
                 F.lit(False).alias("ack"),
@@ -327,14 +395,22 @@ def owner_seqs(messages: DataFrame, actions: DataFrame) -> DataFrame:
         )
     )
     latest = F.pmod(F.max("event"), F.lit(_RANKS))
-    return rows.groupBy(*_OWNER, "seq").agg(
-        F.max("start_seq").alias("start_seq"),
-        F.max("stored").alias("stored"),
-        F.min("created_at").alias("created_at"),
-        F.min("stored_at").alias("stored_at"),
-        F.max("ack").alias("acked"),
-        F.min("ack_at").alias("acked_at"),
-        F.coalesce(latest == _DEAD_RANK, F.lit(False)).alias("dead"),
+    # Partitioned before grouping, so the rows of a seq meet in one aggregation after the
+    # shuffle: grouped where they are read (stored messages and action records are never
+    # in the same input partition), they would be hashed and shuffled without merging.
+    return (
+        rows.repartition("owner", "seq")
+        .groupBy("owner", "seq")
+        .agg(
+            F.max("start_seq").alias("start_seq"),
+            F.max("stored").alias("stored"),
+            F.coalesce(F.max("command"), F.lit(False)).alias("command"),
+            F.min("created_at").alias("created_at"),
+            F.min("stored_at").alias("stored_at"),
+            F.max("ack").alias("acked"),
+            F.min("ack_at").alias("acked_at"),
+            F.coalesce(latest == _DEAD_RANK, F.lit(False)).alias("dead"),
+        )
     )
 
 
@@ -348,30 +424,47 @@ def group_stats(
     seqs: DataFrame | None = None,
 ) -> DataFrame:
     """Per ``subject, group``: ``mode, acked, unacked_past_threshold, dead_letters,
-    never_acked`` over all brokers.
+    never_acked`` over all brokers and, for an ordered subject, all its partitions.
 
     A message is due for a group (in broadcast mode: for each of its consumers) when it was
     stored more than ``ack_threshold`` before ``now``, at or after the group's start seq
     (and created in ``window``); unacked = due - acked among them - dead-lettered among
-    them. One aggregation of ``seqs`` (``owner_seqs``, computed when not given).
+    them. Command messages count nowhere. ``mode``: ``ordered`` on an ordered subject's
+    partitions, else ``broadcast`` or ``shared``. Counted per state owner from ``seqs``
+    (``owner_seqs``, computed when not given), then summed per subject and group.
     """
     seqs = seqs if seqs is not None else owner_seqs(messages, actions)
+    message = ~F.col("command")
     due = (
-        F.col("stored")
+        message
+        & F.col("stored")
         & (F.col("stored_at") < F.lit(_utc(now) - ack_threshold))
         & (F.col("seq") >= F.col("start_seq"))
     )
     if window is not None:
         due &= window.created_in_range(F.col("created_at"))
-    acked, dead = F.col("acked"), F.col("dead")
-    return seqs.groupBy("subject", "group").agg(
-        F.when(F.max(F.length("state")) > 0, "broadcast").otherwise("shared").alias("mode"),
+    acked, dead = message & F.col("acked"), message & F.col("dead")
+    per_owner = seqs.groupBy("owner").agg(
         F.count_if(acked).alias("acked"),
-        (F.count_if(due) - F.count_if(due & acked) - F.count_if(due & dead)).alias(
-            "unacked_past_threshold"
-        ),
+        (F.count_if(due) - F.count_if(due & acked) - F.count_if(due & dead)).alias("unacked"),
         F.count_if(dead).alias("dead_letters"),
-        (F.count_if(acked) == 0).alias("never_acked"),
+    )
+    mode = (
+        F.when(F.count("partition") > 0, "ordered")
+        .when(F.max(F.length("state")) > 0, "broadcast")
+        .otherwise("shared")
+    )
+    found = owners(actions).select("owner", "subject", "partition", "group", "state")
+    return (
+        per_owner.join(F.broadcast(found), "owner")
+        .groupBy("subject", "group")
+        .agg(
+            mode.alias("mode"),
+            F.sum("acked").alias("acked"),
+            F.sum("unacked").alias("unacked_past_threshold"),
+            F.sum("dead_letters").alias("dead_letters"),
+            (F.sum("acked") == 0).alias("never_acked"),
+        )
     )
 
 
@@ -386,10 +479,11 @@ def latency_samples(
     seqs: DataFrame | None = None,
 ) -> DataFrame:
     """``metric, ms``: created→stored per stored message, stored→acked per first ack of a
-    stored message by each state owner (``seqs``: ``owner_seqs``, computed when not given)."""
+    stored message by each state owner (``seqs``: ``owner_seqs``, computed when not given);
+    command messages left out."""
     seqs = seqs if seqs is not None else owner_seqs(messages, actions)
-    stored = messages.where(F.col("stored_at").isNotNull())
-    acked = seqs.where(F.col("stored") & F.col("acked"))
+    stored = messages.where(F.col("stored_at").isNotNull() & ~F.col("command"))
+    acked = seqs.where(F.col("stored") & F.col("acked") & ~F.col("command"))
     if window is not None:
         stored = stored.where(window.created_in_range(F.col("created_at")))
         acked = acked.where(window.created_in_range(F.col("created_at")))
@@ -436,5 +530,63 @@ def latency_stats(samples: DataFrame, *, accuracy: int = 10_000) -> DataFrame:
             F.col("p")[2].alias("p99"),
             "max",
             "histogram",
+        )
+    )
+
+
+# --- order ------------------------------------------------------------------------------------
+
+
+def out_of_order(outbox: DataFrame, messages: DataFrame, *, window: Window) -> DataFrame:
+    """The messages stored out of their outbox order (``OUT_OF_ORDER_COLUMNS``).
+
+    Per outbox, subject and key, a message is out of order when another message of that
+    outbox, subject and key with a larger outbox id (``row_id``: an identity, increasing
+    with insertion) was stored before it: a consumer reading in stored order met the newer
+    one first. ``after_id`` and ``after_outbox_id`` name the largest such one. Stored order
+    is by ``stored_at``, then broker, partition and seq: within one log that is seq order
+    (the broker stamps ``stored_at`` as it allocates seqs), across the logs a key moved
+    between when its partition was split, merged or moved it is the time each was stored.
+
+    Judged: keyed messages with an outbox row, created in the window and settled, each at
+    its first stored copy (a later copy is a ``duplicate_in_broker`` already). Ids are
+    compared only within one outbox: two databases' ids say nothing about each other.
+    Command messages have no key.
+    """
+    first = F.min(F.struct("stored_at", "broker", "partition", "seq", "subject", "key"))
+    stored = (
+        messages.where(F.col("key").isNotNull() & ~F.col("command"))
+        .groupBy(F.col("id").alias("message_id"))
+        .agg(first.alias("m"))
+        .select("message_id", "m.*")
+    )
+    rows = outbox.select(
+        "message_id",
+        "outbox",
+        F.col("row_id").alias("outbox_id"),
+        F.col("created_at").alias("o_created_at"),
+        F.col("deliver_at").alias("o_deliver_at"),
+    )
+    created = F.col("o_created_at")
+    due = F.coalesce(F.col("o_deliver_at"), created)
+    judged = stored.join(rows, "message_id").where(
+        window.created_in_range(created) & window.settled(created, due)
+    )
+    # The hash first, so that the window's sort compares longs across keys, not the
+    # outbox URL that every row shares.
+    same_key = ("outbox", "subject", "key")
+    earlier = (
+        W.partitionBy(F.xxhash64(*same_key), *same_key)
+        .orderBy("stored_at", "broker", "partition", "seq")
+        .rowsBetween(W.unboundedPreceding, -1)
+    )
+    newest_before = F.max(F.struct("outbox_id", "message_id")).over(earlier)
+    return (
+        judged.select("*", newest_before.alias("before"))
+        .where(F.col("before.outbox_id") > F.col("outbox_id"))
+        .select(
+            *OUT_OF_ORDER_COLUMNS[:-2],
+            F.col("before.message_id").alias("after_id"),
+            F.col("before.outbox_id").alias("after_outbox_id"),
         )
     )

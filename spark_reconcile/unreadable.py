@@ -7,7 +7,7 @@ split such a read again; like ``transforms``, they are pure functions of DataFra
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from spark_reconcile.datasource import UNREADABLE_FIELD
@@ -36,10 +36,11 @@ def regions(messages: DataFrame, actions: DataFrame) -> DataFrame:
     return _regions_of(messages, "messages").unionByName(_regions_of(actions, "actions"))
 
 
-def totals(read: DataFrame) -> DataFrame:
+def totals(read: DataFrame, *more: Column) -> DataFrame:
     """``count, bytes``: how many regions a read with ``unreadable=true`` holds and how long
-    they are (one row; reading it also fills the read's cache when it is persisted)."""
+    they are, and ``more`` aggregates over the same rows (one row; reading it also fills
+    the read's cache when it is persisted)."""
     length = F.col(f"{_MARK}.length")
     return read.agg(
-        F.count(_MARK).alias("count"), F.coalesce(F.sum(length), F.lit(0)).alias("bytes")
+        F.count(_MARK).alias("count"), F.coalesce(F.sum(length), F.lit(0)).alias("bytes"), *more
     )

@@ -157,9 +157,12 @@ class RouteService:
                     missing.append(_command(routes, partition, version))
                     where.append((subject, partition))
         if missing:
-            seqs = await self._producer.store_commands(missing)
-            for (subject, partition), seq in zip(where, seqs, strict=True):
-                self._book.commanded(subject, partition, seq)
+
+            def placed(seqs: list[int]) -> None:
+                for (subject, partition), seq in zip(where, seqs, strict=True):
+                    self._book.commanded(subject, partition, seq)
+
+            await self._producer.store_commands(missing, placed)
         return len(missing)
 
     def _stored_command(self, subject: str, partition: int, version: int) -> int | None:
@@ -190,13 +193,17 @@ class RouteService:
                     code="route_conflict", message=exc.message, field=exc.field
                 ) from None
             await self._save(changed)
-            # From here to the append, no await: nothing else reaches the closed partitions.
+            # From here to the append, no await: nothing else reaches the closed partitions,
+            # and the book knows each command's seq before a pull could see it.
             self._book.install(changed)
             version = changed.current
             commands = [_command(changed, p, version.version) for p in version.closed]
-            seqs = await self._producer.store_commands(commands)
-            for partition, seq in zip(version.closed, seqs, strict=True):
-                self._book.commanded(subject, partition, seq)
+
+            def placed(seqs: list[int]) -> None:
+                for partition, seq in zip(version.closed, seqs, strict=True):
+                    self._book.commanded(subject, partition, seq)
+
+            await self._producer.store_commands(commands, placed)
             self._wake(subject)
         return self.document(subject)
 

@@ -11,8 +11,9 @@ import threading
 import time
 from datetime import timedelta
 
-from examples.orders.service import connect, make_service, prepare_database
+from examples.orders.service import STATE_SUBJECT, connect, make_service, prepare_database
 from qmq_outbox import Consumer, Message, Outbox
+from qmq_outbox.client import BrokerClient
 
 
 def main() -> None:
@@ -34,6 +35,8 @@ def main() -> None:
 
     engine, sessions = connect(args.database_url)
     prepare_database(engine)
+    with BrokerClient(args.broker_url) as client:  # the same declaration again is a no-op
+        client.declare_subject(STATE_SUBJECT, partitions=2)
     with Outbox(broker_url=args.broker_url, app="orders") as outbox:
         service = make_service(sessions, outbox, cancel_after=timedelta(seconds=args.cancel_after))
         timeouts = Consumer(args.broker_url, "orders-timeouts", wait_ms=1000)

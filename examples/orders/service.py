@@ -4,6 +4,10 @@
 now, and ``order.payment_due`` after ``cancel_after`` (a delayed message). If the order is
 still unpaid when that message arrives, ``cancel_if_unpaid`` cancels it and publishes
 ``order.cancelled`` -- again in one transaction with the status change.
+
+Each status change also goes to ``order.state``, an ordered subject (``STATE_SUBJECT``,
+declared by whoever runs the broker; docs/architecture.md 3.6) keyed by the order id: a
+consumer of it sees one order's ``placed`` before its ``paid`` or ``cancelled``.
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ def prepare_database(engine: Engine) -> None:
         upgrade(connection)
 
 
+STATE_SUBJECT = "order.state"
+
+
 @dataclasses.dataclass
 class OrdersService:
     place_order: Callable[[str, int], int]
@@ -61,6 +68,8 @@ def make_service(
         session.flush()  # assigns order.id
         payload = {"order_id": order.id, "customer": customer, "amount_cents": amount_cents}
         outbox.publish(session, "order.created", payload, key=str(order.id))
+        state = {"order_id": order.id, "state": "placed"}
+        outbox.publish(session, STATE_SUBJECT, state, key=str(order.id))
         outbox.publish(
             session,
             "order.payment_due",
@@ -77,6 +86,8 @@ def make_service(
             return False
         order.status = "paid"
         outbox.publish(session, "order.paid", {"order_id": order_id}, key=str(order_id))
+        state = {"order_id": order_id, "state": "paid"}
+        outbox.publish(session, STATE_SUBJECT, state, key=str(order_id))
         return True
 
     @outbox.transactional(sessions)
@@ -86,6 +97,8 @@ def make_service(
             return False
         order.status = "cancelled"
         outbox.publish(session, "order.cancelled", {"order_id": order_id}, key=str(order_id))
+        state = {"order_id": order_id, "state": "cancelled"}
+        outbox.publish(session, STATE_SUBJECT, state, key=str(order_id))
         return True
 
     return OrdersService(

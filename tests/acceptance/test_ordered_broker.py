@@ -123,6 +123,7 @@ def api(broker: BrokerProcess) -> Iterator[Api]:
 
 def _handle(messages: list[Any], handled: dict[str, list[int]], seen: set[str]) -> None:
     for message in messages:
+        assert "qmq-command" not in message["headers"], f"a command was served: {message}"
         if message["id"] in seen:
             continue  # redelivered after a lost ack: the idempotent store would skip it
         seen.add(message["id"])

@@ -76,17 +76,20 @@ def broker_messages(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFram
         "broker": "b1",
         "subject": "orders",
         "producer": "orders-svc",
+        "partition": None,
         "key": None,
+        "command": False,
         "body": b"{}",
         "created_at": OLD,
         "deliver_at": None,
     }
     data = []
-    seqs: dict[tuple[str, str], int] = {}
+    seqs: dict[tuple[str, str, int | None], int] = {}
     for number, row in enumerate(rows):
         r = {**defaults, **row}
-        seq = r.get("seq", seqs.get((r["broker"], r["subject"]), 0))
-        seqs[(r["broker"], r["subject"])] = seq + 1
+        log = (r["broker"], r["subject"], r["partition"])
+        seq = r.get("seq", seqs.get(log, 0))
+        seqs[log] = seq + 1
         stored = r.get("stored_at", r["created_at"] + timedelta(milliseconds=10))
         data.append(
             (
@@ -95,9 +98,11 @@ def broker_messages(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFram
                 16 + number * 100,
                 r["id"],
                 r["subject"],
+                r["partition"],
                 seq,
                 r["producer"],
                 r["key"],
+                r["command"],
                 sha(r["body"]),
                 r["created_at"],
                 stored,
@@ -111,6 +116,7 @@ def actions(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
     defaults = {
         "broker": "b1",
         "subject": "orders",
+        "partition": None,
         "group": "g",
         "state": "",
         "seq": None,

@@ -45,6 +45,37 @@ def test_message_batches_decode_with_the_format_module(tmp_path: Path) -> None:
     assert batches[0].schema.names == MESSAGE_SCHEMA.fieldNames()
 
 
+def test_partition_logs_read_as_their_subject_and_commands_are_marked(tmp_path: Path) -> None:
+    records = [
+        message(0, subject="ledger#3", key="acct-1"),
+        message(
+            1,
+            id="_qmq.route.2.3",
+            subject="ledger#3",
+            producer="_qmq",
+            headers={"qmq-command": "route", "qmq-route-version": "2"},
+        ),
+        message(0, id="plain", subject="orders"),
+    ]
+    path = write_segment(tmp_path, SegmentKind.MESSAGES, 0, records)
+    rows = [r for b in message_batches("b1", path) for r in b.to_pylist()]
+    assert [(r["id"], r["subject"], r["partition"], r["command"]) for r in rows] == [
+        ("m0", "ledger", 3, False),
+        ("_qmq.route.2.3", "ledger", 3, True),
+        ("plain", "orders", None, False),
+    ]
+    acks = [
+        ActionRecord(type=ActionType.ACK, at_us=T0, subject="ledger#3", group="g", seqs=(1,)),
+        ActionRecord(type=ActionType.ACK, at_us=T0, subject="orders", group="g", seqs=(0,)),
+    ]
+    path = write_segment(tmp_path, SegmentKind.ACTIONS, 0, acks)
+    acked = [r for b in action_batches("b1", path) for r in b.to_pylist()]
+    assert [(r["subject"], r["partition"], r["seq"]) for r in acked] == [
+        ("ledger", 3, 1),
+        ("orders", None, 0),
+    ]
+
+
 def torn_frame(seq: int) -> bytes:
     """The first bytes of a message frame whose write was cut short."""
     payload = message(seq).encode()
@@ -232,9 +263,10 @@ def test_small_data_is_read_in_the_driver_with_the_same_rows(
 
     in_driver = {kind: rows(kind) for kind in ("messages", "actions")}
     monkeypatch.setattr(readers, "IN_DRIVER_MAX_BYTES", 0)  # now through qmq-log
+    monkeypatch.setattr(readers, "LOCAL_IN_DRIVER_MAX_BYTES", 0)
     assert in_driver == {kind: rows(kind) for kind in ("messages", "actions")}
     assert len(in_driver["messages"]) == 3  # two records and segment 0's damaged tail
-    assert [r[4] for r in in_driver["actions"]] == ["ack"]  # leases are not read
+    assert [r[5] for r in in_driver["actions"]] == ["ack"]  # leases are not read
     empty = tmp_path / "empty"
     write_segment(empty, SegmentKind.MESSAGES, 0, [])
     monkeypatch.undo()

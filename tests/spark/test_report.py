@@ -9,9 +9,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from spark_reconcile.report import (
+    LISTED_OUT_OF_ORDER,
     LISTED_REGIONS,
     RunInfo,
     exit_code,
+    out_of_order_entry,
     render_html,
     render_text,
     summary,
@@ -53,12 +55,14 @@ def test_summary_has_every_category_and_the_exit_code() -> None:
     assert list(doc) == [
         "categories",
         "unreadable_in_broker",
+        "out_of_order",
         "groups",
         "latency_ms",
         "exit_code",
     ]
     assert list(doc["categories"]) == list(CATEGORIES)
     assert doc["unreadable_in_broker"] == {"count": 0, "bytes": 0, "regions": []}
+    assert doc["out_of_order"] == {"count": 0, "keys": 0, "messages": []}
     assert doc["categories"]["delivered"] == 7
     assert doc["categories"]["orphan_in_broker"] == 0
     assert doc["exit_code"] == 0
@@ -130,6 +134,7 @@ def test_html_report_is_self_contained_and_escaped() -> None:
     assert "&lt; 5 ms" in page
     assert page.count('<div style="width:') == 3  # buckets 1..3, the empty one included
     assert "<h2>Unreadable in broker data</h2>\n<p>none</p>" in page
+    assert "<h2>Stored out of order</h2>\n<p>none</p>" in page
 
 
 REGION = {"broker": "/data/<b1>", "log": "messages", "segment": 4, "offset": 1234, "length": 97}
@@ -154,3 +159,47 @@ def test_unreadable_regions_listed_are_capped() -> None:
     assert len(damage["regions"]) == LISTED_REGIONS
     text = render_text(summary({}, [], [], damage), INFO)
     assert "... 5 more in unreadable_in_broker/" in text
+
+
+DISORDER = {
+    "subject": "ledger",
+    "key": "<acct-1>",
+    "message_id": "m2",
+    "outbox": "db1",
+    "outbox_id": 2,
+    "broker": "/data/b1",
+    "partition": 3,
+    "seq": 7,
+    "stored_at": datetime(2025, 1, 1, 11, tzinfo=UTC),
+    "after_id": "m3",
+    "after_outbox_id": 3,
+}
+
+
+def test_out_of_order_is_a_warning_listed_by_key() -> None:
+    disorder = out_of_order_entry(1, 1, [DISORDER])
+    doc = summary({"delivered": 3}, GROUPS, LATENCY, None, disorder)
+    assert doc["out_of_order"] == {
+        "count": 1,
+        "keys": 1,
+        "messages": [{**DISORDER, "stored_at": "2025-01-01T11:00:00Z"}],
+    }
+    assert doc["exit_code"] == 0
+    text = render_text(doc, INFO)
+    assert re.search(r"out_of_order\s+1\s+WARNING\s+\(1 key\(s\)\)", text)
+    assert (
+        "ledger key <acct-1>: m2 (outbox id 2) stored after m3 (outbox id 3), "
+        "/data/b1 partition 3 seq 7"
+    ) in text
+    assert "result: clean; 1 message(s) stored out of order -> exit 0" in text
+    page = render_html(doc, INFO, {})
+    assert "<td>ledger</td><td>&lt;acct-1&gt;</td><td>m2</td>" in page
+
+
+def test_out_of_order_listed_are_capped() -> None:
+    many = [{**DISORDER, "seq": n, "partition": None} for n in range(LISTED_OUT_OF_ORDER + 2)]
+    disorder = out_of_order_entry(len(many), 1, many)
+    assert len(disorder["messages"]) == LISTED_OUT_OF_ORDER
+    text = render_text(summary({}, [], [], None, disorder), INFO)
+    assert "... 2 more in out_of_order/" in text
+    assert "/data/b1 seq 0\n" in text  # a plain subject's message has no partition

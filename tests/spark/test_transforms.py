@@ -10,11 +10,13 @@ from pyspark.sql import SparkSession
 from spark_reconcile.transforms import (
     CATEGORIES,
     HISTOGRAM_BOUNDS_MS,
+    OUT_OF_ORDER_COLUMNS,
     Window,
     classify,
     group_stats,
     latency_samples,
     latency_stats,
+    out_of_order,
 )
 from tests.spark.frames import NOW, OLD, actions, broker_messages, outbox_rows
 
@@ -290,3 +292,142 @@ def test_latency_percentiles_and_histogram(spark: SparkSession) -> None:
     assert sum(created["histogram"]) == 100
     assert acked["histogram"][below[5_000]] == 2
     assert sum(acked["histogram"]) == 2
+
+
+# --- ordered subjects -------------------------------------------------------------------------
+
+COMMAND = {"producer": "_qmq", "command": True, "created_at": OLD}
+
+
+def test_command_messages_are_in_no_category(spark: SparkSession) -> None:
+    outbox = outbox_rows(spark, [{"message_id": "m1", "subject": "ledger"}])
+    messages = broker_messages(
+        spark,
+        [
+            {"id": "m1", "subject": "ledger", "partition": 0},
+            {"id": "_qmq.route.2.0", "subject": "ledger", "partition": 0, **COMMAND},
+            # the same command stored again after a crash is no duplicate either
+            {"id": "_qmq.route.2.0", "subject": "ledger", "partition": 0, **COMMAND},
+        ],
+    )
+    # Even with its producer reconciled, a command message is no orphan.
+    classified = classify(outbox, messages, window=WINDOW, producers=["orders-svc", "_qmq"])
+    assert categories(classified) == {"m1": "delivered"}
+    assert [r["subject"] for r in classified.collect()] == ["ledger"]
+
+
+def test_group_stats_sum_an_ordered_subjects_partitions_and_skip_commands(
+    spark: SparkSession,
+) -> None:
+    messages = broker_messages(
+        spark,
+        [
+            {"id": "a0", "subject": "ledger", "partition": 0},  # seq 0 of partition 0
+            {"id": "a1", "subject": "ledger", "partition": 0},
+            {"id": "_qmq.route.2.0", "subject": "ledger", "partition": 0, **COMMAND},
+            {"id": "b0", "subject": "ledger", "partition": 1},  # seq 0 of partition 1
+            {"id": "c0", "subject": "ledger", "partition": 2},  # after the split
+            {"id": "_qmq.route.2.1", "subject": "ledger", "partition": 1, **COMMAND},
+        ],
+    )
+    on = {"subject": "ledger", "group": "billing"}
+    acts = actions(
+        spark,
+        [
+            {"type": "group", "partition": 0, "start_seq": 0, **on},
+            {"type": "ack", "partition": 0, "seq": 0, **on},
+            {"type": "ack", "partition": 0, "seq": 1, **on},
+            {"type": "ack", "partition": 0, "seq": 2, **on},  # the broker consumes the command
+            {"type": "group", "partition": 1, "start_seq": 0, **on},
+            {"type": "ack", "partition": 1, "seq": 0, **on},
+            {"type": "group", "partition": 2, "start_seq": 0, **on},
+        ],
+    )
+    rows = group_stats(messages, acts, now=NOW, ack_threshold=timedelta(0)).collect()
+    assert [r.asDict() for r in rows] == [
+        {
+            "subject": "ledger",
+            "group": "billing",
+            "mode": "ordered",
+            "acked": 3,  # a0, a1, b0: not the command
+            "unacked_past_threshold": 1,  # c0: not partition 1's unconsumed command
+            "dead_letters": 0,
+            "never_acked": False,
+        }
+    ]
+    samples = latency_samples(messages, acts).collect()
+    counted = {m: sum(1 for r in samples if r["metric"] == m) for m in ("created_to_stored",)}
+    assert counted == {"created_to_stored": 4}
+    assert sum(1 for r in samples if r["metric"] == "stored_to_acked") == 3
+
+
+def ordered_rows(
+    spark: SparkSession, stored: list[dict[str, object]], outbox: list[dict[str, object]]
+) -> list[dict[str, object]]:
+    found = out_of_order(
+        outbox_rows(spark, outbox), broker_messages(spark, stored), window=WINDOW
+    ).collect()
+    assert all(list(r.asDict()) == list(OUT_OF_ORDER_COLUMNS) for r in found)
+    return sorted((r.asDict() for r in found), key=lambda r: str(r["message_id"]))
+
+
+def at(minutes: int) -> dict[str, object]:
+    return {"stored_at": OLD + timedelta(minutes=minutes)}
+
+
+def test_out_of_order_within_a_log_is_by_seq(spark: SparkSession) -> None:
+    # Outbox ids 1..4 for k1 (a1..a4); stored a1, a3, a2, a4: a2 came after a3.
+    outbox = [{"message_id": f"a{n}", "row_id": n} for n in range(1, 5)]
+    outbox += [{"message_id": "b1", "row_id": 9}]
+    stored = [
+        {"id": "a1", "key": "k1", "partition": 0, **at(1)},
+        {"id": "a3", "key": "k1", "partition": 0, **at(2)},
+        {"id": "a2", "key": "k1", "partition": 0, **at(2)},  # same produce call: by seq
+        {"id": "a4", "key": "k1", "partition": 0, **at(3)},
+        {"id": "b1", "key": "k2", "partition": 1, **at(0)},
+    ]
+    (found,) = ordered_rows(spark, stored, outbox)
+    assert found == {
+        "subject": "orders",
+        "key": "k1",
+        "message_id": "a2",
+        "outbox": "db1",
+        "outbox_id": 2,
+        "broker": "b1",
+        "partition": 0,
+        "seq": 2,
+        "stored_at": (OLD + timedelta(minutes=2)).replace(tzinfo=None),  # collected: UTC
+        "after_id": "a3",
+        "after_outbox_id": 3,
+    }
+
+
+def test_out_of_order_across_partitions_is_by_stored_time(spark: SparkSession) -> None:
+    outbox = [{"message_id": f"c{n}", "row_id": n} for n in range(1, 4)]
+    stored = [
+        {"id": "c2", "key": "k", "partition": 0, **at(1)},
+        {"id": "c1", "key": "k", "partition": 2, **at(2)},  # moved by a split, stored later
+        {"id": "c3", "key": "k", "partition": 2, **at(3)},
+    ]
+    (found,) = ordered_rows(spark, stored, outbox)
+    assert (found["message_id"], found["partition"], found["after_id"]) == ("c1", 2, "c2")
+
+
+def test_out_of_order_compares_one_outbox_and_first_copies_only(spark: SparkSession) -> None:
+    outbox = [
+        {"message_id": "x2", "row_id": 2, "outbox": "db1"},
+        {"message_id": "y1", "row_id": 1, "outbox": "db2"},  # another database's ids
+        {"message_id": "x3", "row_id": 3, "outbox": "db1"},
+        {"message_id": "young", "row_id": 4, "outbox": "db1", "created_at": NOW},
+        {"message_id": "plain", "row_id": 5, "outbox": "db1"},
+    ]
+    stored = [
+        {"id": "x2", "key": "k", **at(1)},
+        {"id": "x3", "key": "k", **at(2)},
+        {"id": "y1", "key": "k", **at(3)},
+        {"id": "x2", "key": "k", "broker": "b2", **at(4)},  # a resend stored again
+        {"id": "young", "key": "k", **at(0)},  # in flight: not judged
+        {"id": "plain", **at(0)},  # no key: no order to keep
+        {"id": "_qmq.route.2.0", "partition": 0, **COMMAND, **at(0)},
+    ]
+    assert ordered_rows(spark, stored, outbox) == []
