@@ -41,7 +41,11 @@ _ANSWER_MODELS: list[tuple[str, re.Pattern[str], type[BaseModel]]] = [
     ("POST", re.compile(r"/v1/subjects/[^/]+/groups/[^/]+/dead/redrive"), answers.RedriveResponse),
     ("PUT", re.compile(r"/v1/subjects/[^/]+"), answers.RoutesResponse),
     ("GET", re.compile(r"/v1/subjects/[^/]+/routes"), answers.RoutesResponse),
-    ("POST", re.compile(r"/v1/subjects/[^/]+/partitions/(split|merge|move)"), answers.RoutesResponse),
+    (
+        "POST",
+        re.compile(r"/v1/subjects/[^/]+/partitions/(split|merge|move)"),
+        answers.RoutesResponse,
+    ),
     ("GET", re.compile(r"/healthz"), answers.HealthResponse),
 ]
 
