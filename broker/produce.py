@@ -140,8 +140,8 @@ class ProduceService:
         """The log each message goes to, when the batch names an ordered subject (None
         when it does not: every message goes to its subject's own log)."""
         book = self._book
-        if not any(book.is_ordered(message.subject) for message in messages):
-            return None
+        if not book or not any(book.is_ordered(message.subject) for message in messages):
+            return None  # the usual produce: no lookup per message
         logs: list[str] = []
         targets: list[Target | None] = []
         for index, message in enumerate(messages):

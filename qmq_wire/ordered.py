@@ -21,7 +21,6 @@ ROUTE_VERSION_HEADER: Final = "qmq-route-version"
 """Header of a command message: the route version whose change closed the partition."""
 COMMAND_PRODUCER: Final = "_qmq"
 ON_DEAD: Final = ("skip", "block")
-ROUTE_CHANGES: Final = ("create", "split", "merge", "move")
 
 
 def logic_partition(key: str) -> int:

@@ -34,6 +34,10 @@ class RouteBook:
     def is_ordered(self, subject: str) -> bool:
         return subject in self._routes
 
+    def __bool__(self) -> bool:
+        """Whether any subject is ordered (produce skips routing when none is)."""
+        return bool(self._routes)
+
     def subjects(self) -> list[str]:
         return sorted(self._routes)
 

@@ -137,12 +137,16 @@ class OrderedPulls:
         if (first, group) not in self._groups:
             return 1
         version = 1
-        while version < routes.current.version:
-            closed = routes.at(version + 1).closed
-            if not all(self._finished(routes, p, group) for p in closed):
-                break
+        while self._advances(routes, group, version):
             version += 1
         return version
+
+    def _advances(self, routes: Routes, group: str, version: int) -> bool:
+        """Whether ``group`` moves past ``version``: a newer one exists and the group
+        finished every partition its change closed."""
+        return version < routes.current.version and all(
+            self._finished(routes, p, group) for p in routes.at(version + 1).closed
+        )
 
     def groups_of(self, subject: str) -> list[str]:
         """The groups that ever pulled from ``subject``."""
@@ -164,12 +168,9 @@ class OrderedPulls:
                 self._consume_command(routes, partition, group, state, now_us)
                 if not self._finished(routes, partition, group):
                     unfinished.append(partition)
-            if version < routes.current.version and all(
-                self._finished(routes, p, group) for p in routes.at(version + 1).closed
-            ):
-                version += 1
-                continue
-            return version, unfinished
+            if not self._advances(routes, group, version):
+                return version, unfinished
+            version += 1
 
     def _finished(self, routes: Routes, partition: int, group: str) -> bool:
         """Whether ``group`` consumed ``partition`` up to and including its command."""
