@@ -533,6 +533,9 @@ def main(argv: list[str] | None = None) -> int:
         "orders_states_out_of_order": final["orders whose state changes came out of order"],
         "reconciliation_exit_code": reconcile.get("process_exit_code"),
         "reconciliation_out_of_order": (reconcile.get("out_of_order") or {}).get("count"),
+        "reconciliation_acked_out_of_order": (
+            (reconcile.get("out_of_order") or {}).get("acked") or {}
+        ).get("count"),
         "reconciliation_categories": reconcile.get("categories", {}),
         "events": progress.events,
     }
@@ -547,6 +550,7 @@ def main(argv: list[str] | None = None) -> int:
         and verdict["orders_states_out_of_order"] == 0
         and (args.skip_reconcile or verdict["reconciliation_exit_code"] == 0)
         and (args.skip_reconcile or verdict["reconciliation_out_of_order"] == 0)
+        and (args.skip_reconcile or verdict["reconciliation_acked_out_of_order"] == 0)
     )
     verdict["ok"] = ok
     (root / "verdict.json").write_text(json.dumps(verdict, indent=2))
@@ -566,7 +570,8 @@ def main(argv: list[str] | None = None) -> int:
         f"  duplicates suppressed by the idempotent store: {v['duplicates_suppressed']}\n"
         f"  order.state (ordered, split while running): {v['orders_states_in_order']} orders "
         f"seen placed -> paid/cancelled in order, {v['orders_states_out_of_order']} out of "
-        f"order; reconciliation out_of_order: {v['reconciliation_out_of_order']}\n"
+        f"order; reconciliation out_of_order: stored {v['reconciliation_out_of_order']}, "
+        f"acked {v['reconciliation_acked_out_of_order']}\n"
         f"  reconciliation: {reconciled}"
     )
     console.print(

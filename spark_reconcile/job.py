@@ -261,8 +261,9 @@ def _check_inputs(
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class _Broker:
-    """The broker data of a run: records, unreadable regions and their totals, and how
-    many records are keyed messages (command messages have no key)."""
+    """The broker data of a run: records, unreadable regions and their totals, how many
+    records are keyed messages (command messages have no key) and how many of those are
+    in an ordered subject's partition."""
 
     messages: DataFrame
     actions: DataFrame
@@ -270,6 +271,7 @@ class _Broker:
     damage_count: int
     damage_bytes: int
     keyed: int
+    ordered: int
 
 
 # Columns of the broker reads that no result uses: not cached.
@@ -281,7 +283,7 @@ def _read_broker(spark: SparkSession, dirs: Sequence[str], cached: list[DataFram
         return _cache(readers.read_broker(spark, dirs, kind).drop(*_UNUSED[kind]), cached)
 
     read_messages, read_actions = read("messages"), read("actions")
-    count, total_bytes, keyed = _materialise_broker(read_messages, read_actions)
+    count, total_bytes, keyed, ordered = _materialise_broker(read_messages, read_actions)
     return _Broker(
         messages=unreadable.records(read_messages),
         actions=unreadable.records(read_actions),
@@ -289,6 +291,7 @@ def _read_broker(spark: SparkSession, dirs: Sequence[str], cached: list[DataFram
         damage_count=count,
         damage_bytes=total_bytes,
         keyed=keyed,
+        ordered=ordered,
     )
 
 
@@ -309,11 +312,16 @@ def _out_of_order(
     outbox: DataFrame, broker: _Broker, *, window: transforms.Window, out: Path
 ) -> dict[str, Any]:
     """The ``out_of_order`` entry of the summary, its messages written under ``out``; with
-    no keyed message in the broker data there is nothing to order and nothing to run."""
+    no keyed message in the broker data there is nothing to order and nothing to run, with
+    none in an ordered subject no group's acks to check."""
     if not broker.keyed:
         return report.out_of_order_entry(0, 0, [])
-    rows = transforms.out_of_order(outbox, broker.messages, window=window)
-    return report.write_out_of_order(rows, out)
+    stored = transforms.out_of_order(outbox, broker.messages, window=window)
+    acked = None
+    if broker.ordered:
+        acks = transforms.acked_out_of_order(broker.messages, broker.actions, window=window)
+        acked = report.write_acked_out_of_order(acks, out)
+    return report.out_of_order_entry(*report.write_out_of_order(stored, out), acked=acked)
 
 
 def _groups_and_latency(
@@ -354,12 +362,15 @@ def _cache(frame: DataFrame, cached: list[DataFrame]) -> DataFrame:
     return frame
 
 
-def _materialise_broker(messages: DataFrame, actions: DataFrame) -> tuple[int, int, int]:
+def _materialise_broker(messages: DataFrame, actions: DataFrame) -> tuple[int, int, int, int]:
     """Fill both caches (one job); how many unreadable regions they hold, how many bytes,
-    and how many keyed messages there are."""
-    keyed = F.count_if(F.col("key").isNotNull() & ~F.col("command")).alias("keyed")
-    both = unreadable.totals(messages, keyed).unionByName(
-        unreadable.totals(actions, F.lit(0).cast("long").alias("keyed"))
+    how many keyed messages there are, and how many of them are in ordered subjects."""
+    is_keyed = F.col("key").isNotNull() & ~F.col("command")
+    keyed = F.count_if(is_keyed).alias("keyed")
+    ordered = F.count_if(is_keyed & F.col("partition").isNotNull()).alias("ordered")
+    none = F.lit(0).cast("long")
+    both = unreadable.totals(messages, keyed, ordered).unionByName(
+        unreadable.totals(actions, none.alias("keyed"), none.alias("ordered"))
     )
     try:
         found = both.collect()
@@ -369,6 +380,7 @@ def _materialise_broker(messages: DataFrame, actions: DataFrame) -> tuple[int, i
         sum(int(row["count"]) for row in found),
         sum(int(row["bytes"]) for row in found),
         sum(int(row["keyed"]) for row in found),
+        sum(int(row["ordered"]) for row in found),
     )
 
 

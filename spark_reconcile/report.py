@@ -7,7 +7,8 @@ and ``write_reports`` are the only functions that touch the output directory. Th
 classified messages are written in one pass, partitioned by category, into
 ``out/_categories`` and then moved to ``out/<category>/``; unreadable regions of broker
 segments go to ``out/unreadable_in_broker/``, messages stored out of their outbox order to
-``out/out_of_order/``.
+``out/out_of_order/``, messages a group acked out of their stored order to
+``out/out_of_order_acked/``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
 from spark_reconcile.transforms import (
+    ACKED_OUT_OF_ORDER_COLUMNS,
     CATEGORIES,
     CRITICAL,
     HISTOGRAM_BOUNDS_MS,
@@ -72,9 +74,38 @@ OUT_OF_ORDER_MEANING = (
     "messages stored after a message of the same outbox, subject and key with a larger "
     "outbox id (consumers reading in stored order met the newer one first)"
 )
+ACKED_OUT_OF_ORDER = "out_of_order_acked"  # the Parquet folder; "acked" in the summary
+ACKED_OUT_OF_ORDER_MEANING = (
+    "messages of an ordered subject a group acked before a message of the same key stored "
+    "ahead of them (its handler met the later one first)"
+)
 LISTED_OUT_OF_ORDER = 100  # in summary.json and the reports; the Parquet folder has them all
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _Disorder:
+    """One part of the ``out_of_order`` check as written out: its Parquet folder, its
+    columns, the order it is listed in, and what one of its keys is."""
+
+    folder: str
+    columns: tuple[str, ...]
+    listed_by: tuple[str, ...]
+    key: tuple[str, ...]
+
+
 # Listed by subject and key, in stored order.
-_OUT_OF_ORDER_ORDER = ("subject", "key", "outbox", "stored_at", "broker", "partition", "seq")
+_STORED = _Disorder(
+    folder=OUT_OF_ORDER,
+    columns=OUT_OF_ORDER_COLUMNS,
+    listed_by=("subject", "key", "outbox", "stored_at", "broker", "partition", "seq"),
+    key=("outbox", "subject", "key"),
+)
+_ACKED = _Disorder(
+    folder=ACKED_OUT_OF_ORDER,
+    columns=ACKED_OUT_OF_ORDER_COLUMNS,
+    listed_by=("subject", "group", "key", "stored_at", "broker", "partition", "seq"),
+    key=("subject", "group", "key"),
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -106,14 +137,31 @@ def unreadable_entry(
 
 
 def out_of_order_entry(
-    count: int, keys: int, listed: Sequence[Mapping[str, Any]]
+    count: int,
+    keys: int,
+    listed: Sequence[Mapping[str, Any]],
+    acked: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``summary.json``'s ``out_of_order``: how many messages, of how many (outbox,
-    subject, key)s, and the first ``LISTED_OUT_OF_ORDER`` by subject, key and stored order
-    (times as RFC 3339 text)."""
+    """``summary.json``'s ``out_of_order``: how many messages were stored out of their
+    outbox order, of how many (outbox, subject, key)s, and the first
+    ``LISTED_OUT_OF_ORDER`` by subject, key and stored order (times as RFC 3339 text);
+    ``acked``: the same of the messages groups acked out of stored order
+    (``acked_entry``)."""
+    entry = _disorder_entry(_STORED, count, keys, listed)
+    return {**entry, "acked": dict(acked or acked_entry(0, 0, []))}
+
+
+def acked_entry(count: int, keys: int, listed: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``out_of_order``'s ``acked``: how many messages groups acked out of their stored
+    order, of how many (subject, group, key)s, and the first ``LISTED_OUT_OF_ORDER``."""
+    return _disorder_entry(_ACKED, count, keys, listed)
+
+
+def _disorder_entry(
+    kind: _Disorder, count: int, keys: int, listed: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
     messages = [
-        {name: _json_value(m[name]) for name in OUT_OF_ORDER_COLUMNS}
-        for m in listed[:LISTED_OUT_OF_ORDER]
+        {name: _json_value(m[name]) for name in kind.columns} for m in listed[:LISTED_OUT_OF_ORDER]
     ]
     return {"count": count, "keys": keys, "messages": messages}
 
@@ -240,6 +288,8 @@ def render_text(doc: Mapping[str, Any], info: RunInfo) -> str:
         verdict += f"; {doc[UNREADABLE]['count']:,} unreadable region(s) in broker data"
     if doc[OUT_OF_ORDER]["count"]:
         verdict += f"; {doc[OUT_OF_ORDER]['count']:,} message(s) stored out of order"
+    if doc[OUT_OF_ORDER]["acked"]["count"]:
+        verdict += f"; {doc[OUT_OF_ORDER]['acked']['count']:,} message(s) acked out of order"
     lines += ["", f"result: {verdict} -> exit {doc['exit_code']}"]
     return "\n".join(lines) + "\n"
 
@@ -255,12 +305,22 @@ def _unreadable_lines(entry: Mapping[str, Any]) -> list[str]:
 
 
 def _out_of_order_lines(entry: Mapping[str, Any]) -> list[str]:
+    acked = entry["acked"]
+    return [
+        *_disorder_lines(OUT_OF_ORDER, entry, [_out_of_order_text(m) for m in entry["messages"]]),
+        *_disorder_lines(
+            ACKED_OUT_OF_ORDER, acked, [_acked_out_of_order_text(m) for m in acked["messages"]]
+        ),
+    ]
+
+
+def _disorder_lines(name: str, entry: Mapping[str, Any], texts: list[str]) -> list[str]:
     count = entry["count"]
     severity = OUT_OF_ORDER_SEVERITY.upper() if count else OUT_OF_ORDER_SEVERITY
-    lines = [f"{OUT_OF_ORDER:<22}{count:>12,}  {severity}  ({entry['keys']:,} key(s))"]
-    lines += [f"  {_out_of_order_text(m)}" for m in entry["messages"]]
-    if count > len(entry["messages"]):
-        lines.append(f"  ... {count - len(entry['messages']):,} more in {OUT_OF_ORDER}/")
+    lines = [f"{name:<22}{count:>12,}  {severity}  ({entry['keys']:,} key(s))"]
+    lines += [f"  {text}" for text in texts]
+    if count > len(texts):
+        lines.append(f"  ... {count - len(texts):,} more in {name}/")
     return lines
 
 
@@ -270,6 +330,15 @@ def _out_of_order_text(message: Mapping[str, Any]) -> str:
         f"{message['subject']} key {message['key']}: {message['message_id']} (outbox id "
         f"{message['outbox_id']}) stored after {message['after_id']} (outbox id "
         f"{message['after_outbox_id']}), {message['broker']}{partition} seq {message['seq']}"
+    )
+
+
+def _acked_out_of_order_text(message: Mapping[str, Any]) -> str:
+    return (
+        f"{message['subject']} group {message['group']} key {message['key']}: "
+        f"{message['message_id']} ({message['broker']} partition {message['partition']} seq "
+        f"{message['seq']}) acked at {message['acked_at']}, before {message['earlier_id']} "
+        f"stored ahead of it (acked at {message['earlier_acked_at']})"
     )
 
 
@@ -367,7 +436,9 @@ Not judged: {e(in_flight_words(info))}.</p>
 <h2>Unreadable in broker data</h2>
 {_unreadable_html(doc[UNREADABLE])}
 <h2>Stored out of order</h2>
-{_out_of_order_html(doc[OUT_OF_ORDER])}
+{_out_of_order_html(doc[OUT_OF_ORDER], _STORED, OUT_OF_ORDER_MEANING)}
+<h2>Acked out of order</h2>
+{_out_of_order_html(doc[OUT_OF_ORDER]["acked"], _ACKED, ACKED_OUT_OF_ORDER_MEANING)}
 <h2>Consumer groups</h2>
 <table><tr><th>subject</th><th>group</th><th>mode</th><th>acked</th>
 <th>unacked past {_fmt_seconds(info.ack_threshold_s)}</th><th>dead letters</th>
@@ -400,21 +471,21 @@ def _unreadable_html(entry: Mapping[str, Any]) -> str:
     )
 
 
-def _out_of_order_html(entry: Mapping[str, Any]) -> str:
+def _out_of_order_html(entry: Mapping[str, Any], kind: _Disorder, meaning: str) -> str:
     if not entry["count"]:
         return "<p>none</p>"
     rows = "".join(
         "<tr>"
-        + "".join(f"<td>{html.escape(_cell(m[name]))}</td>" for name in OUT_OF_ORDER_COLUMNS)
+        + "".join(f"<td>{html.escape(_cell(m[name]))}</td>" for name in kind.columns)
         + "</tr>"
         for m in entry["messages"]
     )
-    head = "".join(f"<th>{name}</th>" for name in OUT_OF_ORDER_COLUMNS)
+    head = "".join(f"<th>{name}</th>" for name in kind.columns)
     return (
         f'<p class="{OUT_OF_ORDER_SEVERITY}">{entry["count"]:,} message(s) of '
         f"{entry['keys']:,} key(s) ({OUT_OF_ORDER_SEVERITY}): "
-        f"{html.escape(OUT_OF_ORDER_MEANING)}. Listed: the first {len(entry['messages']):,}; "
-        f"all are in {OUT_OF_ORDER}/.</p>"
+        f"{html.escape(meaning)}. Listed: the first {len(entry['messages']):,}; "
+        f"all are in {kind.folder}/.</p>"
         f"<table><tr>{head}</tr>{rows}</table>"
     )
 
@@ -443,7 +514,7 @@ DISTINCT_COLUMNS = (
 def prepare_out(out: Path) -> None:
     """Create the output directory and drop category folders left by an earlier run."""
     out.mkdir(parents=True, exist_ok=True)
-    for name in (*CATEGORIES, STAGING, UNREADABLE, OUT_OF_ORDER):
+    for name in (*CATEGORIES, STAGING, UNREADABLE, OUT_OF_ORDER, ACKED_OUT_OF_ORDER):
         folder = out / name
         if folder.exists():
             shutil.rmtree(folder)
@@ -489,24 +560,34 @@ def write_unreadable(
     return unreadable_entry(int(count), int(total_bytes), [r.asDict() for r in listed])
 
 
-def write_out_of_order(rows: DataFrame, out: Path) -> dict[str, Any]:
+def write_out_of_order(rows: DataFrame, out: Path) -> tuple[int, int, list[dict[str, Any]]]:
     """Write the messages stored out of order (``transforms.out_of_order``) to
-    ``out/out_of_order/`` (the folder is removed again when there are none); returns their
-    ``out_of_order_entry``."""
-    folder = out / OUT_OF_ORDER
+    ``out/out_of_order/`` (the folder is removed again when there are none); returns the
+    arguments of their ``out_of_order_entry``: count, keys and the listed ones."""
+    return _write_disorder(rows, out, _STORED)
+
+
+def write_acked_out_of_order(rows: DataFrame, out: Path) -> dict[str, Any]:
+    """Write the messages acked out of order (``transforms.acked_out_of_order``) to
+    ``out/out_of_order_acked/`` (removed again when there are none); returns their
+    ``acked_entry``."""
+    return acked_entry(*_write_disorder(rows, out, _ACKED))
+
+
+def _write_disorder(
+    rows: DataFrame, out: Path, kind: _Disorder
+) -> tuple[int, int, list[dict[str, Any]]]:
+    folder = out / kind.folder
     rows.write.mode("overwrite").parquet(str(folder))
     written = rows.sparkSession.read.parquet(str(folder))
     totals = written.agg(
-        F.count(F.lit(1)).alias("count"),
-        F.count_distinct("outbox", "subject", "key").alias("keys"),
+        F.count(F.lit(1)).alias("count"), F.count_distinct(*kind.key).alias("keys")
     ).collect()[0]
     if not totals["count"]:
         shutil.rmtree(folder)
-        return out_of_order_entry(0, 0, [])
-    listed = written.orderBy(*_OUT_OF_ORDER_ORDER).limit(LISTED_OUT_OF_ORDER).collect()
-    return out_of_order_entry(
-        int(totals["count"]), int(totals["keys"]), [r.asDict() for r in listed]
-    )
+        return 0, 0, []
+    listed = written.orderBy(*kind.listed_by).limit(LISTED_OUT_OF_ORDER).collect()
+    return int(totals["count"]), int(totals["keys"]), [r.asDict() for r in listed]
 
 
 def write_reports(out: Path, doc: Mapping[str, Any], text: str, page: str) -> None:

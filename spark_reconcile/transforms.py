@@ -28,7 +28,9 @@ appends to the partitions it closes) are not messages: they are in no category, 
 count and no latency, and the acks that consume them are not counted either.
 
 Besides the categories, ``out_of_order`` finds messages stored in another order than their
-outbox ids' within their outbox, subject and key (a counter, not a category).
+outbox ids' within their outbox, subject and key, and ``acked_out_of_order`` messages of an
+ordered subject that a group acked before a message of the same key stored ahead of them
+(counters, not categories).
 """
 
 from __future__ import annotations
@@ -94,6 +96,19 @@ OUT_OF_ORDER_COLUMNS = (
     "stored_at",
     "after_id",
     "after_outbox_id",
+)
+ACKED_OUT_OF_ORDER_COLUMNS = (
+    "subject",
+    "group",
+    "key",
+    "message_id",
+    "broker",
+    "partition",
+    "seq",
+    "stored_at",
+    "acked_at",
+    "earlier_id",
+    "earlier_acked_at",
 )
 
 
@@ -588,5 +603,54 @@ def out_of_order(outbox: DataFrame, messages: DataFrame, *, window: Window) -> D
             *OUT_OF_ORDER_COLUMNS[:-2],
             F.col("before.message_id").alias("after_id"),
             F.col("before.outbox_id").alias("after_outbox_id"),
+        )
+    )
+
+
+def acked_out_of_order(messages: DataFrame, actions: DataFrame, *, window: Window) -> DataFrame:
+    """The messages of ordered subjects a group acked out of their stored order
+    (``ACKED_OUT_OF_ORDER_COLUMNS``).
+
+    Per subject, group and key, a message is acked out of order when a message of that key
+    stored before it (stored order as in ``out_of_order``) was first acked after it was
+    first acked: the group's handler met the later one first. ``earlier_id`` and
+    ``earlier_acked_at`` name the last acked such one. The broker records an ack's time to
+    the microsecond per ack request, so messages acked in one request are in order by
+    definition (the consumer handled them in the order it was served them).
+
+    Judged: keyed messages of ordered subjects (stored in a partition), created in the
+    window, with an ack from the group. A message the group ever dead-lettered is left out:
+    a dead letter skipped (``on_dead: skip``) and redriven later is acked after the ones
+    behind it by design. Command messages have no key.
+    """
+    stored = messages.where(
+        F.col("partition").isNotNull()
+        & F.col("key").isNotNull()
+        & ~F.col("command")
+        & window.created_in_range(F.col("created_at"))
+    ).select(*_LOG, "seq", "key", F.col("id").alias("message_id"), "stored_at")
+    ordered_acts = actions.where(F.col("partition").isNotNull() & F.col("seq").isNotNull())
+    owner_seq = (*_OWNER, "seq")
+    acked = (
+        ordered_acts.where(F.col("type") == "ack")
+        .groupBy(*owner_seq)
+        .agg(F.min("at").alias("acked_at"))
+    )
+    dead = ordered_acts.where(F.col("type") == "dead").select(*owner_seq).distinct()
+    judged = acked.join(dead, list(owner_seq), "left_anti").join(stored, [*_LOG, "seq"])
+    same_key = ("subject", "group", "state", "key")
+    earlier = (
+        W.partitionBy(F.xxhash64(*same_key), *same_key)
+        .orderBy("stored_at", "broker", "partition", "seq")
+        .rowsBetween(W.unboundedPreceding, -1)
+    )
+    last_acked_before = F.max(F.struct("acked_at", "message_id")).over(earlier)
+    return (
+        judged.select("*", last_acked_before.alias("earlier"))
+        .where(F.col("earlier.acked_at") > F.col("acked_at"))
+        .select(
+            *ACKED_OUT_OF_ORDER_COLUMNS[:-2],
+            F.col("earlier.message_id").alias("earlier_id"),
+            F.col("earlier.acked_at").alias("earlier_acked_at"),
         )
     )

@@ -42,6 +42,7 @@ def test_demo_short_mode_ends_clean(tmp_path: Path) -> None:
     assert verdict["orders_states_in_order"] == placed
     assert verdict["orders_states_out_of_order"] == 0
     assert verdict["reconciliation_out_of_order"] == 0
+    assert verdict["reconciliation_acked_out_of_order"] == 0
     categories = verdict["reconciliation_categories"]
     assert categories["delivered"] == 5 * placed
     assert sum(v for k, v in categories.items() if k != "delivered") == 0

@@ -17,7 +17,10 @@ step  produced                                                                 o
 ====  ======================================================================  ==========
 
 Group ``billing`` then consumes everything in ordered mode, so the broker also consumes
-the command (it acks it for the group) and the group moves to the new partitions.
+the command (it acks it for the group) and the group moves to the new partitions. Group
+``replay`` consumes it too, but acks each batch one message at a time from its last to its
+first, as a consumer running a batch's handlers concurrently might: each message that has
+a message of its key stored ahead of it in its batch is acked out of order.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -44,7 +48,7 @@ from tests.support.postgres import fresh_database
 
 pytestmark = pytest.mark.spark
 
-LEDGER, AUDIT, PRODUCER, GROUP = "ledger", "audit.log", "ledger-svc", "billing"
+LEDGER, AUDIT, PRODUCER, GROUP, SLOPPY = "ledger", "audit.log", "ledger-svc", "billing", "replay"
 KEYS = {"a": "acct-a", "b": "acct-b", "c": "acct-c"}
 OUTBOX_ORDER = ["a1", "a2", "a3", "b1", "b2", "b3", "c1", "c2"]
 SPLIT_VERSION = 2
@@ -55,6 +59,7 @@ class World:
     outbox: str
     broker_dir: Path
     closed: int  # the partition the split closed
+    acked_early: frozenset[str]  # the messages group replay acked out of order
 
 
 def incoming(name: str, created: datetime) -> IncomingMessage:
@@ -71,29 +76,40 @@ def incoming(name: str, created: datetime) -> IncomingMessage:
     )
 
 
-async def consume(broker: Broker) -> int:
-    """Pull and ack ``ledger`` for the group in ordered mode until nothing comes; how many
-    messages it got."""
-    got, idle = 0, 0
+async def consume(broker: Broker, group: str = GROUP) -> tuple[int, frozenset[str]]:
+    """Pull and ack ``ledger`` for ``group`` in ordered mode until nothing comes; how many
+    messages it got and, for the sloppy group (acks one by one, last first), the ids it
+    acked before a message of the same key stored ahead of them in the same batch."""
+    got, idle, early = 0, 0, set()
     while idle < 3:
         pulled = await broker.delivery.pull(
-            subject=LEDGER, group=GROUP, consumer="c1", max_messages=100, wait_ms=0,
+            subject=LEDGER, group=group, consumer="c1", max_messages=100, wait_ms=0,
             mode="ordered", start="earliest",
         )  # fmt: skip
         idle = 0 if pulled else idle + 1
         got += len(pulled)
-        by_partition: dict[int, list[int]] = {}
+        batches: dict[int, list[dict[str, Any]]] = {}
         for message in pulled:
-            by_partition.setdefault(message["partition"], []).append(message["seq"])
-        for partition, seqs in by_partition.items():
-            await broker.delivery.ack(
-                subject=LEDGER, group=GROUP, consumer="c1", seqs=seqs, partition=partition
-            )
-    return got
+            batches.setdefault(message["partition"], []).append(message)
+        for partition, batch in batches.items():
+            seqs = [m["seq"] for m in batch]
+            if group != SLOPPY:
+                await broker.delivery.ack(
+                    subject=LEDGER, group=group, consumer="c1", seqs=seqs, partition=partition
+                )
+                continue
+            for seq in reversed(seqs):
+                await broker.delivery.ack(
+                    subject=LEDGER, group=group, consumer="c1", seqs=[seq], partition=partition
+                )
+            keys = [m["key"] for m in batch]
+            early |= {m["id"] for n, m in enumerate(batch) if m["key"] in keys[:n]}
+    return got, frozenset(early)
 
 
-async def write_broker(data_dir: Path, created: dict[str, datetime]) -> int:
-    """The broker data of the table above; returns the partition the split closed."""
+async def write_broker(data_dir: Path, created: dict[str, datetime]) -> tuple[int, frozenset[str]]:
+    """The broker data of the table above; returns the partition the split closed and
+    the messages group replay acked out of order."""
     broker = Broker(
         BrokerConfig(data_dir=data_dir, fsync=FsyncPolicy(mode="never")), metrics=BrokerMetrics()
     )
@@ -117,10 +133,12 @@ async def write_broker(data_dir: Path, created: dict[str, datetime]) -> int:
         await broker.routes.split(LEDGER, partition=closed["partition"], at=at)
         await produce("c1")
         await produce("b3")
-        assert await consume(broker) == len(OUTBOX_ORDER)
+        assert (await consume(broker))[0] == len(OUTBOX_ORDER)
+        got, acked_early = await consume(broker, SLOPPY)
+        assert got == len(OUTBOX_ORDER)
     finally:
         await broker.close()
-    return int(closed["partition"])
+    return int(closed["partition"]), acked_early
 
 
 @pytest.fixture(scope="module")
@@ -142,8 +160,8 @@ def world(pg_admin_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             rows.append({**placed, "key": None if name == "plain" else KEYS[name[0]]})
         for one in rows:
             insert(url, [one])
-        closed = asyncio.run(write_broker(root / "broker", created))
-        yield World(outbox=url, broker_dir=root / "broker", closed=closed)
+        closed, acked_early = asyncio.run(write_broker(root / "broker", created))
+        yield World(outbox=url, broker_dir=root / "broker", closed=closed, acked_early=acked_early)
 
 
 def test_an_ordered_subject_is_reconciled_by_subject(
@@ -181,26 +199,41 @@ def test_an_ordered_subject_is_reconciled_by_subject(
 
     # The group's partitions are summed under the subject; the command it consumed is not
     # one of its acks, nor a latency sample.
-    assert summary["groups"] == {
-        LEDGER: {
-            GROUP: {
-                "mode": "ordered",
-                "acked": len(OUTBOX_ORDER),
-                "unacked_past_threshold": 0,
-                "dead_letters": 0,
-                "never_acked": False,
-            }
-        }
+    consumed = {
+        "mode": "ordered",
+        "acked": len(OUTBOX_ORDER),
+        "unacked_past_threshold": 0,
+        "dead_letters": 0,
+        "never_acked": False,
     }
+    assert summary["groups"] == {LEDGER: {GROUP: consumed, SLOPPY: consumed}}
     assert summary["latency_ms"]["created_to_stored"]["count"] == 9
-    assert summary["latency_ms"]["stored_to_acked"]["count"] == len(OUTBOX_ORDER)
+    assert summary["latency_ms"]["stored_to_acked"]["count"] == 2 * len(OUTBOX_ORDER)
+
+    # Group billing acked each batch in one request: in order. Group replay did not.
+    assert "a2" in world.acked_early  # a1, a3, a2 are stored in one partition, in one batch
+    acked = disorder["acked"]
+    assert acked["count"] == len(world.acked_early)
+    early = {m["message_id"]: m for m in acked["messages"]}
+    assert set(early) == world.acked_early
+    assert {(m["subject"], m["group"]) for m in early.values()} == {(LEDGER, SLOPPY)}
+    assert acked["keys"] == len({m["key"] for m in early.values()})
+    assert early["a2"]["earlier_id"] == "a1"  # of a1 and a3, stored ahead, a1 was acked last
+    assert early["a2"]["acked_at"] < early["a2"]["earlier_acked_at"]
+    written = spark.read.parquet(str(out / "out_of_order_acked")).collect()
+    assert {r["message_id"] for r in written} == world.acked_early
 
     text = (out / "report.txt").read_text()
     assert f"{LEDGER}/{GROUP}" in text
     assert f"{LEDGER}#" not in text
     assert f"{LEDGER} key {KEYS['a']}: a2 " in text
-    assert "2 message(s) stored out of order -> exit 0" in text
+    assert f"{LEDGER} group {SLOPPY} key {KEYS['a']}: a2 " in text
+    assert (
+        f"2 message(s) stored out of order; {len(world.acked_early)} message(s) acked out "
+        "of order -> exit 0"
+    ) in text
     page = (out / "report.html").read_text()
     assert "<h2>Stored out of order</h2>" in page
+    assert "<h2>Acked out of order</h2>" in page
     assert f"{LEDGER}#" not in page
     assert orjson.loads((out / "summary.json").read_bytes()) == summary

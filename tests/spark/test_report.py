@@ -12,6 +12,7 @@ from spark_reconcile.report import (
     LISTED_OUT_OF_ORDER,
     LISTED_REGIONS,
     RunInfo,
+    acked_entry,
     exit_code,
     out_of_order_entry,
     render_html,
@@ -62,7 +63,8 @@ def test_summary_has_every_category_and_the_exit_code() -> None:
     ]
     assert list(doc["categories"]) == list(CATEGORIES)
     assert doc["unreadable_in_broker"] == {"count": 0, "bytes": 0, "regions": []}
-    assert doc["out_of_order"] == {"count": 0, "keys": 0, "messages": []}
+    nothing = {"count": 0, "keys": 0, "messages": []}
+    assert doc["out_of_order"] == {**nothing, "acked": nothing}
     assert doc["categories"]["delivered"] == 7
     assert doc["categories"]["orphan_in_broker"] == 0
     assert doc["exit_code"] == 0
@@ -183,6 +185,7 @@ def test_out_of_order_is_a_warning_listed_by_key() -> None:
         "count": 1,
         "keys": 1,
         "messages": [{**DISORDER, "stored_at": "2025-01-01T11:00:00Z"}],
+        "acked": {"count": 0, "keys": 0, "messages": []},
     }
     assert doc["exit_code"] == 0
     text = render_text(doc, INFO)
@@ -203,3 +206,48 @@ def test_out_of_order_listed_are_capped() -> None:
     text = render_text(summary({}, [], [], None, disorder), INFO)
     assert "... 2 more in out_of_order/" in text
     assert "/data/b1 seq 0\n" in text  # a plain subject's message has no partition
+
+
+ACKED_DISORDER = {
+    "subject": "ledger",
+    "group": "<billing>",
+    "key": "acct-1",
+    "message_id": "m3",
+    "broker": "/data/b1",
+    "partition": 3,
+    "seq": 8,
+    "stored_at": datetime(2025, 1, 1, 11, tzinfo=UTC),
+    "acked_at": datetime(2025, 1, 1, 11, 1, tzinfo=UTC),
+    "earlier_id": "m2",
+    "earlier_acked_at": datetime(2025, 1, 1, 11, 2, tzinfo=UTC),
+}
+
+
+def test_acked_out_of_order_is_a_warning_of_its_own() -> None:
+    disorder = out_of_order_entry(0, 0, [], acked=acked_entry(1, 1, [ACKED_DISORDER]))
+    doc = summary({"delivered": 3}, GROUPS, LATENCY, None, disorder)
+    assert doc["out_of_order"]["count"] == 0
+    assert doc["out_of_order"]["acked"] == {
+        "count": 1,
+        "keys": 1,
+        "messages": [
+            {
+                **ACKED_DISORDER,
+                "stored_at": "2025-01-01T11:00:00Z",
+                "acked_at": "2025-01-01T11:01:00Z",
+                "earlier_acked_at": "2025-01-01T11:02:00Z",
+            }
+        ],
+    }
+    assert doc["exit_code"] == 0
+    text = render_text(doc, INFO)
+    assert re.search(r"out_of_order\s+0\s+warning", text)
+    assert re.search(r"out_of_order_acked\s+1\s+WARNING\s+\(1 key\(s\)\)", text)
+    assert (
+        "ledger group <billing> key acct-1: m3 (/data/b1 partition 3 seq 8) acked at "
+        "2025-01-01T11:01:00Z, before m2 stored ahead of it (acked at 2025-01-01T11:02:00Z)"
+    ) in text
+    assert "result: clean; 1 message(s) acked out of order -> exit 0" in text
+    page = render_html(doc, INFO, {})
+    assert "<h2>Acked out of order</h2>" in page
+    assert "<td>ledger</td><td>&lt;billing&gt;</td><td>acct-1</td><td>m3</td>" in page
