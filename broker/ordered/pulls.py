@@ -114,17 +114,20 @@ class OrderedPulls:
         _, visible = self._visible(routes, group, now_us)
         held = self._assign(routes, group, visible, consumer, now)
         batches: list[Batch] = []
-        remaining = request.max_messages
         if held:
             view.turn += 1
             start = view.turn % len(held)
-            for partition in held[start:] + held[:start]:
-                if remaining <= 0:
-                    break
-                batch = self._choose(routes, partition, group, consumer, remaining, now_us)
-                if batch is not None:
-                    batches.append(batch)
-                    remaining -= len(batch.seqs)
+            limit = request.max_messages
+            ready = [
+                (partition, found)
+                for partition in held[start:] + held[:start]
+                if (found := self._next_seqs(routes, partition, group, limit, now_us))
+            ]
+            shares = share_out(limit, [len(found[0]) for _, found in ready])
+            for (partition, (seqs, attempts)), share in zip(ready, shares, strict=True):
+                if share:
+                    taken = seqs[:share], attempts[:share]
+                    batches.append(self._lease(routes, partition, group, consumer, *taken, now_us))
         if batches:
             return batches, None
         short = len(held) < math.ceil(len(visible) / max(len(view.seen), 1))
@@ -153,6 +156,20 @@ class OrderedPulls:
         routes = self._routes(subject)
         logs = {partition_log(subject, p) for p in routes.every_partition()}
         return sorted({group for (log, group) in self._groups if log in logs})
+
+    def partition_owners(self, subject: str) -> dict[str, dict[int, tuple[str, float]]]:
+        """Read-only, for operators: per group, each partition whose lease is live now, with
+        its consumer and the seconds left on the lease (renewed by that consumer's calls)."""
+        now = self._clock.now()
+        return {
+            group: {
+                partition: (lease.consumer, lease.until - now)
+                for partition, lease in sorted(view.leases.items())
+                if lease.until > now
+            }
+            for (name, group), view in sorted(self._views.items())
+            if name == subject
+        }
 
     # --- the group's partitions -------------------------------------------------------------
 
@@ -241,17 +258,12 @@ class OrderedPulls:
     def _blocked(self, routes: Routes, state: DeliveryState) -> bool:
         return bool(state.leases) or (routes.on_dead == "block" and bool(state.dead))
 
-    def _choose(
-        self,
-        routes: Routes,
-        partition: int,
-        group: str,
-        consumer: str,
-        limit: int,
-        now_us: int,
-    ) -> Batch | None:
-        """The partition's next batch for ``consumer``: its due retries in seq order if it
-        has retries, else new messages up to its command; nothing while anything is leased."""
+    def _next_seqs(
+        self, routes: Routes, partition: int, group: str, limit: int, now_us: int
+    ) -> tuple[list[int], list[int]] | None:
+        """The partition's next batch, up to ``limit``, and each one's attempt: its due
+        retries in seq order if it has retries, else new messages up to its command;
+        nothing while anything is leased."""
         subject = routes.subject
         log_name = partition_log(subject, partition)
         log = self._subjects[log_name]
@@ -280,8 +292,22 @@ class OrderedPulls:
             end = log.end_seq if command is None else min(log.end_seq, command)
             seqs = list(range(state.cursor, min(end, state.cursor + limit)))
             attempts = [1] * len(seqs)
-        if not seqs:
-            return None
+        return (seqs, attempts) if seqs else None
+
+    def _lease(
+        self,
+        routes: Routes,
+        partition: int,
+        group: str,
+        consumer: str,
+        seqs: list[int],
+        attempts: list[int],
+        now_us: int,
+    ) -> Batch:
+        """Lease ``seqs`` of the partition to ``consumer``: a batch to serve."""
+        subject = routes.subject
+        log_name = partition_log(subject, partition)
+        log = self._subjects[log_name]
         positions = []
         for seq in seqs:
             segment, length, offset, _, _ = log.raw(seq)
@@ -360,3 +386,16 @@ def _action(
     kind: ActionType, now: int, log: str, group: str, seqs: list[int], fields: dict[str, Any]
 ) -> Any:
     return action(kind, at_us=now, subject=log, group=group, state=SHARED, seqs=seqs, fields=fields)
+
+
+def share_out(limit: int, wants: list[int]) -> list[int]:
+    """Split ``limit`` messages over partitions that have ``wants`` each: as evenly as
+    their wants allow (what one cannot use goes to the others), earlier ones first on a
+    remainder. One pull then starts every partition a consumer holds, each on a worker of
+    its own, rather than the first alone."""
+    shares = [0] * len(wants)
+    left = limit
+    for place, n in enumerate(sorted(range(len(wants)), key=lambda i: (wants[i], i))):
+        shares[n] = min(wants[n], math.ceil(left / (len(wants) - place)))
+        left -= shares[n]
+    return shares

@@ -1,5 +1,6 @@
 """The acker: one task that sends the buffered acks (``AckBuffer``) by size, by interval,
-when hurried, and on close. A sent ack gives its lease slot back to the budget. While the
+when hurried, and on close. A sent ack gives its lease slot back to its budget (the plain
+subjects' or the ordered subjects', ``budget_of`` the ack's key). While the
 broker is unavailable the acks wait, retried with a jittered backoff; the outage is logged
 by the consumer's ``FailureLog`` (source ``ack``).
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 from qmq_outbox.client import AckedPull
@@ -44,13 +46,13 @@ class Acker:
         client: PullClient,
         config: ConsumerConfig,
         counters: Counters,
-        budget: LeaseBudget,
+        budget_of: Callable[[str], LeaseBudget],
         failures: FailureLog,
     ) -> None:
         self._client = client
         self._config = config
         self._counters = counters
-        self._budget = budget
+        self._budget_of = budget_of
         self._failures = failures
         self._buffer = AckBuffer(max_size=config.ack_batch_size, interval=config.ack_interval)
         self._wake = asyncio.Event()
@@ -113,7 +115,8 @@ class Acker:
             failures += 1
             if closing and failures >= FINAL_ACK_ATTEMPTS:
                 log_dropped(self._config, unsent)
-                self._budget.release(sum(len(seqs) for seqs in unsent.values()))
+                for key, seqs in unsent.items():
+                    self._budget_of(key).release(len(seqs))
                 return
             now = time.monotonic()
             self._buffer.put_back(unsent, now)
@@ -152,7 +155,7 @@ class Acker:
                 else:
                     self._failures.succeeded(source=SOURCE)
                     self._record(key, answer)
-                self._budget.release(len(part))
+                self._budget_of(key).release(len(part))
         return unsent
 
     async def _ack(self, key: str, seqs: list[int]) -> dict[str, Any]:

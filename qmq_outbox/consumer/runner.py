@@ -16,7 +16,11 @@ runs its messages one after another, so a partition's handlers never overlap and
 partitions' run on different workers. A failure nacks that message and the rest of its lane
 in one request (they come back together, in order) and runs none of them; when a lane is
 done its acks are sent at once, since the broker serves a partition's next batch only once
-this one is acked.
+this one is acked. Ordered subjects draw on a lease budget of their own,
+``concurrency * LANE_BATCH``, and ask for all of it that is free: the broker shares a pull
+out over the partitions this consumer holds, so they all run, each on batches of a useful
+size (a partition can be held by one consumer only, so holding its messages takes nothing
+from the group's other consumers).
 
 An unavailable broker is retried with a jittered backoff; the pullers and the acker share
 one ``FailureLog``, so an outage is one line when it starts, a summary every
@@ -52,11 +56,13 @@ from qmq_outbox.consumer.threads import ThreadPool
 from qmq_outbox.envelope import Message
 from qmq_outbox.errors import BrokerError, BrokerUnavailable
 from qmq_outbox.failure_log import client_url
+from qmq_wire.ordered import split_partition_log
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 ACK_FLUSH_GRACE = 5.0  # seconds the acker gets at a stop beyond the handlers' deadline
+LANE_BATCH = 16  # an ordered subject's leases held at once: this many per worker
 
 
 class Runner:
@@ -78,6 +84,12 @@ class Runner:
         self.stop = stop
         self.fatal: BaseException | None = None
         self.budget = LeaseBudget(config.capacity)
+        # An ordered subject's partitions are this consumer's alone while it holds them,
+        # and each has at most one batch out at a time: a budget of their own, big enough
+        # for a batch per partition a worker can run, so that many partitions run at once
+        # and each on batches of a useful size (the plain subjects' budget would spread
+        # over them a few messages each).
+        self.lane_budget = LeaseBudget(config.concurrency * LANE_BATCH)
         self.queue: asyncio.Queue[Message | Lane | None] = asyncio.Queue()
         self.lanes = Lanes()  # the ordered subjects' partitions
         self.broker_failures = broker_failures(
@@ -87,7 +99,7 @@ class Runner:
             client=client,
             config=config,
             counters=counters,
-            budget=self.budget,
+            budget_of=self._budget_of_key,
             failures=self.broker_failures,
         )
         self.threads = ThreadPool(config.concurrency, name=self.name("worker"))
@@ -139,6 +151,10 @@ class Runner:
         cfg = self.config
         source = f"pull {subject}"
         ordered = self.specs[subject].ordered
+        budget = self._budget(subject)
+        # An ordered pull asks for every free slot: the broker shares them out over the
+        # partitions this consumer holds.
+        max_batch = budget.capacity if ordered else cfg.max_batch
         want, busy = 1, False
         while not self.stop.is_set():
             # An ordered pull carries no acks: they name the partition, pulls do not.
@@ -159,14 +175,14 @@ class Runner:
             self.broker_failures.succeeded(source=source)
             if not messages:
                 self.acker.idle()
-            self.budget.release(held - len(messages))
+            budget.release(held - len(messages))
             self.counters.add("pulled", len(messages))
             if ordered:
                 self._to_lanes(messages)
             else:
                 for message in messages:
                     self.queue.put_nowait(message)
-            want = next_want(last_pulled=len(messages), max_batch=cfg.max_batch)
+            want = next_want(last_pulled=len(messages), max_batch=max_batch)
             busy = bool(messages)
 
     async def _reserve(self, subject: str, want: int, *, busy: bool) -> tuple[int, list[int]]:
@@ -177,11 +193,12 @@ class Runner:
         instead of waiting for the acker to send them; with none buffered either, it
         waits for a slot (hurrying the acker). A long poll carries nothing.
         """
-        granted = self.budget.try_acquire(want)
+        budget = self._budget(subject)
+        granted = budget.try_acquire(want)
         carried = self.acker.carry(subject) if busy else []
         if granted or carried:
             return granted, carried
-        granted = await self.budget.acquire(want, self.acker.hurry)
+        granted = await budget.acquire(want, self.acker.hurry)
         return granted, []
 
     async def _pull(self, subject: str, max_messages: int, carried: list[int]) -> list[Message]:
@@ -203,9 +220,17 @@ class Runner:
         self.acker.carried(subject, answer)
         return answer.messages
 
+    def _budget(self, subject: str) -> LeaseBudget:
+        return self.lane_budget if self.specs[subject].ordered else self.budget
+
+    def _budget_of_key(self, key: str) -> LeaseBudget:
+        """The budget an ack's slots go back to: ``key`` is a subject, or an ordered
+        subject's partition log ``subject#p``."""
+        return self.budget if split_partition_log(key)[1] is None else self.lane_budget
+
     def _give_back(self, subject: str, granted: int, carried: list[int]) -> None:
         """A pull failed: its new slots are free again, its acks go back to the acker."""
-        self.budget.release(granted)
+        self._budget(subject).release(granted)
         if carried:
             self.acker.put_back(subject, carried)
 
@@ -276,7 +301,7 @@ class Runner:
         try:
             await self._nack_ordered(lane, batch, result)
         finally:
-            self.budget.release(len(batch))
+            self.lane_budget.release(len(batch))
 
     async def _nack_ordered(self, lane: Lane, batch: list[Message], result: Nack) -> None:
         cfg = self.config
@@ -345,6 +370,7 @@ class Runner:
         deadline = time.monotonic() + cfg.shutdown_timeout
         self.stop.set()
         self.budget.close()
+        self.lane_budget.close()
         await _wait_all(self._pullers, deadline)
         for _ in self._workers:
             self.queue.put_nowait(None)
@@ -378,7 +404,7 @@ class Runner:
             try:
                 await self._nack_ordered(lane, rest, stopped)
             finally:
-                self.budget.release(len(rest))
+                self.lane_budget.release(len(rest))
 
 
 async def _wait_all(tasks: list[asyncio.Task[None]], deadline: float) -> int:

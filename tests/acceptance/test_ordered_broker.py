@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from qmq_wire.ordered import logic_partition
+from qmq_wire.ordered import LOGIC_PARTITIONS, logic_partition
 from tests.support.broker_process import BrokerProcess
 
 SUBJECT = "orders.changed"
@@ -220,6 +220,28 @@ def test_a_partition_serves_the_next_batch_only_after_the_last_is_acked(api: Api
     assert [(m["seq"], m["attempt"]) for m in again] == [(2, 2), (3, 2), (4, 2)]
     api.ack("c1", 0, [2, 3, 4])
     assert [m["seq"] for m in api.pull("c1", max_messages=5)] == [5, 6, 7, 8, 9]
+
+
+def test_one_pull_shares_its_max_over_the_partitions_it_holds(api: Api) -> None:
+    """A lone consumer holds all four partitions; a pull for 8 starts each of them with 2,
+    rather than giving the first 8 and leaving the others (and the consumer's other
+    workers) idle until it is acked."""
+    api.declare(4)
+    keys = {p: _key_of_partition(p, 4) for p in range(4)}
+    api.produce([(f"{p}-{n}", keys[p], n) for p in range(4) for n in range(10)])
+    first = api.pull("c1", max_messages=8)
+    assert sorted(_by_partition(first).items()) == [(p, [0, 1]) for p in range(4)]
+    api.ack("c1", 2, [0, 1])  # partition 2 alone is free again: it gets the next pull all
+    assert _by_partition(api.pull("c1", max_messages=8)) == {2: list(range(2, 10))}
+
+
+def _key_of_partition(partition: int, partitions: int) -> str:
+    """A key that version 1 of a subject with ``partitions`` routes to ``partition``."""
+    return next(
+        key
+        for key in (f"key-{n}" for n in range(10_000))
+        if logic_partition(key) * partitions // LOGIC_PARTITIONS == partition
+    )
 
 
 def test_a_retry_not_due_blocks_its_partition_and_no_other(api: Api) -> None:
