@@ -19,7 +19,7 @@ import click
 
 from qmq_outbox.cli import failures
 from qmq_outbox.cli.options import Parsed, Unit, option_field, options_from, take
-from spark_reconcile.errors import BadInput, OutboxUnreadable, ReconcileError
+from spark_reconcile.errors import BadInput, OutboxUnreadable, ReconcileError, StreamUnreadable
 from spark_reconcile.job import DEFAULT_ACK_THRESHOLD, DEFAULT_GRACE, run, timings_line
 from spark_reconcile.progress import for_stream
 
@@ -57,21 +57,20 @@ class ReconcileArgs:
             "metavar": "URL",
         }
     )
-    broker_dirs: tuple[str, ...] = dataclasses.field(
-        metadata={
-            "help": "A broker data directory; repeat for several brokers.",
-            "unit": "text",
-            "option": "--broker-data",
-            "multiple": True,
-            "metavar": "DIR",
-        }
-    )
     out: str = dataclasses.field(
         metadata={
             "help": "Where summary.json, report.txt, report.html and the Parquet folders go.",
             "unit": "text",
             "metavar": "DIR",
         }
+    )
+    broker_dirs: tuple[str, ...] = option_field(
+        (),
+        "A broker data directory; repeat for several brokers (or give --jetstream).",
+        "text",
+        option="--broker-data",
+        multiple=True,
+        metavar="DIR",
     )
     master: str = option_field(
         "local[*]", "Spark master: local[*], local[2], spark://host:7077, yarn, ...", "text"
@@ -108,6 +107,21 @@ class ReconcileArgs:
         "jars",
         metavar="JAR[,JAR...]",
     )
+    jetstream: str | None = option_field(
+        None,
+        "A NATS JetStream server (nats://HOST:PORT) whose --stream(s) hold the messages, "
+        "instead of or besides --broker-data.",
+        "text",
+        metavar="URL",
+    )
+    streams: tuple[str, ...] = option_field(
+        (),
+        "A JetStream stream to read (with --jetstream); repeat for several.",
+        "text",
+        option="--stream",
+        multiple=True,
+        metavar="NAME",
+    )
     conf: tuple[tuple[str, str], ...] = option_field(
         (),
         "Extra Spark configuration, e.g. spark.executor.memory=4g; repeatable.",
@@ -135,7 +149,7 @@ def reconcile(**values: Any) -> None:
     try:
         with for_stream(sys.stderr) as progress:  # the stages as they go, on stderr
             result = run(**given, jvm_log=True, progress=progress)
-    except OutboxUnreadable as exc:  # unreachable, or without its table: not the caller's typo
+    except (OutboxUnreadable, StreamUnreadable) as exc:  # unreachable: not the caller's typo
         raise failures.Unavailable(str(exc)) from exc
     except BadInput as exc:
         raise failures.BadInput(str(exc)) from exc

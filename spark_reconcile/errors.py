@@ -29,3 +29,7 @@ class OutboxUnreadable(BadInput):
 
 class BrokerDataUnreadable(BadInput):
     """A broker data directory holds a file the format module cannot read."""
+
+
+class StreamUnreadable(BadInput):
+    """A JetStream stream could not be read (server unreachable, no such stream, ...)."""

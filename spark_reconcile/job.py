@@ -40,6 +40,7 @@ from spark_reconcile.errors import (
     OutboxUnreadable,
     UnreadablePath,
 )
+from spark_reconcile.jetstream import StreamSource, read_streams, stream_sources
 from spark_reconcile.progress import Progress, stage
 
 logger = logging.getLogger(__name__)
@@ -91,8 +92,11 @@ def reconcile(
     jars: Sequence[str] | None = None,
     conf: Mapping[str, str] | None = None,
     spark: SparkSession | None = None,
+    jetstream: str | None = None,
+    streams: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Reconcile outbox tables (SQLAlchemy URLs) with broker data directories.
+    """Reconcile outbox tables (SQLAlchemy URLs) with broker data directories and/or the
+    ``streams`` of the NATS JetStream server at ``jetstream`` (``nats://host:port``).
 
     Writes ``summary.json``, ``report.txt``, ``report.html``, one Parquet folder per
     non-empty category and one of unreadable regions (if any) under ``out``, and returns
@@ -113,6 +117,8 @@ def reconcile(
         jars=jars,
         conf=conf,
         spark=spark,
+        jetstream=jetstream,
+        streams=streams,
     ).summary
 
 
@@ -136,6 +142,8 @@ def run(
     jvm_log: bool = False,
     jvm_cache: Path | None = DEFAULT_JVM_CACHE,
     progress: Progress | None = None,
+    jetstream: str | None = None,
+    streams: Sequence[str] = (),
 ) -> Result:
     """``reconcile`` with the details: stage timings, JDBC partitions and fetch size, and
     the reference time ``now`` (default: the start of the run); ``jvm_log``: write a new
@@ -145,11 +153,14 @@ def run(
     started = now or datetime.now(UTC)
     window = transforms.Window(now=started, grace=grace, since=since, until=until)
     sources, dirs, out_dir = _check_inputs(outboxes, broker_dirs, out, window)
+    stream_list = stream_sources(jetstream, streams)
+    if not dirs and not stream_list:
+        raise BadInput("give at least one broker data directory or JetStream stream")
     driver_jars = session.check_jars(session.default_jars() if jars is None else jars)
     info = report.RunInfo(
         started_at=started,
         outboxes=[s.label for s in sources],
-        broker_dirs=dirs,
+        broker_dirs=[*dirs, *(s.label for s in stream_list)],
         since=since,
         until=until,
         settled_before=window.settled_before,
@@ -184,7 +195,7 @@ def run(
 
     def read_broker() -> _Broker:
         with timed("read_broker"):
-            return _read_broker(active, dirs, cached)
+            return _read_broker(active, dirs, stream_list, cached)
 
     def read_outbox() -> DataFrame:
         with timed("read_outbox"):
@@ -242,8 +253,6 @@ def _check_inputs(
 ) -> tuple[list[readers.JdbcSource], list[str], Path]:
     if not outboxes:
         raise BadInput("give at least one outbox URL")
-    if not broker_dirs:
-        raise BadInput("give at least one broker data directory")
     if window.since and window.until and window.since >= window.until:
         raise BadInput("--since must be before --until")
     sources = [readers.jdbc_source(url) for url in outboxes]
@@ -278,9 +287,17 @@ class _Broker:
 _UNUSED = {"messages": ("segment", "offset"), "actions": ("error",)}
 
 
-def _read_broker(spark: SparkSession, dirs: Sequence[str], cached: list[DataFrame]) -> _Broker:
+def _read_broker(
+    spark: SparkSession,
+    dirs: Sequence[str],
+    streams: Sequence[StreamSource],
+    cached: list[DataFrame],
+) -> _Broker:
     def read(kind: str) -> DataFrame:
-        return _cache(readers.read_broker(spark, dirs, kind).drop(*_UNUSED[kind]), cached)
+        frame = readers.read_broker(spark, dirs, kind)
+        if kind == "messages" and streams:
+            frame = frame.unionByName(read_streams(spark, streams))
+        return _cache(frame.drop(*_UNUSED[kind]), cached)
 
     read_messages, read_actions = read("messages"), read("actions")
     count, total_bytes, keyed, ordered = _materialise_broker(read_messages, read_actions)
