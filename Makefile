@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench clean jdbc
+.PHONY: demo test lint typecheck unit bench clean jdbc chromium
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,6 +16,10 @@ $(STAMP): pyproject.toml
 jdbc:
 	@bash scripts/ensure-jdbc.sh
 
+# Chromium for the console's browser tests comes from Debian too (no browser download).
+chromium:
+	@bash scripts/ensure-chromium.sh
+
 demo: $(STAMP) jdbc
 	$(BIN)/python -m examples.demo
 
@@ -24,7 +28,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: $(STAMP) jdbc lint
+test: $(STAMP) jdbc chromium lint
 	$(BIN)/python -m pytest tests
 
 unit: $(STAMP)

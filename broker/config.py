@@ -229,6 +229,13 @@ class BrokerConfig:
         "How long past its wait_ms a pull may wait for a worker before 503 deadline_exceeded.",
         "duration",
     )
+    # the console (docs/console.md)
+    console_sample_interval_s: float = _option(
+        10.0,
+        "How often the console's history (rates, backlogs, disk use, fsync latency) is "
+        "sampled; its charts show the last 360 samples.",
+        "duration",
+    )
     debug_read_delay_s: tuple[tuple[str, str, float], ...] = _option(
         (),
         "Benchmarks/tests only: sleep MS before each pull read of that group, on its "

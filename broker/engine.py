@@ -10,7 +10,8 @@ are the only writers of their state; ``ProduceService`` stores messages, ``Deliv
 serves groups, ``DelayedMessages`` holds messages until due, ``Upkeep`` checkpoints and
 applies retention, ``StatsService`` answers operators, ``Gate`` says who may come in;
 ``RouteBook`` holds ordered subjects' routes (``RouteService`` changes them,
-``OrderedPulls`` serves their groups).
+``OrderedPulls`` serves their groups); ``ConsoleService`` answers the console's pages from a
+sampled history.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from typing import TypeVar
 from broker.actions import ActionLog
 from broker.clock import Clock, SystemClock
 from broker.config import BrokerConfig
+from broker.console.history import History
+from broker.console.sampler import ConsoleSampler
+from broker.console.service import ConsoleService
+from broker.console.sightings import ConsumerSightings
 from broker.delayed.metrics import ScheduleMetrics
 from broker.delayed.recovery import ScheduleRecovered, recover_schedule
 from broker.delayed.service import DelayedMessages
@@ -51,6 +56,8 @@ from qmq_wire.ordered import split_partition_log
 
 logger = logging.getLogger(__name__)
 S = TypeVar("S")
+CONSOLE_SAMPLES = 360  # the console's charts: an hour at the default 10 s interval
+CONSOLE_MAX_SERIES = 2_000  # rates in, rates out and backlogs tracked (2.9 KB each)
 
 
 class Broker:
@@ -81,6 +88,9 @@ class Broker:
         self._upkeep: Upkeep | None = None
         self._stats: StatsService | None = None
         self._routes: RouteService | None = None
+        self._console: ConsoleService | None = None
+        self.sightings = ConsumerSightings(now=self.clock.now)
+        """Consumers heard from lately, noted by the HTTP layer on pulls, acks and nacks."""
 
     # --- the services ------------------------------------------------------------------------
 
@@ -111,6 +121,10 @@ class Broker:
     @property
     def routes(self) -> RouteService:
         return _ready(self._routes)
+
+    @property
+    def console(self) -> ConsoleService:
+        return _ready(self._console)
 
     @property
     def journal(self) -> Journal:
@@ -279,12 +293,28 @@ class Broker:
             gate=self.gate, subjects=subjects, groups=groups, delayed=delayed, book=book
         )
         metrics.watch_groups(self._stats.group_backlogs)
+        console = self._console = ConsoleService(
+            gate=self.gate,
+            stats=self._stats,
+            sampler=ConsoleSampler(
+                stats=self._stats,
+                fsync_seconds=metrics.fsync_seconds,
+                data_dir=config.data_dir,
+                clock=clock,
+                history=History(capacity=CONSOLE_SAMPLES, max_series=CONSOLE_MAX_SERIES),
+                interval_s=config.console_sample_interval_s,
+            ),
+            sightings=self.sightings,
+            ordered=ordered,
+            clock=clock,
+        )
         self._spawn(delayed.run, "qmq-schedule-wheel")
         for index in range(config.workers):
             self._spawn(pulls.run_worker, f"qmq-pull-worker-{index}")
         self._spawn(upkeep.checkpoint_loop, "qmq-checkpointer")
         self._spawn(upkeep.retention_loop, "qmq-retention")
         self._spawn(upkeep.dedup_loop, "qmq-dedup")
+        self._spawn(console.sample_loop, "qmq-console-sampler")
         metrics.watch_storage(subjects)
 
     def _spawn(self, loop: Callable[[], Awaitable[None]], name: str) -> None:

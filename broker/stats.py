@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from broker.delayed.service import DelayedMessages, ScheduledCount, ScheduleStats
 from broker.errors import NotFound
 from broker.gate import Gate
-from broker.groups import GroupStats, GroupTable
+from broker.groups import DeliveryState, GroupStats, GroupTable
 from broker.ordered.book import RouteBook
 from broker.subjects import SubjectLog, SubjectStats, SubjectTable
 from qmq_wire.ordered import partition_log, split_partition_log
@@ -122,12 +122,56 @@ class StatsService:
         self._gate.require(write=False)
         return self._delayed.stats(limit=limit)
 
+    def oldest_unacked(self, name: str) -> dict[str, int]:
+        """Each group's oldest message not acked yet (waiting, leased or retrying; dead
+        letters are done with): its stored time in microseconds. Groups with none are left
+        out; an ordered subject's partitions count together."""
+        self._gate.require(write=False)
+        routes = self._book.get(name)
+        logs: list[tuple[str, int | None]] = (
+            [
+                (partition_log(name, p), self._book.command_seq(name, p))
+                for p in routes.every_partition()
+            ]
+            if routes is not None
+            else [(name, None)]
+        )
+        oldest: dict[str, int] = {}
+        for log_name, command in logs:
+            log = self._subjects.get(log_name)
+            if log is None:
+                continue
+            for group in self._groups.of_subject(log_name):
+                stored_us = _oldest_stored_us(log, group.states.values(), command)
+                if stored_us is not None:
+                    found = oldest.get(group.name)
+                    oldest[group.name] = stored_us if found is None else min(found, stored_us)
+        return oldest
+
     def group_backlogs(self) -> Iterator[tuple[str, str, GroupStats]]:
         """Every group's counters, for the metrics."""
         for (subject, name), group in self._groups.items():
             log = self._subjects.get(subject)
             if log is not None:
                 yield subject, name, group.stats(log.end_seq)
+
+
+def _oldest_stored_us(
+    log: SubjectLog, states: Iterable[DeliveryState], command: int | None
+) -> int | None:
+    """The stored time of the lowest seq the states have not acked, if it is still kept (a
+    closed partition's command message is not a message)."""
+    seqs: list[int] = []
+    for state in states:
+        waiting = max(state.cursor, log.first_seq)  # below first_seq: removed by retention
+        if waiting < log.end_seq and waiting != command:
+            seqs.append(waiting)
+        if state.leases:
+            seqs.append(min(state.leases))
+        if state.retries:
+            seqs.append(min(state.retries))
+    kept = [seq for seq in seqs if log.first_seq <= seq < log.end_seq]
+    return log.raw(min(kept))[3] if kept else None
 
 
 def _summed(total: SubjectStats, more: SubjectStats) -> SubjectStats:

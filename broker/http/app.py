@@ -18,6 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 import qmq_wire
+from broker.console.http import ConsoleAssets
 from broker.engine import Broker
 from broker.errors import Denied, Invalid, NotFound, RequestError
 from broker.http import bodies
@@ -178,6 +179,7 @@ class Api:
         began = time.perf_counter()
         parsed = bodies.decode(await self._body(request), bodies.PullBody)
         self._require(grant, Right.CONSUME, parsed.subject, group=parsed.group, field="group")
+        self.broker.sightings.saw(parsed.subject, parsed.group, parsed.consumer)
         wait_ms = min(parsed.wait_ms, self.broker.config.max_wait_ms)
         decoded = time.perf_counter()
         messages, acked = await self.broker.delivery.ack_and_pull(
@@ -207,6 +209,7 @@ class Api:
         grant = self._grant(request)
         parsed = bodies.decode(await self._body(request), bodies.AckBody)
         self._require(grant, Right.CONSUME, parsed.subject, group=parsed.group, field="group")
+        self.broker.sightings.saw(parsed.subject, parsed.group, parsed.consumer)
         result = await self.broker.delivery.ack(
             subject=parsed.subject,
             group=parsed.group,
@@ -220,6 +223,7 @@ class Api:
         grant = self._grant(request)
         parsed = bodies.decode(await self._body(request), bodies.NackBody)
         self._require(grant, Right.CONSUME, parsed.subject, group=parsed.group, field="group")
+        self.broker.sightings.saw(parsed.subject, parsed.group, parsed.consumer)
         result = await self.broker.delivery.nack(
             subject=parsed.subject,
             group=parsed.group,
@@ -357,6 +361,23 @@ class Api:
         limit = _int_param(request, "limit", default=48, high=MAX_SCHEDULE_HOURS)
         return _json(self.broker.stats.schedule(limit=limit))
 
+    # --- the console's views (docs/console.md) -----------------------------------------------
+
+    async def console_overview(self, request: Request) -> Response:
+        """Any valid token; it sees the subjects and groups it has a right on."""
+        grant = self._grant(request)
+        if grant is None:
+            return _json(self.broker.console.overview())
+        return _json(self.broker.console.overview(sees=grant.sees))
+
+    async def console_subject(self, request: Request) -> Response:
+        grant = self._grant(request)
+        subject = self._path_name(request, "subject")
+        _require_sight(grant, subject)
+        if grant is None:
+            return _json(self.broker.console.subject(subject))
+        return _json(self.broker.console.subject(subject, sees=grant.sees))
+
     async def healthz(self, request: Request) -> Response:
         status = self.broker.status
         if status == "ready":
@@ -439,6 +460,7 @@ def create_app(
 ) -> Starlette:
     """The broker's HTTP app; ``guard`` defaults to a broker bound to 127.0.0.1."""
     api = Api(broker, authorizer=authorizer)
+    console = ConsoleAssets()
     routes = [
         ("/v1/messages", "produce", api.produce, ["POST"]),
         ("/v1/pull", "pull", api.pull, ["POST"]),
@@ -456,6 +478,10 @@ def create_app(
         ("/healthz", "healthz", api.healthz, ["GET"]),
         ("/metrics", "metrics", api.metrics, ["GET"]),
         ("/openapi.json", "openapi", api.openapi, ["GET"]),
+        ("/v1/console/overview", "console_overview", api.console_overview, ["GET"]),
+        ("/v1/console/subjects/{subject}", "console_subject", api.console_subject, ["GET"]),
+        ("/console", "console", console.index, ["GET"]),
+        ("/console/{name}", "console", console.asset, ["GET"]),
     ]
     app = Starlette(
         routes=[

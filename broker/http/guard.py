@@ -4,7 +4,8 @@ A broker on a developer's machine runs without auth on 127.0.0.1. Any web page t
 opens could otherwise write to it: a ``text/plain`` POST needs no CORS preflight (CSRF), and
 a hostile name that resolves to 127.0.0.1 reaches it with a foreign ``Host`` (DNS
 rebinding). So a request that carries an ``Origin`` header is refused unless that origin is
-allowed (403), and a ``Host`` that is not allowed is refused (403). The third rule, a POST
+allowed or is the broker's own (its ``/console`` page), and a ``Host`` that is not allowed is
+refused (403). The third rule, a POST
 body must be ``Content-Type: application/json`` (which no browser sends cross-site without
 a preflight the broker never grants), is ``content_type_error``, applied by the routes that
 take a body, so a POST to a GET route is still a 405.
@@ -94,13 +95,26 @@ class RequestGuard:
             )
         origin = headers.get("origin")
         allowed = self.policy.origins
-        if origin is not None and "*" not in allowed and origin not in allowed:
+        if (
+            origin is not None
+            and "*" not in allowed
+            and origin not in allowed
+            and not _same_origin(origin, scope, headers)
+        ):
             return Denied(
                 code="origin_not_allowed",
                 message=f"requests from origin {origin!r} are not allowed (--allow-origin)",
                 field="Origin",
             )
         return None
+
+
+def _same_origin(origin: str, scope: Scope, headers: Headers) -> bool:
+    """The broker's own pages (``/console``): a browser sends ``Origin`` with their POSTs,
+    naming the scheme and the ``Host`` it asked for, which the Host rule already allowed.
+    A page from anywhere else names its own origin, never this one."""
+    host = headers.get("host")
+    return host is not None and origin.lower() == f"{scope.get('scheme', 'http')}://{host.lower()}"
 
 
 def content_type_error(content_type: str | None) -> RequestError | None:

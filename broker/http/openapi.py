@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 import qmq_wire as wire
+from broker.console import answers as console_answers
 from broker.http import answers
 from broker.http.schemas import (
     AckRequest,
@@ -171,6 +172,7 @@ def _components() -> dict[str, Any]:
     modes: list[tuple[type[BaseModel], JsonSchemaMode]] = [
         *((model, "validation") for model in _REQUESTS),
         *((model, "serialization") for model in answers.ANSWERS),
+        *((model, "serialization") for model in console_answers.ANSWERS),
     ]
     _, schema = models_json_schema(modes, ref_template=_REF)
     components = dict(schema.get("$defs", {}))
@@ -299,6 +301,26 @@ def _operations() -> dict[str, dict[str, _Operation]]:
                     ),
                 ),
                 errors=(400,),
+            )
+        },
+        "/v1/console/overview": {
+            "get": _Operation(
+                summary=(
+                    "The console's overview: subjects the token sees with rates, backlog and "
+                    "oldest unacked age; broker health, disk use, fsync latency"
+                ),
+                answer=console_answers.ConsoleOverview,
+            )
+        },
+        "/v1/console/subjects/{subject}": {
+            "get": _Operation(
+                summary=(
+                    "The console's view of a subject: consumers seen lately, oldest unacked "
+                    "age per group, the sampled history, ordered partitions' owners"
+                ),
+                answer=console_answers.ConsoleSubject,
+                params=(_path_param("subject"),),
+                errors=(400, 404),
             )
         },
         "/healthz": {
