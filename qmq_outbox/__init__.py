@@ -25,6 +25,7 @@ from qmq_outbox.errors import (
     QmqError,
     RetryLater,
     SerializationError,
+    UnsupportedByTransport,
 )
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from qmq_outbox.idempotent import IdempotentStore
     from qmq_outbox.outbox import Outbox
     from qmq_outbox.serializers import JsonSerializer, Serializer
+    from qmq_outbox.transports import JetStreamTransport, QmqTransport, RabbitMqTransport
 
 _LAZY = {
     "AsyncBrokerClient": "qmq_outbox.client",
@@ -42,11 +44,14 @@ _LAZY = {
     "Compensator": "qmq_outbox.compensator",
     "Consumer": "qmq_outbox.consumer",
     "IdempotentStore": "qmq_outbox.idempotent",
+    "JetStreamTransport": "qmq_outbox.transports",
     "JsonSerializer": "qmq_outbox.serializers",
     "Message": "qmq_outbox.envelope",
     "Outbox": "qmq_outbox.outbox",
     "OutgoingMessage": "qmq_outbox.envelope",
     "ProduceResult": "qmq_outbox.envelope",
+    "QmqTransport": "qmq_outbox.transports",
+    "RabbitMqTransport": "qmq_outbox.transports",
     "Serializer": "qmq_outbox.serializers",
 }
 
@@ -76,6 +81,7 @@ __all__ = [
     "IdempotentStore",
     "IdempotentStoreError",
     "InvalidMessage",
+    "JetStreamTransport",
     "JsonSerializer",
     "Message",
     "Outbox",
@@ -83,7 +89,10 @@ __all__ = [
     "OutgoingMessage",
     "ProduceResult",
     "QmqError",
+    "QmqTransport",
+    "RabbitMqTransport",
     "RetryLater",
     "SerializationError",
     "Serializer",
+    "UnsupportedByTransport",
 ]

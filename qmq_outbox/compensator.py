@@ -3,9 +3,11 @@
 Each pass claims due ``pending`` rows in batches (older than ``grace`` on their first
 attempt), produces them, and then, fenced by the batch's claim token, marks them ``sent``,
 schedules a retry with exponential backoff and jitter, or marks them ``dead`` (a permanent
-broker rejection, or ``max_attempts`` used up). Resends are harmless: the broker
-deduplicates by message id. Passes run on an APScheduler ``BackgroundScheduler`` with a
-fixed delay between them; sent rows older than ``retention`` are purged in small batches.
+broker rejection, or ``max_attempts`` used up). Resends are harmless: the qmq broker and
+JetStream deduplicate by message id; on RabbitMQ, which cannot, the consumer's
+``IdempotentStore`` drops the second copy (docs/transports.md). Passes run on an
+APScheduler ``BackgroundScheduler`` with a fixed delay between them; sent rows older than
+``retention`` are purged in small batches.
 
 Keyed rows keep their key's order: a claim takes a keyed row only with every earlier
 pending row of its (subject, key) and returns them in id order, which is the order they are
@@ -36,13 +38,14 @@ from sqlalchemy.engine import Engine
 
 from qmq_outbox import tracing
 from qmq_outbox.backoff import backoff_delay
-from qmq_outbox.client import BrokerClient
 from qmq_outbox.compensator_config import CompensatorConfig, CompensatorSettings
 from qmq_outbox.compensator_metrics import CompensatorMetrics
 from qmq_outbox.errors import BrokerUnavailable, ConfigurationError, OutboxStoreError
 from qmq_outbox.failure_log import FailureLog, client_url
 from qmq_outbox.sending import SendReport, send
 from qmq_outbox.store import ClaimedRow, OutboxStore, Retry, utcnow
+from qmq_outbox.transports.base import ClosingProducer, Producer, Transport
+from qmq_outbox.transports.urls import from_url
 
 logger = logging.getLogger(__name__)
 
@@ -73,9 +76,10 @@ class PassResult:
 class Compensator:
     """Claims and resends unconfirmed outbox rows; run ``start()``/``stop()`` or ``run_once()``.
 
-    ``engine`` is the application's database (the caller owns and disposes it); ``client`` or
-    ``broker_url`` the broker. ``config`` tunes it (a ``CompensatorConfig``); its fields may
-    also be given as keywords (``Compensator(engine=e, broker_url=u, batch_size=100)``).
+    ``engine`` is the application's database (the caller owns and disposes it); ``transport``
+    (or ``broker_url``, its short form, or an injected producer ``client``) where it sends.
+    ``config`` tunes it (a ``CompensatorConfig``); its fields may also be given as keywords
+    (``Compensator(engine=e, broker_url=u, batch_size=100)``).
     Several compensators may share a PostgreSQL table; on SQLite run one at a time.
     """
 
@@ -84,7 +88,8 @@ class Compensator:
         *,
         engine: Engine | None = None,
         store: OutboxStore | None = None,
-        client: BrokerClient | None = None,
+        client: Producer | None = None,
+        transport: Transport | None = None,
         broker_url: str | None = None,
         token: str | None = None,
         config: CompensatorConfig | None = None,
@@ -92,16 +97,19 @@ class Compensator:
         rng: random.Random | None = None,
         **settings: Unpack[CompensatorSettings],
     ) -> None:
-        self._owned_client: BrokerClient | None = None
+        self._owned_client: ClosingProducer | None = None
         self.config = dataclasses.replace(config or CompensatorConfig(), **settings)
         if store is None:
             if engine is None:
                 raise ConfigurationError("Compensator needs engine= (or store=)")
             store = OutboxStore(engine)
+        if transport is None and broker_url is not None:
+            transport = from_url(broker_url, token=token)
         if client is None:
-            if broker_url is None:
-                raise ConfigurationError("Compensator needs broker_url= (or client=)")
-            client = self._owned_client = BrokerClient(broker_url, token=token)
+            if transport is None:
+                raise ConfigurationError("Compensator needs transport= or broker_url= (or client=)")
+            client = self._owned_client = transport.producer()
+        self.transport = transport
         self.store = store
         self.client = client
         self.metrics = CompensatorMetrics(registry)

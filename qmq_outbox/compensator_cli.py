@@ -21,18 +21,38 @@ import sqlalchemy as sa
 
 from qmq_outbox.cli import failures
 from qmq_outbox.cli.options import Unit, option_field, options_from, take
-from qmq_outbox.cli.urls import BROKER_URL, DATABASE_URL
-from qmq_outbox.client import Call
+from qmq_outbox.cli.urls import DATABASE_URL, CheckedUrl, check_broker_url
 from qmq_outbox.compensator import Compensator, PassResult
 from qmq_outbox.compensator_config import CompensatorConfig
 from qmq_outbox.dburl import mask_url, sync_database_url
+from qmq_outbox.errors import ConfigurationError
 from qmq_outbox.schema import outbox_table
+from qmq_outbox.transports.urls import SCHEMES, from_url
 
 logger = logging.getLogger(__name__)
 
 ENVVAR_PREFIX = "QMQ_COMPENSATOR"
-UNITS = {"database_url": Unit(type=DATABASE_URL), "broker_url": Unit(type=BROKER_URL)}
-HEALTH = Call(method="GET", path="/healthz", read=lambda doc: doc)
+
+
+def check_transport_url(text: str) -> str:
+    """A qmq broker URL as ``qmq broker`` takes it, or a NATS / RabbitMQ URL a transport can
+    be made of (``ValueError``, the usage error's message, otherwise)."""
+    scheme = text.split("://", 1)[0].lower() if "://" in text else ""
+    if SCHEMES.get(scheme, "qmq") == "qmq":
+        try:
+            return check_broker_url(text)
+        except ValueError as exc:
+            others = "nats://host:port (NATS JetStream), amqp://user:pass@host:port/ (RabbitMQ)"
+            raise ValueError(f"{exc}, or {others}") from None
+    try:
+        from_url(text)
+    except ConfigurationError as exc:
+        raise ValueError(str(exc)) from None
+    return text
+
+
+TRANSPORT_URL = CheckedUrl("url", check_transport_url)
+UNITS = {"database_url": Unit(type=DATABASE_URL), "broker_url": Unit(type=TRANSPORT_URL)}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -46,7 +66,11 @@ class CompensatorService:
         }
     )
     broker_url: str = dataclasses.field(
-        metadata={"help": "Broker base URL, e.g. http://127.0.0.1:8931.", "unit": "broker_url"}
+        metadata={
+            "help": "Where to send: the qmq broker (http://127.0.0.1:8931), NATS JetStream "
+            "(nats://127.0.0.1:4222) or RabbitMQ (amqp://guest:guest@127.0.0.1:5672/).",
+            "unit": "broker_url",
+        }
     )
     broker_token: str | None = option_field(None, "Bearer token for the broker.", "text")
     metrics_port: int | None = option_field(
@@ -104,7 +128,8 @@ def _run_once(engine: sa.Engine, service: CompensatorService, config: Compensato
     )
     try:
         with failures.using_broker(service.broker_url):
-            worker.client.send(HEALTH)
+            assert worker.transport is not None  # made from broker_url
+            worker.transport.check()
         with failures.using_database(service.database_url):
             result = worker.run_once()
     finally:

@@ -1,14 +1,15 @@
 """Send committed messages to the broker in the background and mark their rows ``sent``.
 
-``Dispatch`` is the logic, without I/O: a bounded backlog fed by ``submit()``, which never
-blocks (when the backlog is full, or the broker was just found unavailable, the messages
-are left to the compensator: their rows stay ``pending``), the batches to send, and what
-to do with each send's report. Two drivers run it: ``ThreadDispatcher`` (named daemon
-threads) for sync engines and ``AsyncDispatcher`` (named tasks on the application's event
-loop) for asyncio engines. Rows are marked on the dispatcher's own connections, never the
-caller's. An unavailable broker, or a database where rows cannot be marked, is logged once
-when it starts failing, summarised while it lasts and logged once when it recovers
-(``FailureLog``); after each failed send the breaker stays open a little longer (jittered).
+``Dispatch`` is the logic, without I/O (nor knowledge of the transport): a bounded backlog
+fed by ``submit()``, which never blocks (when the backlog is full, or the broker was just
+found unavailable, the messages are left to the compensator: their rows stay ``pending``),
+the batches to send, and what to do with each send's report. Two drivers run it:
+``ThreadDispatcher`` (named daemon threads) for sync engines and ``AsyncDispatcher`` (named
+tasks on the application's event loop) for asyncio engines. Rows are marked on the
+dispatcher's own connections, never the caller's. An unavailable broker, or a database
+where rows cannot be marked, is logged once when it starts failing, summarised while it
+lasts and logged once when it recovers (``FailureLog``); after each failed send the breaker
+stays open a little longer (jittered).
 
 Keyed messages keep their key's order (docs/outbox.md, "Per-key order"). Each sender owns
 a lane, and a (subject, key) always goes to the same lane (``KeyLanes``), so this
@@ -38,12 +39,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from qmq_outbox import tracing
 from qmq_outbox.backoff import backoff_seconds
-from qmq_outbox.client import AsyncBrokerClient, BrokerClient
 from qmq_outbox.envelope import OutgoingMessage
 from qmq_outbox.errors import BrokerUnavailable, OutboxStoreError, QmqError
 from qmq_outbox.failure_log import DEFAULT_SUMMARY_INTERVAL, FailureLog, client_url
 from qmq_outbox.sending import SendReport, send, send_async
 from qmq_outbox.store import AsyncOutboxStore, OrderCheck, OutboxStore, utcnow
+from qmq_outbox.transports.base import AsyncProducer, Producer
 
 logger = logging.getLogger(__name__)
 
@@ -395,12 +396,13 @@ def _log_drain_timeout(drain_timeout: float, left: int) -> None:
     )
 
 
-Client = TypeVar("Client", BrokerClient, AsyncBrokerClient)
+Client = TypeVar("Client", Producer, AsyncProducer)
 
 
 class _Driver(Generic[Client]):
     """The settings of both drivers: ``senders`` send at once, named ``<name>-<n>``, each
-    with its lane of keyed messages.
+    with its lane of keyed messages. ``client`` is a transport's producer (a
+    ``BrokerClient`` or ``AsyncBrokerClient`` for the qmq broker).
 
     After a failed send, messages go straight to the compensator for ``cooldown`` seconds,
     doubling with each failure in a row up to ``max_cooldown``; an outage is summarised in
@@ -446,7 +448,7 @@ class _Driver(Generic[Client]):
         return f"{self._name}-{lane + 1}"
 
 
-class ThreadDispatcher(_Driver[BrokerClient]):
+class ThreadDispatcher(_Driver[Producer]):
     """Background senders for sync engines, started by the first ``submit()``.
 
     ``senders`` threads (named ``<name>-<n>``) take unkeyed messages from one backlog, so a
@@ -558,7 +560,7 @@ class ThreadDispatcher(_Driver[BrokerClient]):
             return store
 
 
-class AsyncDispatcher(_Driver[AsyncBrokerClient]):
+class AsyncDispatcher(_Driver[AsyncProducer]):
     """Background senders for asyncio engines: ``senders`` tasks on the loop that
     ``submit()`` runs on, taking unkeyed messages from one backlog and keyed ones from
     their own lanes."""

@@ -17,6 +17,11 @@ class ConfigurationError(QmqError):
     """The SDK was configured or called in a way it cannot work with."""
 
 
+class UnsupportedByTransport(ConfigurationError):
+    """The chosen transport cannot do this (delayed delivery, ordered or broadcast
+    consumption); docs/transports.md lists what each transport offers."""
+
+
 class InvalidMessage(ConfigurationError, ValueError):
     """The message cannot be published as given (bad subject, id, key, headers or time)."""
 
@@ -37,11 +42,19 @@ class BrokerUnavailable(BrokerError):
 
 
 class BrokerRejected(BrokerError):
-    """The broker rejected the request as invalid (4xx other than 429): retrying won't help."""
+    """The broker rejected the request as invalid (4xx other than 429): retrying won't help.
 
-    def __init__(self, *, status: int, code: str, message: str, field: str | None = None) -> None:
+    ``status`` is the qmq broker's HTTP status; None when another transport (JetStream,
+    RabbitMQ) refused a message, whose ``message`` then names it."""
+
+    def __init__(
+        self, *, status: int | None, code: str, message: str, field: str | None = None
+    ) -> None:
         where = f" ({field})" if field else ""
-        super().__init__(f"broker answered {status} {code}{where}: {message}")
+        if status is None:
+            super().__init__(f"rejected ({code}){where}: {message}")
+        else:
+            super().__init__(f"broker answered {status} {code}{where}: {message}")
         self.status = status
         self.code = code
         self.field = field

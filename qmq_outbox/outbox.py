@@ -25,14 +25,22 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
 from qmq_outbox import tracing
-from qmq_outbox.client import AsyncBrokerClient, BrokerClient
 from qmq_outbox.dispatcher import AsyncDispatcher, ThreadDispatcher
 from qmq_outbox.envelope import OutgoingMessage
-from qmq_outbox.errors import ConfigurationError
+from qmq_outbox.errors import ConfigurationError, UnsupportedByTransport
 from qmq_outbox.rows import OUTBOX_MAPPER, row_for
 from qmq_outbox.serializers import JsonSerializer, Serializer, serialize
 from qmq_outbox.store import utcnow
 from qmq_outbox.tracking import TransactionTracker, engine_of
+from qmq_outbox.transports.base import (
+    AsyncProducer,
+    ClosingAsyncProducer,
+    ClosingProducer,
+    Producer,
+    Transport,
+)
+from qmq_outbox.transports.qmq import CAPABILITIES as QMQ_CAPABILITIES
+from qmq_outbox.transports.urls import from_url
 from qmq_outbox.uuid7 import uuid7_str
 from qmq_outbox.validation import (
     check_headers,
@@ -61,21 +69,26 @@ class Staged:
 class Outbox:
     """Transactional publishing for one application; see the module docstring.
 
-    ``broker_url`` (or ``client``/``async_client``) is where the dispatcher sends; ``app`` is
-    the envelope's ``producer``. ``dispatch=False`` leaves every message to the compensator.
-    ``queue_size`` bounds the messages waiting for the dispatcher (beyond it they are left to
-    the compensator); ``senders`` batches may be in flight at once.
+    ``transport`` is where the dispatcher sends (docs/transports.md): the qmq broker
+    (``QmqTransport``), NATS JetStream or RabbitMQ. ``broker_url`` is the short form, its
+    scheme picking the transport (``http://`` the qmq broker, ``nats://``, ``amqp://``);
+    ``client``/``async_client`` inject a producer (a ``BrokerClient``/``AsyncBrokerClient``)
+    that the outbox does not close. ``app`` is the envelope's ``producer``.
+    ``dispatch=False`` leaves every message to the compensator. ``queue_size`` bounds the
+    messages waiting for the dispatcher (beyond it they are left to the compensator);
+    ``senders`` batches may be in flight at once.
     """
 
     def __init__(
         self,
         *,
         broker_url: str | None = None,
+        transport: Transport | None = None,
         app: str | None = None,
         token: str | None = None,
         serializer: Serializer | None = None,
-        client: BrokerClient | None = None,
-        async_client: AsyncBrokerClient | None = None,
+        client: Producer | None = None,
+        async_client: AsyncProducer | None = None,
         dispatch: bool = True,
         queue_size: int = 10_000,
         batch_size: int = 500,
@@ -83,11 +96,15 @@ class Outbox:
         dispatcher_name: str = "qmq-outbox-dispatcher",
         outage_summary: float = 60.0,
     ) -> None:
-        if dispatch and broker_url is None and client is None and async_client is None:
-            raise ConfigurationError("Outbox needs broker_url= (or a client) to dispatch")
+        if transport is None and broker_url is not None:
+            transport = from_url(broker_url, token=token)
+        if dispatch and transport is None and client is None and async_client is None:
+            raise ConfigurationError(
+                "Outbox needs transport= or broker_url= (or a client) to dispatch"
+            )
         self.app = app
-        self._broker_url = broker_url
-        self._token = token
+        self.transport = transport
+        self._capabilities = QMQ_CAPABILITIES if transport is None else transport.capabilities
         self._serializer = serializer or JsonSerializer()
         self._client = client
         self._async_client = async_client
@@ -100,9 +117,9 @@ class Outbox:
         self._tracker: TransactionTracker[Staged] = TransactionTracker(self._on_commit)
         self._lock = threading.Lock()
         self._thread_dispatcher: ThreadDispatcher | None = None
-        self._owned_client: BrokerClient | None = None
+        self._owned_client: ClosingProducer | None = None
         self._loop_dispatchers: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, tuple[AsyncDispatcher, AsyncBrokerClient | None]
+            asyncio.AbstractEventLoop, tuple[AsyncDispatcher, ClosingAsyncProducer | None]
         ] = weakref.WeakKeyDictionary()
 
     # -- wiring -----------------------------------------------------------------------------
@@ -149,11 +166,18 @@ class Outbox:
 
         Messages with the same ``key`` (and subject) are sent in the order of their outbox
         ids; on PostgreSQL the flush of a keyed row locks its key until the transaction ends,
-        so those ids follow the commits (docs/outbox.md, "Per-key order").
+        so those ids follow the commits (docs/outbox.md, "Per-key order"). A delay needs a
+        transport that can delay (``UnsupportedByTransport`` otherwise).
         """
         sync = session.sync_session if isinstance(session, AsyncSession) else session
         bind = self._installed_bind(sync)
         now = utcnow()
+        due = resolve_deliver_at(now, delay, deliver_at)
+        if due is not None and not self._capabilities.delay:
+            raise UnsupportedByTransport(
+                f"{type(self.transport).__name__} cannot delay messages (no scheduled "
+                "delivery): publish without delay/deliver_at, or use the qmq broker"
+            )
         payload, content_type = serialize(body, self._serializer)
         message = OutgoingMessage(
             id=check_message_id(message_id) if message_id is not None else uuid7_str(),
@@ -163,7 +187,7 @@ class Outbox:
             headers=check_headers(headers),
             producer=self.app,
             created_at=now,
-            deliver_at=resolve_deliver_at(now, delay, deliver_at),
+            deliver_at=due,
         )
         message = tracing.published(message)  # the publish span; adds its traceparent
         sync.add(row_for(message, content_type))
@@ -229,9 +253,18 @@ class Outbox:
                 extra={"action": "outbox.external_commit", "count": external},
             )
         for engine, messages in groups.items():
-            dispatcher: ThreadDispatcher | AsyncDispatcher = (
-                self._loop_dispatcher() if engine.dialect.is_async else self._sync_dispatcher()
-            )
+            try:
+                dispatcher: ThreadDispatcher | AsyncDispatcher = (
+                    self._loop_dispatcher() if engine.dialect.is_async else self._sync_dispatcher()
+                )
+            except ConfigurationError as exc:  # never raise out of the caller's commit
+                logger.error(
+                    "%s; %d message(s) left to the compensator",
+                    exc,
+                    len(messages),
+                    extra={"action": "outbox.no_transport", "count": len(messages)},
+                )
+                continue
             if dispatcher.submit(engine, messages):
                 continue
             # The dispatcher logs a broker outage itself (once); a full queue is news.
@@ -249,9 +282,7 @@ class Outbox:
             if self._thread_dispatcher is None:
                 client = self._client
                 if client is None:
-                    client = self._owned_client = BrokerClient(
-                        self._broker_url or "", token=self._token
-                    )
+                    client = self._owned_client = self._require_transport().producer()
                 self._thread_dispatcher = ThreadDispatcher(
                     client,
                     capacity=self._queue_size,
@@ -269,7 +300,7 @@ class Outbox:
             owned = None
             client = self._async_client
             if client is None:
-                client = owned = AsyncBrokerClient(self._broker_url or "", token=self._token)
+                client = owned = self._require_transport().async_producer()
             dispatcher = AsyncDispatcher(
                 client,
                 capacity=self._queue_size,
@@ -280,6 +311,14 @@ class Outbox:
             )
             entry = self._loop_dispatchers[loop] = (dispatcher, owned)
         return entry[0]
+
+    def _require_transport(self) -> Transport:
+        if self.transport is None:
+            raise ConfigurationError(
+                "this outbox has no transport for this kind of engine: pass transport= or "
+                "broker_url=, or the client (client= for Engine, async_client= for AsyncEngine)"
+            )
+        return self.transport
 
     def close(self, drain_timeout: float = 10.0) -> bool:
         """Drain the thread dispatcher within ``drain_timeout``; True if nothing was left behind."""

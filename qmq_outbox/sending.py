@@ -1,12 +1,14 @@
 """Produce a list of messages in broker-sized batches, isolating permanent rejections.
 
-The broker stores a batch all or nothing, so one poison message would block its whole batch:
-a rejected batch is split in halves until the rejected messages stand alone. A transient
-failure (``BrokerUnavailable``) stops the send; the rest stays for a later attempt.
+The qmq broker stores a batch all or nothing, so one poison message would block its whole
+batch: a rejected batch is split in halves until the rejected messages stand alone. A
+transport that stores message by message (JetStream, RabbitMQ) answers each message's
+outcome instead (``transports.base``). A transient failure (``BrokerUnavailable``), of a
+batch or of one message, stops the send; the rest stays for a later attempt.
 
 ``SendPlan`` is the whole logic and does no I/O: it says which batch to send next and takes
 each batch's outcome. ``send`` and ``send_async`` are its blocking and asyncio drivers;
-the dispatcher and the compensator use them.
+the dispatcher and the compensator use them, with any transport's producer.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import TypedDict, Unpack
 
-from qmq_outbox.client import AsyncBrokerClient, BrokerClient
 from qmq_outbox.envelope import OutgoingMessage, ProduceResult
 from qmq_outbox.errors import BrokerRejected, BrokerUnavailable
+from qmq_outbox.transports.base import AsyncProducer, Outcome, Producer
 
 MAX_BATCH = 1000
 MAX_BATCH_BYTES = 4 * 1024 * 1024
@@ -59,7 +61,7 @@ def chunks(
 
 class SendPlan:
     """The batches of one send, in order: ``next_batch()`` until None, each answered with
-    ``stored(results)`` or ``failed(batch, error)``; then ``report``."""
+    ``answered(batch, outcomes)`` or ``failed(batch, error)``; then ``report``."""
 
     def __init__(
         self,
@@ -80,8 +82,18 @@ class SendPlan:
                 self.report.unsent.extend(self._todo.pop())
         return self._todo.pop() if self._todo else None
 
-    def stored(self, results: list[ProduceResult]) -> None:
-        self.report.results.extend(results)
+    def answered(self, batch: list[OutgoingMessage], outcomes: Sequence[Outcome]) -> None:
+        """Each message's outcome: stored (or duplicate, scheduled), rejected, or transient
+        (which stops the send, as a transient failure of a batch does)."""
+        report = self.report
+        for message, outcome in zip(batch, outcomes, strict=True):
+            if isinstance(outcome, ProduceResult):
+                report.results.append(outcome)
+            elif isinstance(outcome, BrokerRejected):
+                report.rejected.append((message, outcome))
+            else:
+                report.error = outcome
+                report.unsent.append(message)
 
     def failed(self, batch: list[OutgoingMessage], error: Failure) -> None:
         """A transient error stops the send; a rejection splits the batch until the
@@ -97,26 +109,26 @@ class SendPlan:
 
 
 def send(
-    client: BrokerClient, messages: Sequence[OutgoingMessage], **limits: Unpack[Limits]
+    client: Producer, messages: Sequence[OutgoingMessage], **limits: Unpack[Limits]
 ) -> SendReport:
-    """Send ``messages`` with a blocking client."""
+    """Send ``messages`` with a blocking producer (a ``BrokerClient``, or a transport's)."""
     plan = SendPlan(messages, **limits)
     while (batch := plan.next_batch()) is not None:
         try:
-            plan.stored(client.produce(batch))
+            plan.answered(batch, client.produce(batch))
         except (BrokerUnavailable, BrokerRejected) as exc:
             plan.failed(batch, exc)
     return plan.report
 
 
 async def send_async(
-    client: AsyncBrokerClient, messages: Sequence[OutgoingMessage], **limits: Unpack[Limits]
+    client: AsyncProducer, messages: Sequence[OutgoingMessage], **limits: Unpack[Limits]
 ) -> SendReport:
-    """``send`` with an asyncio client."""
+    """``send`` with an asyncio producer."""
     plan = SendPlan(messages, **limits)
     while (batch := plan.next_batch()) is not None:
         try:
-            plan.stored(await client.produce(batch))
+            plan.answered(batch, await client.produce(batch))
         except (BrokerUnavailable, BrokerRejected) as exc:
             plan.failed(batch, exc)
     return plan.report

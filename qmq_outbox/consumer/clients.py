@@ -1,67 +1,20 @@
-"""The consumer's client port, and an adapter that lets ``run()`` use a blocking client."""
+"""The consumer's client port (``PullClient``, defined with the other side of the transport
+seam in ``qmq_outbox.transports.base``), and an adapter that lets ``run()`` use a blocking
+client."""
 
 from __future__ import annotations
 
 import functools
 import inspect
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
-from qmq_outbox.client import AckedPull, PullMode, StartAt
+from qmq_outbox.client import AckedPull
 from qmq_outbox.consumer.threads import ThreadPool
 from qmq_outbox.envelope import Message
+from qmq_outbox.transports.base import PullClient
 
-
-class PullClient(Protocol):
-    """What the consumer needs of ``AsyncBrokerClient``. ``partition`` is passed to ``ack``
-    and ``nack`` only for ordered subjects, so a client for plain subjects may lack it."""
-
-    async def pull(
-        self,
-        subject: str,
-        group: str,
-        consumer: str,
-        *,
-        max_messages: int = ...,
-        wait_ms: int = ...,
-        mode: PullMode = ...,
-        start: StartAt = ...,
-    ) -> list[Message]: ...
-
-    async def ack(
-        self,
-        subject: str,
-        group: str,
-        consumer: str,
-        seqs: Sequence[int],
-        *,
-        partition: int | None = ...,
-    ) -> dict[str, Any]: ...
-
-    async def ack_and_pull(
-        self,
-        subject: str,
-        group: str,
-        consumer: str,
-        ack: Sequence[int],
-        *,
-        max_messages: int = ...,
-        wait_ms: int = ...,
-        mode: PullMode = ...,
-        start: StartAt = ...,
-    ) -> AckedPull: ...
-
-    async def nack(
-        self,
-        subject: str,
-        group: str,
-        consumer: str,
-        seqs: Sequence[int],
-        *,
-        delay_ms: int | None = ...,
-        error: str | None = ...,
-        partition: int | None = ...,
-    ) -> dict[str, Any]: ...
+__all__ = ["OnThreads", "PullClient", "is_async_client"]
 
 
 def is_async_client(client: object) -> bool:

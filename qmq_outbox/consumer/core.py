@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
-from qmq_outbox.client import AsyncBrokerClient, BrokerClient, PullMode, StartAt
+from qmq_outbox.client import BrokerClient, PullMode, StartAt
 from qmq_outbox.consumer.clients import OnThreads, PullClient, is_async_client
 from qmq_outbox.consumer.config import ConsumerConfig, ConsumerStats, Counters
 from qmq_outbox.consumer.handlers import (
@@ -25,7 +25,10 @@ from qmq_outbox.consumer.handlers import (
 from qmq_outbox.consumer.runner import Runner
 from qmq_outbox.consumer.signals import stop_on_signals
 from qmq_outbox.consumer.threads import ThreadPool
-from qmq_outbox.errors import ConfigurationError, ConsumerCrashed
+from qmq_outbox.errors import ConfigurationError, ConsumerCrashed, UnsupportedByTransport
+from qmq_outbox.transports.base import ConsumerSpec, Transport
+from qmq_outbox.transports.qmq import CAPABILITIES as QMQ_CAPABILITIES
+from qmq_outbox.transports.urls import from_url
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -64,18 +67,23 @@ class Consumer:
     ``@handler(subject, ordered=True)`` consumes an ordered subject partition by partition
     (``docs/consumer.md``, "Ordered handlers").
 
-    ``client`` is an injected ``BrokerClient`` (for ``run()``) or ``AsyncBrokerClient``
-    (for ``run_async()``), or anything with their ``pull/ack/nack/ack_and_pull``; the
-    consumer does not close what it was given. Otherwise it makes its own from
-    ``broker_url`` and ``token``. While the broker is down the consumer logs it once, a
-    summary every ``outage_summary`` seconds, and once when it is back.
+    ``transport`` is where the messages come from (docs/transports.md): the qmq broker
+    (``QmqTransport``), NATS JetStream or RabbitMQ; ``broker_url`` is its short form, the
+    scheme picking the transport (``http://``, ``nats://``, ``amqp://``; ``token`` for the
+    qmq broker). Broadcast mode and ordered handlers are the qmq broker's alone
+    (``UnsupportedByTransport`` elsewhere). ``client`` is an injected ``BrokerClient`` (for
+    ``run()``) or ``AsyncBrokerClient`` (for ``run_async()``), or anything with their
+    ``pull/ack/nack/ack_and_pull``; the consumer does not close what it was given. While
+    the broker is down the consumer logs it once, a summary every ``outage_summary``
+    seconds, and once when it is back.
     """
 
     def __init__(
         self,
-        broker_url: str,
-        group: str,
+        broker_url: str | None = None,
+        group: str = "",
         *,
+        transport: Transport | None = None,
         consumer_id: str | None = None,
         concurrency: int = 8,
         prefetch: int | None = None,
@@ -98,7 +106,18 @@ class Consumer:
             raise ConfigurationError(f"bad mode {mode!r} or start {start!r}")
         if not group or len(group) > 200:
             raise ConfigurationError("group must be 1..200 characters")
-        self.broker_url = broker_url
+        if transport is None and client is None:
+            if broker_url is None:
+                raise ConfigurationError("Consumer needs transport= or broker_url= (or client=)")
+            transport = from_url(broker_url, token=token)
+        self.transport = transport
+        self._capabilities = QMQ_CAPABILITIES if transport is None else transport.capabilities
+        if mode == "broadcast" and not self._capabilities.broadcast:
+            raise UnsupportedByTransport(
+                f"{type(transport).__name__} has no broadcast mode: give each consumer a "
+                "group of its own instead"
+            )
+        self.broker_url = broker_url or (transport.url if transport is not None else "")
         self.config = ConsumerConfig(
             group=group,
             consumer_id=consumer_id or generate_consumer_id(),
@@ -113,7 +132,6 @@ class Consumer:
             shutdown_timeout=shutdown_timeout,
             outage_summary=outage_summary,
         )
-        self._token = token
         self._client = client
         self._specs: dict[str, HandlerSpec] = {}
         self._counters = Counters()
@@ -194,6 +212,11 @@ class Consumer:
             raise ConfigurationError("handlers must be registered before run()")
         if subject in self._specs:
             raise ConfigurationError(f"subject {subject!r} already has a handler")
+        if ordered and not self._capabilities.ordered:
+            raise UnsupportedByTransport(
+                f"{type(self.transport).__name__} has no ordered subjects: ordered handlers "
+                "need the qmq broker (docs/transports.md)"
+            )
         if ordered and self.config.mode != "shared":
             raise ConfigurationError(
                 "ordered handlers need a shared-mode consumer: an ordered subject hands each "
@@ -259,7 +282,8 @@ class Consumer:
             raise ConsumerCrashed(f"consumer {self.consumer_id} crashed") from runner.fatal
 
     async def _open_client(self, resources: contextlib.AsyncExitStack) -> PullClient:
-        """The injected client (a blocking one runs on threads of its own), or our own."""
+        """The injected client (a blocking one runs on threads of its own), or the
+        transport's."""
         injected = self._client
         if injected is not None and is_async_client(injected):
             return cast(PullClient, injected)
@@ -270,7 +294,16 @@ class Consumer:
             threads.start()
             resources.callback(threads.close)
             return OnThreads(injected, threads)
-        own = AsyncBrokerClient(self.broker_url, token=self._token, max_connections=connections)
+        assert self.transport is not None  # the constructor saw to it
+        spec = ConsumerSpec(
+            group=self.group,
+            consumer_id=self.consumer_id,
+            subjects=tuple(sorted(self._specs)),
+            start=self.config.start,
+            capacity=self.config.capacity,
+            connections=connections,
+        )
+        own = await self.transport.open_consumer(spec)
         resources.push_async_callback(own.aclose)
         return own
 

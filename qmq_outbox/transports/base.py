@@ -1,0 +1,187 @@
+"""The transport seam: what the outbox and the consumer need of a message system.
+
+Producer side (the dispatcher and the compensator): ``produce(batch)`` answers one
+``Outcome`` per message, in order: a ``ProduceResult`` (``stored``, ``duplicate`` or
+``scheduled``), a ``BrokerRejected`` (permanent: the row goes ``dead``) or a
+``BrokerUnavailable`` (transient: the row waits for the compensator). A transport that
+stores a batch all or nothing (the qmq broker) may instead raise one of the two for the
+whole batch; ``sending.SendPlan`` then splits a rejected batch to find the culprit.
+``Producer`` blocks (thread dispatchers, the compensator), ``AsyncProducer`` runs on the
+caller's event loop (asyncio engines).
+
+Consumer side: ``PullClient`` (pull a batch under a lease, ack, ack-and-pull, nack with a
+delay and an error; past the last attempt a nack dead-letters), opened per consumer by
+``Transport.open_consumer``. ``seq`` identifies a delivery to the client that pulled it:
+the qmq broker's subject sequence, JetStream's stream sequence, a RabbitMQ lease number.
+
+``Transport`` is the configuration object users pass as ``Outbox(transport=...)`` and
+``Consumer(transport=...)``; it makes the producers and consumer clients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import qmq_wire
+from qmq_outbox.client import AckedPull, PullMode, StartAt
+from qmq_outbox.envelope import Message, OutgoingMessage, ProduceResult
+from qmq_outbox.errors import BrokerRejected, BrokerUnavailable
+
+Outcome = ProduceResult | BrokerRejected | BrokerUnavailable
+
+
+def retry_delay(attempt: int) -> float:
+    """Seconds before a nacked message's next attempt when the handler chose no delay: the
+    qmq broker's default backoff after failed attempt ``attempt`` (1 s, 5 s, 10 s, 30 s, ...)."""
+    table = qmq_wire.DEFAULT_BACKOFF_S
+    return float(table[min(max(attempt, 1), len(table)) - 1])
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Capabilities:
+    """What a transport offers beyond storing and delivering messages at least once."""
+
+    dedup: bool
+    """Resends of a message id are stored once (within a window)."""
+    delay: bool
+    """Messages may carry ``deliver_at`` (``publish(delay=...)``)."""
+    ordered: bool
+    """Ordered subjects and ``@handler(subject, ordered=True)``."""
+    broadcast: bool
+    """``Consumer(mode="broadcast")``."""
+
+
+class Producer(Protocol):
+    """Blocking producer side (``BrokerClient`` is one)."""
+
+    def produce(self, messages: Sequence[OutgoingMessage]) -> Sequence[Outcome]: ...
+
+
+class AsyncProducer(Protocol):
+    """asyncio producer side (``AsyncBrokerClient`` is one)."""
+
+    async def produce(self, messages: Sequence[OutgoingMessage]) -> Sequence[Outcome]: ...
+
+
+class ClosingProducer(Producer, Protocol):
+    def close(self) -> None: ...
+
+
+class ClosingAsyncProducer(AsyncProducer, Protocol):
+    async def aclose(self) -> None: ...
+
+
+class PullClient(Protocol):
+    """What the consumer needs of ``AsyncBrokerClient``. ``partition`` is passed to ``ack``
+    and ``nack`` only for ordered subjects, so a client for plain subjects may lack it."""
+
+    async def pull(
+        self,
+        subject: str,
+        group: str,
+        consumer: str,
+        *,
+        max_messages: int = ...,
+        wait_ms: int = ...,
+        mode: PullMode = ...,
+        start: StartAt = ...,
+    ) -> list[Message]: ...
+
+    async def ack(
+        self,
+        subject: str,
+        group: str,
+        consumer: str,
+        seqs: Sequence[int],
+        *,
+        partition: int | None = ...,
+    ) -> dict[str, Any]: ...
+
+    async def ack_and_pull(
+        self,
+        subject: str,
+        group: str,
+        consumer: str,
+        ack: Sequence[int],
+        *,
+        max_messages: int = ...,
+        wait_ms: int = ...,
+        mode: PullMode = ...,
+        start: StartAt = ...,
+    ) -> AckedPull: ...
+
+    async def nack(
+        self,
+        subject: str,
+        group: str,
+        consumer: str,
+        seqs: Sequence[int],
+        *,
+        delay_ms: int | None = ...,
+        error: str | None = ...,
+        partition: int | None = ...,
+    ) -> dict[str, Any]: ...
+
+
+class ConsumerClient(PullClient, Protocol):
+    """A ``PullClient`` opened by a transport for one consumer; closed by it at the end."""
+
+    async def aclose(self) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class DeadLetter:
+    """A message a group gave up on, as a transport keeps it."""
+
+    id: str
+    subject: str
+    group: str
+    attempts: int
+    error: str | None
+    body: bytes
+    headers: dict[str, str]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumerSpec:
+    """What a transport needs to open a consumer's client."""
+
+    group: str
+    consumer_id: str
+    subjects: tuple[str, ...]
+    start: StartAt
+    capacity: int
+    """The most messages the consumer holds at once (running plus prefetched)."""
+    connections: int
+    """Requests the consumer may have in flight at once (pullers, nacks, the acker)."""
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """A message system the outbox and the consumer can use (``transports.from_url``)."""
+
+    @property
+    def url(self) -> str:
+        """Where it is, for log lines (password masked by the caller)."""
+        ...
+
+    @property
+    def capabilities(self) -> Capabilities: ...
+
+    def producer(self) -> ClosingProducer:
+        """A blocking producer; the caller closes it."""
+        ...
+
+    def async_producer(self) -> ClosingAsyncProducer:
+        """A producer for the running event loop (it connects on first use there)."""
+        ...
+
+    async def open_consumer(self, spec: ConsumerSpec) -> ConsumerClient:
+        """A connected client for one consumer, its subjects' storage set up."""
+        ...
+
+    def check(self) -> None:
+        """Raise ``BrokerUnavailable`` unless the transport can be reached now."""
+        ...
