@@ -122,6 +122,25 @@ class ReconcileArgs:
         multiple=True,
         metavar="NAME",
     )
+    consumed: str | None = option_field(
+        None,
+        "SQLAlchemy URL of a consumer's database: report the outbox's messages to --subject(s) "
+        "that --group never handled (its qmq_consumed rows); with no broker data (RabbitMQ) "
+        "this is the whole check.",
+        "text",
+        metavar="URL",
+    )
+    group: str | None = option_field(
+        None, "The consumer group whose qmq_consumed rows --consumed reads.", "text"
+    )
+    subjects: tuple[str, ...] = option_field(
+        (),
+        "A subject the --group consumes (with --consumed); repeat for several.",
+        "text",
+        option="--subject",
+        multiple=True,
+        metavar="NAME",
+    )
     conf: tuple[tuple[str, str], ...] = option_field(
         (),
         "Extra Spark configuration, e.g. spark.executor.memory=4g; repeatable.",

@@ -33,3 +33,7 @@ class BrokerDataUnreadable(BadInput):
 
 class StreamUnreadable(BadInput):
     """A JetStream stream could not be read (server unreachable, no such stream, ...)."""
+
+
+class ConsumedUnreadable(OutboxUnreadable):
+    """A consumer database's ``qmq_consumed`` table could not be read (``--consumed``)."""

@@ -37,6 +37,7 @@ from spark_reconcile import readers, report, session, transforms, unreadable
 from spark_reconcile.errors import (
     BadInput,
     BrokerDataUnreadable,
+    ConsumedUnreadable,
     OutboxUnreadable,
     UnreadablePath,
 )
@@ -57,6 +58,7 @@ STAGE_LABELS = {
     "read_outbox": "reading outbox tables",
     "classify": "classifying messages",
     "groups": "counting consumer groups and latency",
+    "consumed": "checking what the consumer group handled",
     "write_outputs": "writing the reports",
     "stop_spark": "stopping Spark",
 }
@@ -94,9 +96,15 @@ def reconcile(
     spark: SparkSession | None = None,
     jetstream: str | None = None,
     streams: Sequence[str] = (),
+    consumed: str | None = None,
+    group: str | None = None,
+    subjects: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Reconcile outbox tables (SQLAlchemy URLs) with broker data directories and/or the
-    ``streams`` of the NATS JetStream server at ``jetstream`` (``nats://host:port``).
+    ``streams`` of the NATS JetStream server at ``jetstream`` (``nats://host:port``); with
+    ``consumed`` (the SQLAlchemy URL of a consumer's database), also which of the outbox's
+    messages to ``subjects`` consumer ``group`` never handled (its ``qmq_consumed`` rows),
+    which is all there is to check on a transport that cannot be read back (RabbitMQ).
 
     Writes ``summary.json``, ``report.txt``, ``report.html``, one Parquet folder per
     non-empty category and one of unreadable regions (if any) under ``out``, and returns
@@ -119,6 +127,9 @@ def reconcile(
         spark=spark,
         jetstream=jetstream,
         streams=streams,
+        consumed=consumed,
+        group=group,
+        subjects=subjects,
     ).summary
 
 
@@ -144,6 +155,9 @@ def run(
     progress: Progress | None = None,
     jetstream: str | None = None,
     streams: Sequence[str] = (),
+    consumed: str | None = None,
+    group: str | None = None,
+    subjects: Sequence[str] = (),
 ) -> Result:
     """``reconcile`` with the details: stage timings, JDBC partitions and fetch size, and
     the reference time ``now`` (default: the start of the run); ``jvm_log``: write a new
@@ -154,8 +168,11 @@ def run(
     window = transforms.Window(now=started, grace=grace, since=since, until=until)
     sources, dirs, out_dir = _check_inputs(outboxes, broker_dirs, out, window)
     stream_list = stream_sources(jetstream, streams)
-    if not dirs and not stream_list:
-        raise BadInput("give at least one broker data directory or JetStream stream")
+    consumer = _consumed_check(consumed, group, subjects)
+    if not dirs and not stream_list and consumer is None:
+        raise BadInput(
+            "give at least one broker data directory, JetStream stream or --consumed database"
+        )
     driver_jars = session.check_jars(session.default_jars() if jars is None else jars)
     info = report.RunInfo(
         started_at=started,
@@ -202,33 +219,50 @@ def run(
             return _read_outbox(active, sources, partitions, fetchsize, cached)
 
     try:
-        broker, outbox = _together(read_broker, read_outbox)
+        if dirs or stream_list:
+            broker, outbox = _together(read_broker, read_outbox)
+        else:  # a consumer-side check alone (RabbitMQ): the categories are not judged
+            broker, outbox = None, read_outbox()
         report.prepare_out(out_dir)
-
-        def classify() -> tuple[dict[str, int], dict[str, Any]]:
-            with timed("classify"):
-                classified = transforms.classify(
-                    outbox, broker.messages, window=window, producers=producers
+        checked = None
+        if consumer is not None:
+            with timed("consumed"):
+                sent_before = started - ack_threshold
+                checked = _check_consumed(
+                    active, consumer, outbox, window=window, sent_before=sent_before, out=out_dir
                 )
-                counts = report.stage_categories(classified, out_dir)
-                return counts, _out_of_order(outbox, broker, window=window, out=out_dir)
+        if broker is None:
+            doc = report.summary({}, [], [], consumed=checked, judged=False)
+            with timed("write_outputs"):
+                text = report.render_text(doc, info)
+                report.write_reports(out_dir, doc, text, report.render_html(doc, info, {}))
+        else:
+            data = broker  # not None here, for the closures below
 
-        def groups_and_latency() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-            with timed("groups"):
-                return _groups_and_latency(
-                    broker, now=started, ack_threshold=ack_threshold, window=window, cached=cached
+            def classify() -> tuple[dict[str, int], dict[str, Any]]:
+                with timed("classify"):
+                    classified = transforms.classify(
+                        outbox, data.messages, window=window, producers=producers
+                    )
+                    counts = report.stage_categories(classified, out_dir)
+                    return counts, _out_of_order(outbox, data, window=window, out=out_dir)
+
+            def groups_and_latency() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+                with timed("groups"):
+                    return _groups_and_latency(
+                        data, now=started, ack_threshold=ack_threshold, window=window, cached=cached
+                    )
+
+            (counts, disorder), (groups, latency) = _together(classify, groups_and_latency)
+            with timed("write_outputs"):
+                damage = report.write_unreadable(
+                    data.regions, out_dir, count=data.damage_count, total_bytes=data.damage_bytes
                 )
-
-        (counts, disorder), (groups, latency) = _together(classify, groups_and_latency)
-        with timed("write_outputs"):
-            damage = report.write_unreadable(
-                broker.regions, out_dir, count=broker.damage_count, total_bytes=broker.damage_bytes
-            )
-            doc = report.summary(counts, groups, latency, damage, disorder)
-            text = report.render_text(doc, info)
-            page = report.render_html(doc, info, _histogram(latency))
-            report.publish_categories(out_dir)
-            report.write_reports(out_dir, doc, text, page)
+                doc = report.summary(counts, groups, latency, damage, disorder, checked)
+                text = report.render_text(doc, info)
+                page = report.render_html(doc, info, _histogram(latency))
+                report.publish_categories(out_dir)
+                report.write_reports(out_dir, doc, text, page)
     finally:
         for frame in cached:
             frame.unpersist()
@@ -243,6 +277,60 @@ def run(
         extra={"action": "reconcile.finished", "exit_code": doc["exit_code"], **timings},
     )
     return Result(summary=doc, text=text, timings=timings, out=out_dir)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _ConsumedCheck:
+    """``--consumed``: a consumer's database, its group and the subjects the group takes."""
+
+    source: readers.JdbcSource
+    group: str
+    subjects: tuple[str, ...]
+
+
+def _consumed_check(
+    url: str | None, group: str | None, subjects: Sequence[str]
+) -> _ConsumedCheck | None:
+    if url is None:
+        if group is not None or subjects:
+            raise BadInput("--group and --subject go with --consumed URL")
+        return None
+    if group is None or not subjects:
+        raise BadInput("--consumed needs --group NAME and at least one --subject NAME")
+    if not readers.GROUP_NAME.match(group):
+        raise BadInput(f"--group {group!r}: 1-200 of A-Z a-z 0-9 . _ - @")
+    source = readers.jdbc_source(url)
+    return _ConsumedCheck(source=source, group=group, subjects=tuple(dict.fromkeys(subjects)))
+
+
+def _check_consumed(
+    spark: SparkSession,
+    check: _ConsumedCheck,
+    outbox: DataFrame,
+    *,
+    window: transforms.Window,
+    sent_before: datetime,
+    out: Path,
+) -> dict[str, Any]:
+    """The ``consumed`` entry of the summary, its messages written under ``out``."""
+    consumed = readers.read_consumed(spark, check.source, group=check.group)
+    never = transforms.unconsumed(
+        outbox, consumed, window=window, subjects=check.subjects, sent_before=sent_before
+    )
+    extra = transforms.consumed_without_outbox(outbox, consumed, window=window)
+    try:
+        found_never, found_extra = report.write_consumed(never, extra, out)
+    except readers.SPARK_ERRORS as exc:
+        raise ConsumedUnreadable(
+            f"consumer database {check.source.label}: {readers.first_line(exc)}"
+        ) from exc
+    return report.consumed_entry(
+        database=check.source.label,
+        group=check.group,
+        subjects=check.subjects,
+        never=found_never,
+        without_outbox=found_extra,
+    )
 
 
 def _check_inputs(

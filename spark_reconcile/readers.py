@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import quote
@@ -32,8 +33,10 @@ from spark_reconcile.datasource import (
     schema_of,
 )
 from spark_reconcile.errors import (
+    BadInput,
     BadOutboxUrl,
     BrokerDataUnreadable,
+    ConsumedUnreadable,
     OutboxUnreadable,
     UnreadablePath,
 )
@@ -238,6 +241,33 @@ def read_outboxes(
     for frame in frames[1:]:
         result = result.unionByName(frame)
     return result
+
+
+CONSUMED_TABLE = "qmq_consumed"
+GROUP_NAME = re.compile(r"^[A-Za-z0-9._@\-]{1,200}$")
+
+
+def read_consumed(
+    spark: SparkSession, source: JdbcSource, *, group: str, fetchsize: int = DEFAULT_FETCHSIZE
+) -> DataFrame:
+    """``message_id, consumed_at`` of ``group``'s handled messages (its ``done`` rows) in a
+    consumer database's ``qmq_consumed`` table (``IdempotentStore``'s)."""
+    if not GROUP_NAME.match(group):  # it goes into the query's text
+        raise BadInput(f"--group {group!r}: 1-200 of A-Z a-z 0-9 . _ - @")
+    query = (
+        f"(SELECT message_id, consumed_at FROM {CONSUMED_TABLE}"
+        f" WHERE consumer_group = '{group}' AND status = 'done') consumed"
+    )
+    reader = _reader(spark, source, fetchsize).option("dbtable", query)
+    if source.dialect == "sqlite":
+        reader = reader.option("customSchema", "message_id STRING, consumed_at STRING")
+    try:
+        frame = reader.load()
+    except SPARK_ERRORS as exc:
+        raise ConsumedUnreadable(f"consumer database {source.label}: {first_line(exc)}") from exc
+    return frame.select(
+        F.col("message_id"), _timestamp("consumed_at", source.dialect).alias("consumed_at")
+    )
 
 
 def check_broker_dir(path: str) -> str:

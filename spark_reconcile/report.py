@@ -28,10 +28,12 @@ from pyspark.sql import functions as F
 from spark_reconcile.transforms import (
     ACKED_OUT_OF_ORDER_COLUMNS,
     CATEGORIES,
+    CONSUMED_ONLY_COLUMNS,
     CRITICAL,
     HISTOGRAM_BOUNDS_MS,
     LATENCY_METRICS,
     OUT_OF_ORDER_COLUMNS,
+    UNCONSUMED_COLUMNS,
     category_counters,
 )
 from spark_reconcile.unreadable import NAME as UNREADABLE
@@ -80,6 +82,13 @@ ACKED_OUT_OF_ORDER_MEANING = (
     "ahead of them (its handler met the later one first)"
 )
 LISTED_OUT_OF_ORDER = 100  # in summary.json and the reports; the Parquet folder has them all
+# The consumer-side check (``--consumed``): committed but never consumed is critical (a
+# message lost on the way), consumed without an outbox row is for information (the group may
+# have other producers).
+CONSUMED = "consumed"  # the summary.json key
+NEVER_CONSUMED = "never_consumed"  # and the Parquet folders
+CONSUMED_WITHOUT_OUTBOX = "consumed_without_outbox"
+LISTED_CONSUMED = 100
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -123,8 +132,35 @@ class RunInfo:
     producers: Sequence[str] | None
 
 
-def exit_code(categories: Mapping[str, int]) -> int:
-    return EXIT_CRITICAL if any(categories.get(c, 0) for c in CRITICAL) else EXIT_CLEAN
+def exit_code(categories: Mapping[str, int], never_consumed: int = 0) -> int:
+    critical = any(categories.get(c, 0) for c in CRITICAL) or never_consumed
+    return EXIT_CRITICAL if critical else EXIT_CLEAN
+
+
+def consumed_entry(
+    *,
+    database: str,
+    group: str,
+    subjects: Sequence[str],
+    never: tuple[int, Sequence[Mapping[str, Any]]],
+    without_outbox: tuple[int, Sequence[Mapping[str, Any]]],
+) -> dict[str, Any]:
+    """``summary.json``'s ``consumed``: the consumer database and group checked, and the
+    messages committed but never consumed and consumed without an outbox row (counts and
+    the first ``LISTED_CONSUMED`` of each)."""
+
+    def part(found: tuple[int, Sequence[Mapping[str, Any]]], columns: Sequence[str]) -> Any:
+        count, listed = found
+        rows = [{c: _json_value(m[c]) for c in columns} for m in listed[:LISTED_CONSUMED]]
+        return {"count": count, "messages": rows}
+
+    return {
+        "database": database,
+        "group": group,
+        "subjects": list(subjects),
+        NEVER_CONSUMED: part(never, UNCONSUMED_COLUMNS),
+        CONSUMED_WITHOUT_OUTBOX: part(without_outbox, CONSUMED_ONLY_COLUMNS),
+    }
 
 
 def unreadable_entry(
@@ -176,12 +212,17 @@ def summary(
     latency: Iterable[Mapping[str, Any]],
     unreadable: Mapping[str, Any] | None = None,
     out_of_order: Mapping[str, Any] | None = None,
+    consumed: Mapping[str, Any] | None = None,
+    *,
+    judged: bool = True,
 ) -> dict[str, Any]:
-    """The ``summary.json`` document: every category (zeros included), the unreadable
+    """The ``summary.json`` document: whether the categories were ``judged`` (not without
+    broker data), every category (zeros included), the unreadable
     regions of broker data (``unreadable_entry``), the messages stored out of their outbox
     order (``out_of_order_entry``), groups nested by subject then group, latency per
-    metric, and the exit code (unreadable regions and out-of-order messages are warnings:
-    they do not change it)."""
+    metric, the consumer-side check (``consumed_entry``, or null), and the exit code
+    (unreadable regions and out-of-order messages are warnings: they do not change it;
+    messages never consumed are critical)."""
     categories = {name: int(counts.get(name, 0)) for name in CATEGORIES}
     nested: dict[str, dict[str, dict[str, Any]]] = {}
     for row in sorted(groups, key=lambda r: (r["subject"], r["group"])):
@@ -194,13 +235,16 @@ def summary(
         }
     stats = {row["metric"]: row for row in latency}
     latency_ms = {metric: _latency_entry(stats.get(metric)) for metric in LATENCY_METRICS}
+    never = consumed[NEVER_CONSUMED]["count"] if consumed else 0
     return {
         "categories": categories,
+        "categories_judged": judged,
         UNREADABLE: dict(unreadable or unreadable_entry(0, 0, [])),
         OUT_OF_ORDER: dict(out_of_order or out_of_order_entry(0, 0, [])),
         "groups": nested,
         "latency_ms": latency_ms,
-        "exit_code": exit_code(categories),
+        CONSUMED: dict(consumed) if consumed else None,
+        "exit_code": exit_code(categories, never),
     }
 
 
@@ -254,7 +298,7 @@ def render_text(doc: Mapping[str, Any], info: RunInfo) -> str:
     lines = [
         f"qmq reconcile  {_fmt_time(info.started_at)}",
         f"outboxes:     {', '.join(info.outboxes)}",
-        f"broker data:  {', '.join(info.broker_dirs)}",
+        f"broker data:  {', '.join(info.broker_dirs) or '(none: categories not judged)'}",
         f"checked:      outbox rows and broker messages {created_words(info.since, info.until)}",
         f"not judged:   {in_flight_words(info)}",
         f"producers:    {', '.join(info.producers or ['(those of the outbox rows)'])}",
@@ -264,7 +308,9 @@ def render_text(doc: Mapping[str, Any], info: RunInfo) -> str:
     for name in CATEGORIES:
         count = doc["categories"][name]
         severity = SEVERITY[name].upper() if count and name in CRITICAL else SEVERITY[name]
-        lines.append(f"{name:<22}{count:>12,}  {severity}")
+        lines.append(f"{name:<22}{count:>12,}  {severity}" if doc["categories_judged"] else
+                     f"{name:<22}{'-':>12}  not judged (no broker data)")  # fmt: skip
+    lines += [*_consumed_lines(doc[CONSUMED], info)]
     lines += ["", *_unreadable_lines(doc[UNREADABLE])]
     lines += [*_out_of_order_lines(doc[OUT_OF_ORDER])]
     lines += ["", f"consumer groups (unacked past {_fmt_seconds(info.ack_threshold_s)})"]
@@ -288,6 +334,8 @@ def render_text(doc: Mapping[str, Any], info: RunInfo) -> str:
         verdict += f"; {doc[UNREADABLE]['count']:,} unreadable region(s) in broker data"
     if doc[OUT_OF_ORDER]["count"]:
         verdict += f"; {doc[OUT_OF_ORDER]['count']:,} message(s) stored out of order"
+    if doc[CONSUMED] and doc[CONSUMED][NEVER_CONSUMED]["count"]:
+        verdict += f"; {doc[CONSUMED][NEVER_CONSUMED]['count']:,} message(s) never consumed"
     if doc[OUT_OF_ORDER]["acked"]["count"]:
         verdict += f"; {doc[OUT_OF_ORDER]['acked']['count']:,} message(s) acked out of order"
     lines += ["", f"result: {verdict} -> exit {doc['exit_code']}"]
@@ -312,6 +360,32 @@ def _out_of_order_lines(entry: Mapping[str, Any]) -> list[str]:
             ACKED_OUT_OF_ORDER, acked, [_acked_out_of_order_text(m) for m in acked["messages"]]
         ),
     ]
+
+
+def _consumed_lines(entry: Mapping[str, Any] | None, info: RunInfo) -> list[str]:
+    if entry is None:
+        return []
+    never, extra = entry[NEVER_CONSUMED], entry[CONSUMED_WITHOUT_OUTBOX]
+    subjects = ", ".join(entry["subjects"])
+    lines = [
+        "",
+        f"consumed by group {entry['group']} ({entry['database']}), subjects {subjects}",
+        f"{NEVER_CONSUMED:<22}{never['count']:>12,}  "
+        f"{'CRITICAL' if never['count'] else 'critical'}  "
+        f"(sent more than {_fmt_seconds(info.ack_threshold_s)} ago)",
+    ]
+    lines += [
+        f"  {m['message_id']} {m['subject']} created {m['created_at']} sent {m['sent_at']}"
+        for m in never["messages"]
+    ]
+    if never["count"] > len(never["messages"]):
+        lines.append(f"  ... {never['count'] - len(never['messages']):,} more in {NEVER_CONSUMED}/")
+    lines.append(f"{CONSUMED_WITHOUT_OUTBOX:<22}{extra['count']:>12,}  info")
+    lines += [f"  {m['message_id']} consumed {m['consumed_at']}" for m in extra["messages"]]
+    if extra["count"] > len(extra["messages"]):
+        more = extra["count"] - len(extra["messages"])
+        lines.append(f"  ... {more:,} more in {CONSUMED_WITHOUT_OUTBOX}/")
+    return lines
 
 
 def _disorder_lines(name: str, entry: Mapping[str, Any], texts: list[str]) -> list[str]:
@@ -401,8 +475,9 @@ def render_html(
     for name in CATEGORIES:
         count = doc["categories"][name]
         cls = SEVERITY[name] if count else ""
+        shown = f"{count:,}" if doc["categories_judged"] else "not judged"
         rows.append(
-            f'<tr class="{cls}"><td>{name}</td><td>{count:,}</td><td>{SEVERITY[name]}</td>'
+            f'<tr class="{cls}"><td>{name}</td><td>{shown}</td><td>{SEVERITY[name]}</td>'
             f"<td>{e(MEANING[name])}</td></tr>"
         )
     group_rows = [
@@ -427,12 +502,13 @@ def render_html(
 <body>
 <h1>qmq reconcile: {verdict} (exit {doc["exit_code"]})</h1>
 <p>Run at {e(_fmt_time(info.started_at))}. Outboxes: {e(", ".join(info.outboxes))}.
-Broker data: {e(", ".join(info.broker_dirs))}.</p>
+Broker data: {e(", ".join(info.broker_dirs) or "none (categories not judged)")}.</p>
 <p>Checked outbox rows and broker messages {e(created_words(info.since, info.until))}.
 Not judged: {e(in_flight_words(info))}.</p>
 <h2>Categories</h2>
 <table><tr><th>category</th><th>count</th><th>severity</th><th>meaning</th></tr>
 {"".join(rows)}</table>
+{_consumed_html(doc[CONSUMED], info)}
 <h2>Unreadable in broker data</h2>
 {_unreadable_html(doc[UNREADABLE])}
 <h2>Stored out of order</h2>
@@ -451,6 +527,33 @@ Not judged: {e(in_flight_words(info))}.</p>
 {histograms}
 </body></html>
 """
+
+
+def _consumed_html(entry: Mapping[str, Any] | None, info: RunInfo) -> str:
+    if entry is None:
+        return ""
+    e = html.escape
+    never, extra = entry[NEVER_CONSUMED], entry[CONSUMED_WITHOUT_OUTBOX]
+
+    def table(messages: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+        head = "".join(f"<th>{c}</th>" for c in columns)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{e(_cell(m[c]))}</td>" for c in columns) + "</tr>"
+            for m in messages
+        )
+        return f"<table><tr>{head}</tr>{body}</table>" if messages else "<p>none</p>"
+
+    cls = "critical" if never["count"] else ""
+    return (
+        f"<h2>Consumed by group {e(entry['group'])}</h2>"
+        f"<p>Consumer database {e(entry['database'])}, subjects "
+        f"{e(', '.join(entry['subjects']))}.</p>"
+        f'<p class="{cls}">Never consumed (sent more than '
+        f"{_fmt_seconds(info.ack_threshold_s)} ago, critical): {never['count']:,}</p>"
+        f"{table(never['messages'], UNCONSUMED_COLUMNS)}"
+        f"<p>Consumed without an outbox row (info): {extra['count']:,}</p>"
+        f"{table(extra['messages'], CONSUMED_ONLY_COLUMNS)}"
+    )
 
 
 def _unreadable_html(entry: Mapping[str, Any]) -> str:
@@ -514,7 +617,8 @@ DISTINCT_COLUMNS = (
 def prepare_out(out: Path) -> None:
     """Create the output directory and drop category folders left by an earlier run."""
     out.mkdir(parents=True, exist_ok=True)
-    for name in (*CATEGORIES, STAGING, UNREADABLE, OUT_OF_ORDER, ACKED_OUT_OF_ORDER):
+    folders = (*CATEGORIES, STAGING, UNREADABLE, OUT_OF_ORDER, ACKED_OUT_OF_ORDER)
+    for name in (*folders, NEVER_CONSUMED, CONSUMED_WITHOUT_OUTBOX):
         folder = out / name
         if folder.exists():
             shutil.rmtree(folder)
@@ -588,6 +692,30 @@ def _write_disorder(
         return 0, 0, []
     listed = written.orderBy(*kind.listed_by).limit(LISTED_OUT_OF_ORDER).collect()
     return int(totals["count"]), int(totals["keys"]), [r.asDict() for r in listed]
+
+
+def write_consumed(
+    never: DataFrame, without_outbox: DataFrame, out: Path
+) -> tuple[tuple[int, list[dict[str, Any]]], tuple[int, list[dict[str, Any]]]]:
+    """Write the messages never consumed and those consumed without an outbox row to
+    ``out/never_consumed/`` and ``out/consumed_without_outbox/`` (each removed again when
+    empty); returns each one's count and first ``LISTED_CONSUMED``."""
+
+    def write(rows: DataFrame, name: str, order: str) -> tuple[int, list[dict[str, Any]]]:
+        folder = out / name
+        rows.write.mode("overwrite").parquet(str(folder))
+        written = rows.sparkSession.read.parquet(str(folder))
+        count = written.count()
+        if not count:
+            shutil.rmtree(folder)
+            return 0, []
+        listed = written.orderBy(order, "message_id").limit(LISTED_CONSUMED).collect()
+        return count, [r.asDict() for r in listed]
+
+    return (
+        write(never, NEVER_CONSUMED, "created_at"),
+        write(without_outbox, CONSUMED_WITHOUT_OUTBOX, "consumed_at"),
+    )
 
 
 def write_reports(out: Path, doc: Mapping[str, Any], text: str, page: str) -> None:

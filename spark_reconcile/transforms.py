@@ -654,3 +654,55 @@ def acked_out_of_order(messages: DataFrame, actions: DataFrame, *, window: Windo
             F.col("earlier.acked_at").alias("earlier_acked_at"),
         )
     )
+
+
+# --- consumed ---------------------------------------------------------------------------------
+
+UNCONSUMED_COLUMNS = ("message_id", "subject", "outbox", "created_at", "sent_at")
+CONSUMED_ONLY_COLUMNS = ("message_id", "consumed_at")
+
+
+def unconsumed(
+    outbox: DataFrame,
+    consumed: DataFrame,
+    *,
+    window: Window,
+    subjects: Sequence[str],
+    sent_before: datetime,
+) -> DataFrame:
+    """Messages committed but never consumed (``UNCONSUMED_COLUMNS``): outbox rows ``sent``
+    to one of ``subjects``, created in the window and settled, sent before ``sent_before``
+    (time enough to be consumed), with no ``done`` row of the group in ``consumed``
+    (``readers.read_consumed``). Each message once, however many outbox rows it has."""
+    created = F.col("created_at")
+    due = F.coalesce(F.col("deliver_at"), created)
+    sent = outbox.where(
+        (F.col("status") == "sent")
+        & F.col("subject").isin(list(subjects))
+        & window.created_in_range(created)
+        & window.settled(created, due)
+        & (F.col("sent_at") < F.lit(_utc(sent_before)))
+    )
+    first = F.min(F.struct("created_at", "subject", "outbox", "sent_at"))
+    return (
+        sent.join(consumed.select("message_id"), "message_id", "left_anti")
+        .groupBy("message_id")
+        .agg(first.alias("m"))
+        .select("message_id", "m.subject", "m.outbox", "m.created_at", "m.sent_at")
+    )
+
+
+def consumed_without_outbox(outbox: DataFrame, consumed: DataFrame, *, window: Window) -> DataFrame:
+    """Messages the group consumed that no outbox row stands for (``CONSUMED_ONLY_COLUMNS``),
+    consumed in the window, settled, and not before the oldest outbox row was created
+    (what was consumed earlier may have had its row purged by the compensator's
+    retention). Only an error when the reconciled outboxes are all that feed the group's
+    subjects: ``qmq_consumed`` does not say which subject or producer a message had."""
+    oldest = outbox.agg(F.min("created_at").alias("oldest"))
+    at = F.col("consumed_at")
+    return (
+        consumed.join(outbox.select("message_id"), "message_id", "left_anti")
+        .crossJoin(F.broadcast(oldest))
+        .where(window.created_in_range(at) & window.settled(at, at) & (at >= F.col("oldest")))
+        .select(*CONSUMED_ONLY_COLUMNS)
+    )

@@ -186,13 +186,16 @@ def test_the_cli_reads_a_stream(world: World, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
-        ([], 2, "give at least one broker data directory or JetStream stream"),
+        ([], 2, "give at least one broker data directory, JetStream stream or --consumed"),
         (["--stream=S"], 2, "--stream needs --jetstream"),
         ([f"--jetstream={NATS_URL}"], 2, "--jetstream needs at least one --stream"),
         (["--jetstream=http://127.0.0.1:4222", "--stream=S"], 2, "use nats://HOST:PORT"),
         ([f"--jetstream={NATS_URL}", "--stream=a.b"], 2, "a stream name is"),
         ([f"--jetstream={NATS_URL}", "--stream=QMQ_NO_SUCH_STREAM"], 3, "no such stream"),
         (["--jetstream=nats://127.0.0.1:1", "--stream=S"], 3, "cannot connect"),
+        (["--consumed=sqlite:///x.db"], 2, "--consumed needs --group NAME and at least one"),
+        (["--group=g", f"--jetstream={NATS_URL}", "--stream=S"], 2, "go with --consumed URL"),
+        (["--consumed=sqlite:///x.db", "--group=a'b", "--subject=s"], 2, '--group "a\'b"'),
     ],
 )
 def test_bad_stream_options_are_one_line(

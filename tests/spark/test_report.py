@@ -55,12 +55,16 @@ def test_summary_has_every_category_and_the_exit_code() -> None:
     doc = summary({"delivered": 7, "stuck_pending": 1}, GROUPS, LATENCY)
     assert list(doc) == [
         "categories",
+        "categories_judged",
         "unreadable_in_broker",
         "out_of_order",
         "groups",
         "latency_ms",
+        "consumed",
         "exit_code",
     ]
+    assert doc["categories_judged"] is True
+    assert doc["consumed"] is None  # no --consumed check asked for
     assert list(doc["categories"]) == list(CATEGORIES)
     assert doc["unreadable_in_broker"] == {"count": 0, "bytes": 0, "regions": []}
     nothing = {"count": 0, "keys": 0, "messages": []}

@@ -31,7 +31,7 @@ from spark_reconcile.cli import reconcile as reconcile_command
 REQUIRED = {
     "broker": ["--data-dir", "/tmp/qmq-data"],
     "compensator": ["--database-url", "sqlite://", "--broker-url", "http://127.0.0.1:1"],
-    "reconcile": ["--outbox", "sqlite://", "--broker-data", "/tmp/b", "--out", "/tmp/o"],
+    "reconcile": ["--outbox", "sqlite://", "--out", "/tmp/o"],
 }
 COMMANDS = [
     ("broker", broker_command, "QMQ_BROKER", (BrokerConfig, BrokerListener)),
@@ -51,8 +51,8 @@ TODAY = {
     "--pull-grace --debug-read-delay-ms --auth-file --log-level",
     "compensator": "--database-url --broker-url --broker-token --interval --batch-size --grace "
     "--max-attempts --retention --lease --metrics-port --metrics-host --once --stop-timeout",
-    "reconcile": "--outbox --broker-data --out --master --grace --since --until --producer "
-    "--ack-threshold --jars --conf",
+    "reconcile": "--outbox --out --broker-data --master --grace --since --until --producer "
+    "--ack-threshold --jars --jetstream --stream --consumed --group --subject --conf",
 }
 
 
