@@ -18,7 +18,7 @@ Per transport, in rounds (the order rotated each round), all through the SDK:
 
 The transports as configured here: the qmq broker (``--fsync always``: a produce is answered
 once the message is fsynced), JetStream (file storage, one replica: stored in the server's
-memory and written to its files, fsynced every 2 minutes by default, not per message),
+memory and written to its files, not fsynced per message: a periodic sync),
 RabbitMQ (quorum queues, publisher confirms: confirmed once the queue's Raft log has it on
 disk). Every name (streams, exchange, queues) is new per run and deleted afterwards.
 """

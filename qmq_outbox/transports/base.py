@@ -179,7 +179,8 @@ class Transport(Protocol):
         ...
 
     async def open_consumer(self, spec: ConsumerSpec) -> ConsumerClient:
-        """A connected client for one consumer, its subjects' storage set up."""
+        """A connected client for one consumer; its subjects' storage (a stream consumer,
+        a queue) is set up by its first pull at the latest."""
         ...
 
     def check(self) -> None:
