@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 
 from broker.errors import Conflict
-from broker.ordered.routes import Routes
 from qmq_wire.ordered import logic_partition, partition_log
+from qmq_wire.routes import Routes
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

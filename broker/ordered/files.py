@@ -11,8 +11,8 @@ from pathlib import Path
 import orjson
 
 from broker.errors import StorageError
-from broker.ordered.routes import Routes
 from broker.storage.fsync import replace_file, sync_dir
+from qmq_wire.routes import Routes
 
 ROUTES_DIR = "ordered"
 

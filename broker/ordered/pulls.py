@@ -21,11 +21,11 @@ from broker.clock import Clock
 from broker.format import ActionType
 from broker.groups import DeliveryState, GroupTable, Policy
 from broker.ordered.book import RouteBook
-from broker.ordered.routes import Routes
 from broker.pulls.reads import Batch
 from broker.pulls.request import QueuedPull
 from broker.subjects import SubjectTable
 from qmq_wire.ordered import COMMAND_PRODUCER, partition_log
+from qmq_wire.routes import Routes
 
 SHARED = ""
 REBALANCE_CHECK_S = 0.1  # a consumer short of its share looks again this soon
@@ -139,17 +139,7 @@ class OrderedPulls:
         first = partition_log(subject, routes.at(1).partitions[0])
         if (first, group) not in self._groups:
             return 1
-        version = 1
-        while self._advances(routes, group, version):
-            version += 1
-        return version
-
-    def _advances(self, routes: Routes, group: str, version: int) -> bool:
-        """Whether ``group`` moves past ``version``: a newer one exists and the group
-        finished every partition its change closed."""
-        return version < routes.current.version and all(
-            self._finished(routes, p, group) for p in routes.at(version + 1).closed
-        )
+        return routes.group_version(lambda p: self._finished(routes, p, group))
 
     def groups_of(self, subject: str) -> list[str]:
         """The groups that ever pulled from ``subject``."""
@@ -185,7 +175,7 @@ class OrderedPulls:
                 self._consume_command(routes, partition, group, state, now_us)
                 if not self._finished(routes, partition, group):
                     unfinished.append(partition)
-            if not self._advances(routes, group, version):
+            if not routes.advances(version, lambda p: self._finished(routes, p, group)):
                 return version, unfinished
             version += 1
 

@@ -23,21 +23,20 @@ from broker.messages import IncomingMessage
 from broker.ordered.book import RouteBook
 from broker.ordered.files import save_routes
 from broker.ordered.pulls import OrderedPulls
-from broker.ordered.routes import Range, RouteConflict, Routes
 from broker.produce import ProduceService
 from broker.pulls.reads import read_message
 from broker.storage.segments import SegmentReader
 from broker.subjects import SubjectTable
-from qmq_wire import OnDead, RouteRangeJson, RoutesAnswerJson
+from qmq_wire import OnDead, RoutesAnswerJson
 from qmq_wire.ordered import (
     COMMAND_HEADER,
     COMMAND_PRODUCER,
-    LOGIC_PARTITIONS,
     MAX_PARTITIONS,
     ROUTE_VERSION_HEADER,
     command_id,
     partition_log,
 )
+from qmq_wire.routes import RouteConflict, Routes, ranges_json
 
 
 class RouteService:
@@ -118,27 +117,9 @@ class RouteService:
         """The routes document of an ordered subject (404/409 otherwise)."""
         self._gate.require(write=False)
         routes = self._routes(subject)
-        return {
-            "subject": subject,
-            "ordered": True,
-            "logic_partitions": LOGIC_PARTITIONS,
-            "on_dead": routes.on_dead,
-            "version": routes.current.version,
-            "ranges": _ranges(routes.current.ranges),
-            "history": [
-                {
-                    "version": v.version,
-                    "change": v.change,
-                    "ranges": _ranges(v.ranges),
-                    "closed": list(v.closed),
-                }
-                for v in routes.versions
-            ],
-            "groups": [
-                {"group": group, "version": self._ordered.group_version(subject, group)}
-                for group in self._ordered.groups_of(subject)
-            ],
-        }
+        ordered = self._ordered
+        groups = {g: ordered.group_version(subject, g) for g in ordered.groups_of(subject)}
+        return routes.document(groups)
 
     # --- start ------------------------------------------------------------------------------
 
@@ -234,7 +215,7 @@ def _command(routes: Routes, partition: int, version: int) -> tuple[str, Incomin
             "version": version,
             "change": change.change,
             "closed": list(change.closed),
-            "ranges": _ranges(change.ranges),
+            "ranges": ranges_json(change.ranges),
         }
     )
     message = IncomingMessage(
@@ -249,7 +230,3 @@ def _command(routes: Routes, partition: int, version: int) -> tuple[str, Incomin
         deliver_at_us=0,
     )
     return partition_log(routes.subject, partition), message
-
-
-def _ranges(ranges: tuple[Range, ...]) -> list[RouteRangeJson]:
-    return [{"lo": r.lo, "hi": r.hi, "partition": r.partition} for r in ranges]

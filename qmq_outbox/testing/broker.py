@@ -32,10 +32,13 @@ from qmq_outbox.testing.checks import (
     Rejected,
     check_ack,
     check_declare,
+    check_merge,
+    check_move,
     check_path_name,
     check_produce,
     check_pull,
     check_redrive,
+    check_split,
     decode_body,
     int_param,
     micros,
@@ -43,8 +46,9 @@ from qmq_outbox.testing.checks import (
 )
 from qmq_outbox.testing.delivery import GroupStanding, RetryPolicy, Standing
 from qmq_outbox.testing.failures import PlannedFailures
-from qmq_outbox.testing.ordered import ROUTE_CHANGES_REFUSED, OrderedSubject
+from qmq_outbox.testing.ordered import OrderedSubject
 from qmq_wire.ordered import partition_log, split_partition_log
+from qmq_wire.routes import RouteConflict, Routes
 
 BASE_URL = "http://qmq.test"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -134,7 +138,8 @@ class _LongPoll:
 
 class InMemoryBroker:
     """The broker's API v1 for unit tests: produce, pull, ack, nack, dead letters, stats,
-    and ordered subjects without route changes (``qmq_outbox/testing/ordered.py``).
+    and ordered subjects with their route changes, without command messages or partition
+    leases (``qmq_outbox/testing/ordered.py``).
 
     Use it through the real clients: ``broker.client()`` / ``broker.async_client()``, or
     ``BrokerClient(BASE_URL, transport=broker.transport())``. Same validation, error codes
@@ -374,9 +379,13 @@ class InMemoryBroker:
         self, envelope: dict[str, Any], body: bytes, due: int, now: int, partition: int | None
     ) -> wire.ProduceResultJson:
         subject, message_id = envelope["subject"], envelope["id"]
-        shelf = self._shelves.get(_log(subject, partition))
-        if shelf is not None and message_id in shelf.dedup:
-            return _result(envelope, "duplicate", shelf.dedup[message_id], partition)
+        routes = self._ordered.get(subject)
+        # An ordered subject's resend may sit in any partition that held its key.
+        held = [partition] if routes is None else routes.holders(envelope["key"])
+        for where in held:
+            shelf = self._shelves.get(_log(subject, where))
+            if shelf is not None and message_id in shelf.dedup:
+                return _result(envelope, "duplicate", shelf.dedup[message_id], where)
         if (subject, message_id) in self._delayed:
             return _result(envelope, "duplicate", None, None)
         self.stored.append(envelope)
@@ -479,13 +488,9 @@ class InMemoryBroker:
         if pull.get("ack") is not None:
             message = f"{subject!r} is ordered: ack with POST /v1/ack naming the partition"
             raise Rejected(409, "partition_required", message, "ack")
-        for _, log in routes.logs():
-            group = self._groups.get((log, name))
-            if group is None:
-                group = self._groups[(log, name)] = GroupStanding(name, "ordered")
-            if "" not in group.owners:
-                shelf = self._shelf(log)
-                group.owners[""] = Standing(len(shelf.messages) if pull["start"] == "latest" else 0)
+        if (routes.logs()[0][1], name) not in self._groups:  # joins: every partition now
+            for _, log in routes.logs():
+                self._ordered_owner(log, name, latest=pull["start"] == "latest")
         deadline = time.monotonic() + pull["wait_ms"] / 1000
         poll = _LongPoll(subject, name, "", pull["consumer"], pull["max"], deadline, {})
         messages = self._lease(poll)
@@ -524,10 +529,11 @@ class InMemoryBroker:
         now = self.now_us()
         served: list[wire.PulledMessageJson] = []
         for _, log in routes.logs():
+            self._ordered_owner(log, poll.group).expire(now_us=now, policy=self.policy)
+        for _, log in routes.open_for(lambda p: self._finished(routes, p, poll.group)):
             if len(served) >= poll.limit:
                 break
-            owner = self._groups[(log, poll.group)].owners[""]
-            owner.expire(now_us=now, policy=self.policy)
+            owner = self._ordered_owner(log, poll.group)
             shelf = self._shelves[log]
             chosen = owner.lease_in_order(
                 consumer=poll.consumer,
@@ -607,8 +613,37 @@ class InMemoryBroker:
     def _owners_due(self, poll: _LongPoll) -> list[int | None]:
         """When a lease of the poll's group expires or a retry comes due, per state owner."""
         routes = self._ordered.get(poll.subject)
-        logs = [poll.subject] if routes is None else [log for _, log in routes.logs()]
-        return [self._groups[(log, poll.group)].owners[poll.owner].next_due_us() for log in logs]
+        if routes is None:
+            return [self._groups[(poll.subject, poll.group)].owners[poll.owner].next_due_us()]
+        logs = [log for _, log in routes.logs()]
+        return [self._ordered_owner(log, poll.group).next_due_us() for log in logs]
+
+    def _ordered_owner(self, log: str, group: str, *, latest: bool = False) -> Standing:
+        """A group's state on an ordered subject's partition, made at its start (``latest``:
+        its end) when first needed: a partition a split made later starts empty."""
+        standing = self._groups.get((log, group))
+        if standing is None:
+            standing = self._groups[(log, group)] = GroupStanding(group, "ordered")
+        owner = standing.owners.get("")
+        if owner is None:
+            shelf = self._shelf(log)  # made with the state, as the broker makes the log
+            owner = standing.owners[""] = Standing(len(shelf.messages) if latest else 0)
+        return owner
+
+    def _finished(self, routes: OrderedSubject, partition: int, group: str) -> bool:
+        """Whether ``group`` is done with closed ``partition``: everything in it handled
+        (dead letters too, unless the subject blocks on them). Closed partitions take no
+        more messages, so the broker's command message would come next."""
+        if partition not in routes.routes.closed():
+            return False
+        log = partition_log(routes.name, partition)
+        owner = self._ordered_owner(log, group)
+        return (
+            owner.cursor >= len(self._shelf(log).messages)
+            and not owner.leases
+            and not owner.retries
+            and (routes.on_dead == "skip" or not owner.dead)
+        )
 
     def _wake(self) -> None:
         with self._lock:
@@ -801,7 +836,7 @@ class InMemoryBroker:
         if subject in self._shelves or any(s == subject for s, _ in self._delayed):
             message = f"{subject!r} already holds or served messages unordered"
             raise Rejected(409, "subject_conflict", message, "subject")
-        declared = OrderedSubject(name=subject, partitions=partitions, on_dead=on_dead)
+        declared = OrderedSubject.create(subject, partitions=partitions, on_dead=on_dead)
         self._ordered[subject] = declared
         return dict(self._routes_document(declared))
 
@@ -809,11 +844,26 @@ class InMemoryBroker:
         return dict(self._routes_document(self._declared(subject)))
 
     def _split_partition(self, doc: Any, subject: str) -> Answer:
-        self._declared(subject)
-        raise NotImplementedError(ROUTE_CHANGES_REFUSED)
+        partition, at = check_split(doc)
+        return self._change(subject, lambda routes: routes.split(partition, at))
 
-    _merge_partitions = _split_partition
-    _move_partition = _split_partition
+    def _merge_partitions(self, doc: Any, subject: str) -> Answer:
+        partitions = check_merge(doc)
+        return self._change(subject, lambda routes: routes.merge(partitions))
+
+    def _move_partition(self, doc: Any, subject: str) -> Answer:
+        partition = check_move(doc)
+        return self._change(subject, lambda routes: routes.move(partition))
+
+    def _change(self, subject: str, change: Callable[[Routes], Routes]) -> Answer:
+        """A route change: the next version, refused (409) when it breaks a rule."""
+        try:
+            changed = self._declared(subject).changed(change)
+        except RouteConflict as exc:
+            raise Rejected(409, "route_conflict", exc.message, exc.field) from None
+        self._ordered[subject] = changed
+        self._wake()  # a group may move on at once (nothing was left in the closed one)
+        return dict(self._routes_document(changed))
 
     def _declared(self, subject: str) -> OrderedSubject:
         """An ordered subject (404 for an unknown one, 409 for a plain one)."""
@@ -827,7 +877,11 @@ class InMemoryBroker:
 
     def _routes_document(self, routes: OrderedSubject) -> wire.RoutesAnswerJson:
         logs = {log for _, log in routes.logs()}
-        return routes.document(sorted({name for log, name in self._groups if log in logs}))
+        groups = sorted({name for log, name in self._groups if log in logs})
+        return routes.document({group: self._group_version(routes, group) for group in groups})
+
+    def _group_version(self, routes: OrderedSubject, group: str) -> int:
+        return routes.routes.group_version(lambda p: self._finished(routes, p, group))
 
     def now_us(self) -> int:
         return round(self.clock() * 1_000_000)

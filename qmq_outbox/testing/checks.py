@@ -244,6 +244,36 @@ def check_declare(doc: Any) -> tuple[int, wire.OnDead]:
     return doc.get("partitions", 1), on_dead
 
 
+def check_split(doc: Any) -> tuple[int, int]:
+    """The partition and ``at`` of a ``POST .../partitions/split``."""
+    fields: dict[str, tuple[bool, Check]] = {
+        "partition": (True, _partition),
+        "at": (True, lambda v, w: _integer(v, 1, wire.LOGIC_PARTITIONS - 1)),
+    }
+    _object(body_object(doc), fields)
+    return doc["partition"], doc["at"]
+
+
+def check_merge(doc: Any) -> list[int]:
+    """The two partitions of a ``POST .../partitions/merge``."""
+    fields: dict[str, tuple[bool, Check]] = {
+        "partitions": (
+            True,
+            lambda v, w: type(v) is list and len(v) == 2 and all(_partition(p, w) for p in v),
+        ),
+    }
+    _object(body_object(doc), fields)
+    partitions: list[int] = doc["partitions"]
+    return partitions
+
+
+def check_move(doc: Any) -> int:
+    """The partition of a ``POST .../partitions/move``."""
+    _object(body_object(doc), {"partition": (True, _partition)})
+    partition: int = doc["partition"]
+    return partition
+
+
 def check_path_name(value: str, field: str) -> str:
     if not wire.valid_name(value):
         raise invalid(field, field, f"{field} does not match the naming rules")

@@ -1,63 +1,73 @@
 """Ordered subjects in the in-memory broker (``docs/architecture.md`` section 3.6), simply.
 
-Kept: the declaration and its routes document (version 1: the 1,024 logic partitions split
-evenly over the declared partitions), keys routed by ``qmq_wire.logic_partition``, seqs per
-partition, ordered pulls that serve each partition in seq order one batch at a time, acks,
-nacks, dead letters and redrive naming the partition, ``on_dead``, the broker's error codes.
-Left out: route changes (``split_partition``, ``merge_partitions`` and ``move_partition``
-raise ``NotImplementedError``: test them against a real broker), hence command messages and
-group versions beyond 1; and partition leases: a partition with nothing in flight goes to
-whichever consumer of the group pulls first, which keeps each partition's order but not
-its consumer.
+Kept: the declaration and its routes, by the broker's own route rules (``qmq_wire.routes``:
+split, merge and move make the next version and close what they replace, refused as the
+broker refuses them); keys routed by ``qmq_wire.logic_partition`` at the current version;
+a resend found in any partition that held its key (``duplicate``); seqs per partition;
+ordered pulls that serve each partition in seq order one batch at a time; a group that
+moves to the next route version once it consumed every partition the change closed, so a
+new partition stays invisible to it until then; acks, nacks, dead letters and redrive
+naming the partition, ``on_dead``, the broker's error codes.
+Left out: command messages (a closed partition is finished for a group once everything in
+it is acked; the broker appends a command the group never sees, to the same effect), and
+partition leases: a partition with nothing in flight goes to whichever consumer of the
+group pulls first, which keeps each partition's order but not its consumer.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
-from qmq_wire import OnDead, RouteRangeJson, RoutesAnswerJson
-from qmq_wire.ordered import LOGIC_PARTITIONS, logic_partition, partition_log
-
-ROUTE_CHANGES_REFUSED = (
-    "InMemoryBroker does not change routes (split, merge, move): "
-    "test route changes against a real broker"
-)
+from qmq_wire import OnDead, RoutesAnswerJson
+from qmq_wire.ordered import logic_partition, partition_log
+from qmq_wire.routes import Routes
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class OrderedSubject:
-    """One declared ordered subject."""
+    """One declared ordered subject and its routes (replaced whole by a change)."""
 
-    name: str
-    partitions: int
-    on_dead: OnDead
+    routes: Routes
+
+    @classmethod
+    def create(cls, name: str, *, partitions: int, on_dead: OnDead) -> OrderedSubject:
+        return cls(Routes.create(name, partitions=partitions, on_dead=on_dead))
 
     @property
-    def ranges(self) -> list[RouteRangeJson]:
-        """Version 1's ranges, as the broker splits them."""
-        bounds = [n * LOGIC_PARTITIONS // self.partitions for n in range(self.partitions + 1)]
-        return [
-            {"lo": bounds[n], "hi": bounds[n + 1], "partition": n} for n in range(self.partitions)
-        ]
+    def name(self) -> str:
+        return self.routes.subject
+
+    @property
+    def on_dead(self) -> OnDead:
+        return self.routes.on_dead
+
+    @property
+    def partitions(self) -> int:
+        """How many partitions it was declared with (version 1's)."""
+        return len(self.routes.at(1).partitions)
 
     def partition_of(self, key: str) -> int:
-        logic = logic_partition(key)
-        return next(r["partition"] for r in self.ranges if r["lo"] <= logic < r["hi"])
+        """Where a new message with ``key`` goes: its logic partition's, now."""
+        return self.routes.current.partition_of(logic_partition(key))
+
+    def holders(self, key: str) -> list[int]:
+        """Every partition that ever held ``key``'s logic partition (where a resent id may be)."""
+        return self.routes.holders(logic_partition(key))
 
     def logs(self) -> list[tuple[int, str]]:
-        """Each partition and the name of its log (``subject#p``)."""
-        return [(p, partition_log(self.name, p)) for p in range(self.partitions)]
+        """Each partition any version named, and the name of its log (``subject#p``)."""
+        return [(p, partition_log(self.name, p)) for p in self.routes.every_partition()]
 
-    def document(self, groups: list[str]) -> RoutesAnswerJson:
-        """The routes document; every group is at version 1 (routes never change here)."""
-        ranges = self.ranges
-        return {
-            "subject": self.name,
-            "ordered": True,
-            "logic_partitions": LOGIC_PARTITIONS,
-            "on_dead": self.on_dead,
-            "version": 1,
-            "ranges": ranges,
-            "history": [{"version": 1, "change": "create", "ranges": ranges, "closed": []}],
-            "groups": [{"group": group, "version": 1} for group in sorted(groups)],
-        }
+    def open_for(self, finished: Callable[[int], bool]) -> list[tuple[int, str]]:
+        """The partitions a group consumes now, by which closed ones it ``finished``, and
+        their logs: those of the route version it has reached."""
+        version = self.routes.at(self.routes.group_version(finished))
+        return [(p, partition_log(self.name, p)) for p in version.partitions]
+
+    def changed(self, change: Callable[[Routes], Routes]) -> OrderedSubject:
+        """The subject after a route change (``RouteConflict`` if it breaks a rule)."""
+        return OrderedSubject(change(self.routes))
+
+    def document(self, group_versions: dict[str, int]) -> RoutesAnswerJson:
+        return self.routes.document(group_versions)

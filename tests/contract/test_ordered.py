@@ -1,6 +1,7 @@
 """Ordered subjects (docs/architecture.md 3.6) on the fake and the real broker alike:
 declaring, routing by key, ordered pulls one batch per partition, acks, nacks and dead
-letters naming the partition, listings, routes, and the fake's refusal of route changes.
+letters naming the partition, listings, routes and route changes (a split's keys wait
+until the group consumed the partition it closed).
 
 One consumer per subject: partition leases, which the fake leaves out, never come in.
 """
@@ -325,22 +326,63 @@ def test_ordered_calls_on_the_wrong_subject_or_without_a_partition(target: Targe
     assert target.client.ack(subject, "g", "c1", [0], partition=0)["acked"] == 1
 
 
-def test_route_changes_change_the_routes_on_the_broker_and_are_refused_by_the_fake(
+def test_route_changes_make_consecutive_versions_and_refuse_what_breaks_a_rule(
     target: Target,
 ) -> None:
     subject = declare(target, 2)
-    if target.kind == "fake":
-        refused = pytest.raises(NotImplementedError, match="test route changes against a real")
-        with refused:
-            target.client.split_partition(subject, partition=0, at=100)
-        with refused:
-            target.client.merge_partitions(subject, partitions=[0, 1])
-        with refused:
-            target.client.move_partition(subject, partition=0)
-    else:
-        split = target.client.split_partition(subject, partition=0, at=100)
-        assert (split["version"], split["history"][-1]["closed"]) == (2, [0])
-        assert target.client.move_partition(subject, partition=1)["version"] == 3
+    split = target.client.split_partition(subject, partition=0, at=100)
+    assert (split["version"], split["history"][-1]["closed"]) == (2, [0])
+    assert [(r["lo"], r["hi"], r["partition"]) for r in split["ranges"]] == [
+        (0, 100, 2),
+        (100, 512, 3),
+        (512, 1024, 1),
+    ]
+    merged = target.client.merge_partitions(subject, partitions=[2, 3])
+    assert (merged["version"], merged["history"][-1]["closed"]) == (3, [2, 3])
+    moved = target.client.move_partition(subject, partition=1)
+    assert [r["partition"] for r in moved["ranges"]] == [4, 5]
+    refusals = [
+        (lambda: target.client.split_partition(subject, partition=0, at=100), "partition"),
+        (lambda: target.client.split_partition(subject, partition=4, at=600), "at"),
+        (lambda: target.client.merge_partitions(subject, partitions=[4, 4]), "partitions"),
+        (lambda: target.client.move_partition(subject, partition=1), "partition"),
+    ]
+    for call, field in refusals:
+        with pytest.raises(BrokerRejected) as refused:
+            call()
+        assert (refused.value.status, refused.value.code, refused.value.field) == (
+            409,
+            "route_conflict",
+            field,
+        )
+    bad = target.http.post(f"/v1/subjects/{subject}/partitions/split", json={"partition": 4})
+    assert error(bad) == (400, "missing_field", "at")
     with pytest.raises(BrokerRejected) as unknown:
         target.client.move_partition("nope.never", partition=0)
     assert (unknown.value.status, unknown.value.code) == (404, "subject_not_found")
+
+
+def test_a_split_partitions_keys_wait_until_the_group_consumed_the_closed_one(
+    target: Target,
+) -> None:
+    """Keys of partition 0 go to the new partitions after the split; the group gets them
+    only once it has consumed what partition 0 still held, and its route version moves on
+    then; a resend of an id stored before the split is a duplicate, found where it is."""
+    subject = declare(target, 2)
+    (low,), (high,) = keys_of(2)
+    before = publish(target, subject, [(low, 0), (low, 1), (high, 0)])
+    assert [r.partition for r in before] == [0, 0, 1]
+    first = target.client.pull(subject, "g", "c1", mode="ordered", max_messages=10, wait_ms=0)
+    split = target.client.split_partition(subject, partition=0, at=1)  # every key of 0 moves
+    (new,) = [r["partition"] for r in split["ranges"] if r["lo"] == 1]
+    after = publish(target, subject, [(low, 2), (low, 0)])
+    assert [(r.status, r.partition) for r in after] == [("stored", new), ("duplicate", 0)]
+    # The batch of partition 0 is still out: the new partition is not served yet.
+    assert target.client.pull(subject, "g", "c1", mode="ordered", max_messages=10, wait_ms=0) == []
+    assert target.client.routes(subject)["groups"] == [{"group": "g", "version": 1}]
+    for partition in (0, 1):
+        seqs = [m.seq for m in first if m.partition == partition]
+        target.client.ack(subject, "g", "c1", seqs, partition=partition)
+    then = target.client.pull(subject, "g", "c1", mode="ordered", max_messages=10, wait_ms=0)
+    assert pulled(then) == [(new, 0, low, 1)]
+    assert target.client.routes(subject)["groups"] == [{"group": "g", "version": 2}]

@@ -220,6 +220,34 @@ def test_each_partition_runs_in_order_and_its_acks_name_it(made: Made) -> None:
     assert consumer.stats().in_flight == 0
 
 
+def test_order_holds_across_a_split_merge_and_move_while_consuming(made: Made) -> None:
+    """Route changes in a unit test: the fake changes routes as the broker does, and the
+    consumer keeps each key's order through them."""
+    broker = declared(2)
+    keys = [f"key-{i}" for i in range(40)]
+    consumer = made.consumer(broker, concurrency=4, max_batch=8)
+    seen: dict[str, list[int]] = {key: [] for key in keys}
+    lock = threading.Lock()
+
+    def handle(message: Message) -> None:
+        body = message.json()
+        with lock:
+            seen[body["key"]].append(body["n"])
+
+    consumer.add_handler(SUBJECT, handle, ordered=True)
+    with running(consumer), broker.client() as client:
+        publish(broker, [(key, n) for n in range(5) for key in keys])
+        client.split_partition(SUBJECT, partition=0, at=200)  # 0 -> 2, 3
+        publish(broker, [(key, n) for n in range(5, 10) for key in keys])
+        client.merge_partitions(SUBJECT, partitions=[2, 3])  # -> 4
+        publish(broker, [(key, n) for n in range(10, 15) for key in keys])
+        client.move_partition(SUBJECT, partition=1)  # -> 5
+        publish(broker, [(key, n) for n in range(15, 20) for key in keys])
+        wait_until(lambda: sum(map(len, seen.values())) == 20 * len(keys))
+        wait_until(lambda: client.routes(SUBJECT)["groups"] == [{"group": GROUP, "version": 4}])
+    assert seen == {key: list(range(20)) for key in keys}
+
+
 def test_a_failure_nacks_the_rest_of_its_partitions_batch_in_one_request(made: Made) -> None:
     broker = declared(1)
     publish(broker, [("k", n) for n in range(5)])

@@ -1,4 +1,4 @@
-"""The route table's rules (broker.ordered.routes): every change keeps the four constraints.
+"""The route table's rules (qmq_wire.routes): every change keeps the four constraints.
 
 1. versions are consecutive; 2. one change at a time; 3. ranges stay contiguous and cover
 every logic partition; 4. a closed partition is never routed to again. Plus: a key's logic
@@ -13,7 +13,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.ordered.routes import RouteConflict, Routes
 from qmq_wire.ordered import (
     LOGIC_PARTITIONS,
     command_id,
@@ -21,6 +20,7 @@ from qmq_wire.ordered import (
     partition_log,
     split_partition_log,
 )
+from qmq_wire.routes import RouteConflict, Routes
 
 
 def test_version_one_splits_the_logic_partitions_evenly() -> None:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from qmq_wire import OnDead, RouteChange
+from qmq_wire import OnDead, RouteChange, RouteRangeJson, RoutesAnswerJson
 from qmq_wire.ordered import LOGIC_PARTITIONS, MAX_PARTITIONS
 
 ROUTES_FORMAT = 1
@@ -107,6 +107,45 @@ class Routes:
         for version in reversed(self.versions):
             seen.setdefault(version.partition_of(logic), None)
         return list(seen)
+
+    def advances(self, version: int, finished: Callable[[int], bool]) -> bool:
+        """Whether a group moves past ``version``: a newer one exists and the group
+        ``finished`` (consumed up to its command) every partition that change closed."""
+        return version < self.current.version and all(
+            finished(p) for p in self.at(version + 1).closed
+        )
+
+    def group_version(self, finished: Callable[[int], bool]) -> int:
+        """The version whose partitions a group consumes, by what it ``finished``."""
+        version = 1
+        while self.advances(version, finished):
+            version += 1
+        return version
+
+    def document(self, group_versions: Mapping[str, int]) -> RoutesAnswerJson:
+        """The routes document (``GET /v1/subjects/{subject}/routes``), with each group's
+        route version."""
+        return {
+            "subject": self.subject,
+            "ordered": True,
+            "logic_partitions": LOGIC_PARTITIONS,
+            "on_dead": self.on_dead,
+            "version": self.current.version,
+            "ranges": ranges_json(self.current.ranges),
+            "history": [
+                {
+                    "version": v.version,
+                    "change": v.change,
+                    "ranges": ranges_json(v.ranges),
+                    "closed": list(v.closed),
+                }
+                for v in self.versions
+            ],
+            "groups": [
+                {"group": group, "version": version}
+                for group, version in sorted(group_versions.items())
+            ],
+        }
 
     # --- changes ---------------------------------------------------------------------------
 
@@ -225,3 +264,8 @@ class Routes:
                     return f"version {number} closes partitions that were not open"
             closed_so_far |= set(version.closed)
         return None
+
+
+def ranges_json(ranges: tuple[Range, ...]) -> list[RouteRangeJson]:
+    """Ranges as the routes document and command messages give them."""
+    return [{"lo": r.lo, "hi": r.hi, "partition": r.partition} for r in ranges]
