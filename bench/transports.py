@@ -1,12 +1,12 @@
 """The same outbox and consumer on each transport: the qmq broker, NATS JetStream, RabbitMQ.
 
-    .venv/bin/python bench/transports.py [--rounds 2] [--seconds 10] [--drain 20000]
+    .venv/bin/python bench/transports.py [--rounds 2] [--seconds 10] [--rate 1000] [--drain 20000]
         [--admin-url URL] [--nats nats://127.0.0.1:4222] [--amqp amqp://guest:guest@...]
 
 Per transport, in rounds (the order rotated each round), all through the SDK:
 
-1. Outbox commit -> handler latency at 1,000 msgs/s offered: open loop, transaction i (one
-   business row + one ``outbox.publish``) starts at ``t0 + i/1000`` on one of 16 producer
+1. Outbox commit -> handler latency at ``--rate`` (1,000) msgs/s offered: open loop, transaction
+   i (one business row + one ``outbox.publish``) starts at ``t0 + i/rate`` on one of 16 producer
    threads, on a fresh PostgreSQL database; the commit time is the wall clock in
    SQLAlchemy's ``after_commit``. One consumer process (``Consumer(transport=...)``, 8
    workers, prefetch 64, ``IdempotentStore(batch_size=32)`` billing each message in the same
@@ -179,10 +179,10 @@ async def _declare(transport: Transport, subject: str) -> None:
 
 
 def latency(
-    transport: Transport, db_url: str, seconds: float, threads: int = 16
+    transport: Transport, db_url: str, seconds: float, rate: float, threads: int = 16
 ) -> dict[str, float]:
     subject = f"bench.e2e{uuid.uuid4().hex[:6]}"
-    count = int(RATE * seconds)
+    count = int(rate * seconds)
     engine = sa.create_engine(db_url, pool_size=threads + 2)
     maker = sessionmaker(engine)
     outbox = Outbox(transport=transport, app="bench")
@@ -207,7 +207,7 @@ def latency(
                     i = next(slots, None)
                 if i is None:
                     return
-                pause = start + i / RATE - time.perf_counter()
+                pause = start + i / rate - time.perf_counter()
                 if pause > 0:
                     time.sleep(pause)
                 with maker.begin() as session:
@@ -230,7 +230,7 @@ def latency(
         conn.execute(sa.text("DELETE FROM qmq_outbox"))
         conn.execute(sa.text("DELETE FROM qmq_consumed"))
     engine.dispose()
-    skip = int(RATE * WARMUP)
+    skip = int(rate * WARMUP)
     ordered = sorted(commits.items(), key=lambda item: item[1])[skip:]
     delays = [(starts[mid] - at) * 1000 for mid, at in ordered if mid in starts]
     if len(delays) != len(ordered):
@@ -318,7 +318,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--drain", type=int, default=20_000)
+    parser.add_argument("--rate", type=float, default=RATE, help="msgs/s offered (latency)")
+    parser.add_argument("--drain", type=int, default=20_000, help="backlog drained; 0: none")
     parser.add_argument(
         "--admin-url", default="postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
     )
@@ -345,8 +346,8 @@ def main() -> None:
                 turn = round_no % len(transports)
                 for name, transport in transports[turn:] + transports[:turn]:
                     seen = results.setdefault(name, {"p50": [], "p99": [], "drain": []})
-                    figures = latency(transport, db_url, args.seconds)
-                    rate = drain(transport, args.drain)
+                    figures = latency(transport, db_url, args.seconds, args.rate)
+                    rate = drain(transport, args.drain) if args.drain else float("nan")
                     seen["p50"].append(figures["p50"])
                     seen["p99"].append(figures["p99"])
                     seen["drain"].append(rate)
