@@ -125,6 +125,20 @@ class PullClient(Protocol):
     ) -> dict[str, Any]: ...
 
 
+async def ack_then_pull(
+    client: PullClient,
+    subject: str,
+    group: str,
+    consumer: str,
+    ack: Sequence[int],
+    **options: Any,
+) -> AckedPull:
+    """``ack_and_pull`` for a transport whose pull cannot carry acks: the ack, then the pull."""
+    answer = await client.ack(subject, group, consumer, ack)
+    messages = await client.pull(subject, group, consumer, **options)
+    return AckedPull(messages, answer["acked"], answer["unknown"])
+
+
 class ConsumerClient(PullClient, Protocol):
     """A ``PullClient`` opened by a transport for one consumer; closed by it at the end."""
 

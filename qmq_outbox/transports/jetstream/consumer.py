@@ -31,7 +31,7 @@ from qmq_outbox.client import AckedPull, PullMode, StartAt
 from qmq_outbox.envelope import Message
 from qmq_outbox.errors import BrokerUnavailable
 from qmq_outbox.transports import headers
-from qmq_outbox.transports.base import ConsumerSpec, DeadLetter, retry_delay
+from qmq_outbox.transports.base import ConsumerSpec, DeadLetter, ack_then_pull, retry_delay
 from qmq_outbox.transports.jetstream.config import JetStreamTransport
 from qmq_outbox.transports.jetstream.connection import Connection
 from qmq_outbox.transports.jetstream.producer import MSG_ID
@@ -112,9 +112,7 @@ class JetStreamConsumer:
         ack: Sequence[int],
         **options: Any,
     ) -> AckedPull:
-        answer = await self.ack(subject, group, consumer, ack)
-        messages = await self.pull(subject, group, consumer, **options)
-        return AckedPull(messages, answer["acked"], answer["unknown"])
+        return await ack_then_pull(self, subject, group, consumer, ack, **options)
 
     async def _subscription(
         self, subject: str, start: StartAt

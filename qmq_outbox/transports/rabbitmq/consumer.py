@@ -33,7 +33,7 @@ from qmq_outbox.client import AckedPull, PullMode, StartAt
 from qmq_outbox.envelope import Message
 from qmq_outbox.errors import BrokerUnavailable
 from qmq_outbox.transports import headers
-from qmq_outbox.transports.base import ConsumerSpec, DeadLetter, retry_delay
+from qmq_outbox.transports.base import ConsumerSpec, DeadLetter, ack_then_pull, retry_delay
 from qmq_outbox.transports.rabbitmq.config import RabbitMqTransport
 from qmq_outbox.transports.rabbitmq.connection import (
     FAILURES,
@@ -163,9 +163,7 @@ class RabbitMqConsumer:
         ack: Sequence[int],
         **options: Any,
     ) -> AckedPull:
-        answer = await self.ack(subject, group, consumer, ack)
-        messages = await self.pull(subject, group, consumer, **options)
-        return AckedPull(messages, answer["acked"], answer["unknown"])
+        return await ack_then_pull(self, subject, group, consumer, ack, **options)
 
     # -- finishing -------------------------------------------------------------------------
 
