@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/reconcile.py [--rows 1000000] [--master local[2]] [--runs 1]
         [--admin-url postgresql+psycopg://postgres@127.0.0.1:5432/postgres] [--keep]
+        [--settle-below 1.0]
     .venv/bin/python bench/reconcile.py --rows 1000        # the small run: fixed costs
 
 Set-up (not part of the timed run):
@@ -292,6 +293,14 @@ def main() -> None:
         ),
     )
     parser.add_argument("--keep", action="store_true", help="keep the data directory")
+    parser.add_argument(
+        "--settle-below",
+        type=float,
+        default=None,
+        metavar="LOAD",
+        help="before each timed run, wait until the 1-minute load average is below LOAD "
+        "(the set-up and the run before leave the box busy)",
+    )
     args = parser.parse_args()
 
     from spark_reconcile.session import class_archive, default_jvm_cache
@@ -316,6 +325,8 @@ def main() -> None:
                 print("warm-up (writes the JVM class archive, not measured)", flush=True)
                 run_cli(url, data_dir, work / "out-warm-up", args.master)
             for number in range(1, args.runs + 1):
+                while args.settle_below is not None and os.getloadavg()[0] >= args.settle_below:
+                    time.sleep(5)
                 print(f"run {number}: load average at start: {load_average()}", flush=True)
                 report(run_cli(url, data_dir, work / f"out-{number}", args.master), args.rows)
             print(f"load average at the end: {load_average()}")

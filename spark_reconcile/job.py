@@ -229,7 +229,13 @@ def run(
             with timed("consumed"):
                 sent_before = started - ack_threshold
                 checked = _check_consumed(
-                    active, consumer, outbox, window=window, sent_before=sent_before, out=out_dir
+                    active,
+                    consumer,
+                    outbox,
+                    window=window,
+                    sent_before=sent_before,
+                    out=out_dir,
+                    cached=cached,
                 )
         if broker is None:
             doc = report.summary({}, [], [], consumed=checked, judged=False)
@@ -311,9 +317,11 @@ def _check_consumed(
     window: transforms.Window,
     sent_before: datetime,
     out: Path,
+    cached: list[DataFrame],
 ) -> dict[str, Any]:
-    """The ``consumed`` entry of the summary, its messages written under ``out``."""
-    consumed = readers.read_consumed(spark, check.source, group=check.group)
+    """The ``consumed`` entry of the summary, its messages written under ``out``. The group's
+    rows are read once (cached): both comparisons use them, and see the same rows."""
+    consumed = _cache(readers.read_consumed(spark, check.source, group=check.group), cached)
     never = transforms.unconsumed(
         outbox, consumed, window=window, subjects=check.subjects, sent_before=sent_before
     )

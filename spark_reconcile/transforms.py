@@ -587,15 +587,7 @@ def out_of_order(outbox: DataFrame, messages: DataFrame, *, window: Window) -> D
     judged = stored.join(rows, "message_id").where(
         window.created_in_range(created) & window.settled(created, due)
     )
-    # The hash first, so that the window's sort compares longs across keys, not the
-    # outbox URL that every row shares.
-    same_key = ("outbox", "subject", "key")
-    earlier = (
-        W.partitionBy(F.xxhash64(*same_key), *same_key)
-        .orderBy("stored_at", "broker", "partition", "seq")
-        .rowsBetween(W.unboundedPreceding, -1)
-    )
-    newest_before = F.max(F.struct("outbox_id", "message_id")).over(earlier)
+    newest_before = _largest_stored_before(("outbox", "subject", "key"), "outbox_id")
     return (
         judged.select("*", newest_before.alias("before"))
         .where(F.col("before.outbox_id") > F.col("outbox_id"))
@@ -638,13 +630,7 @@ def acked_out_of_order(messages: DataFrame, actions: DataFrame, *, window: Windo
     )
     dead = ordered_acts.where(F.col("type") == "dead").select(*owner_seq).distinct()
     judged = acked.join(dead, list(owner_seq), "left_anti").join(stored, [*_LOG, "seq"])
-    same_key = ("subject", "group", "state", "key")
-    earlier = (
-        W.partitionBy(F.xxhash64(*same_key), *same_key)
-        .orderBy("stored_at", "broker", "partition", "seq")
-        .rowsBetween(W.unboundedPreceding, -1)
-    )
-    last_acked_before = F.max(F.struct("acked_at", "message_id")).over(earlier)
+    last_acked_before = _largest_stored_before(("subject", "group", "state", "key"), "acked_at")
     return (
         judged.select("*", last_acked_before.alias("earlier"))
         .where(F.col("earlier.acked_at") > F.col("acked_at"))
@@ -654,6 +640,19 @@ def acked_out_of_order(messages: DataFrame, actions: DataFrame, *, window: Windo
             F.col("earlier.acked_at").alias("earlier_acked_at"),
         )
     )
+
+
+def _largest_stored_before(same_key: Sequence[str], measure: str) -> Column:
+    """Per ``same_key``, over the messages stored before this one (stored order: see
+    ``out_of_order``), the largest ``(measure, message_id)``."""
+    # The hash first, so that the window's sort compares longs across keys, not the
+    # outbox URL (or subject) that every row shares.
+    earlier = (
+        W.partitionBy(F.xxhash64(*same_key), *same_key)
+        .orderBy("stored_at", "broker", "partition", "seq")
+        .rowsBetween(W.unboundedPreceding, -1)
+    )
+    return F.max(F.struct(measure, "message_id")).over(earlier)
 
 
 # --- consumed ---------------------------------------------------------------------------------
