@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import httpx
 
 from bench._broker import BenchBroker
+from bench._speed import python_speed
 from qmq_outbox.client import AsyncBrokerClient
 from qmq_outbox.errors import BrokerUnavailable
 
@@ -348,7 +349,7 @@ def machine() -> str:
     load = os.getloadavg()
     return (
         f"{os.cpu_count()} vCPU, Python {platform.python_version()}, "
-        f"load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}"
+        f"load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}, {python_speed()}"
     )
 
 

@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._peers.common import Peer
 from bench._peers.report import Report, Sample
 from bench._peers.workloads import WORKLOADS, Result, Settings
+from bench._speed import python_speed
 
 T = TypeVar("T")
 
@@ -257,12 +258,13 @@ def main() -> None:
             sys.exit("interrupted: the peers were stopped and cleaned up; no report")
         notes = [note for peer in peers for note in peer.notes()]
     load_end = os.getloadavg()
+    speed = python_speed()
     command = "python bench/peers.py " + shlex.join(sys.argv[1:])
     header = (
         f"`{command.strip()}` on {time.strftime('%Y-%m-%d %H:%M UTC', began)},"
         f" {platform.node()}: {os.cpu_count()} vCPU, Python {platform.python_version()};"
         f" load average (1 / 5 / 15 min) {_load(load_start)} at the start,"
-        f" {_load(load_end)} at the end. {args.rounds} round(s), each running every system"
+        f" {_load(load_end)} at the end; {speed}. {args.rounds} round(s), each running every system"
         " once per workload, the order of the systems rotated by one each round."
     )
     report = Report(samples=samples, systems=[(p.name, p.title) for p in peers], settings=settings)

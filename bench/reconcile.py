@@ -51,6 +51,7 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
+from bench._speed import python_speed
 from broker.clock import SystemClock
 from broker.config import BrokerConfig, FsyncPolicy
 from broker.engine import Broker
@@ -327,7 +328,10 @@ def main() -> None:
             for number in range(1, args.runs + 1):
                 while args.settle_below is not None and os.getloadavg()[0] >= args.settle_below:
                     time.sleep(5)
-                print(f"run {number}: load average at start: {load_average()}", flush=True)
+                print(
+                    f"run {number}: load average at start: {load_average()}; {python_speed()}",
+                    flush=True,
+                )
                 report(run_cli(url, data_dir, work / f"out-{number}", args.master), args.rows)
             print(f"load average at the end: {load_average()}")
     finally:

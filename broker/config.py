@@ -201,10 +201,10 @@ class BrokerConfig:
         max=10_000,
     )
     anticipation_s: float = _option(
-        0.010,
+        0.020,
         "fair: how long a group answered moments ago keeps its place while its consumers "
-        "pull again (their round trip, which includes answering the other groups' last "
-        "slice); actors more than a time slice ahead of it wait (0: never wait).",
+        "pull again (their round trip; the longest recent run is added, which their pulls "
+        "may wait for); actors ahead of it wait (0: never wait).",
         "milliseconds",
         min=0,
         max=1_000,

@@ -175,10 +175,15 @@ class DeliveryService:
         messages: list[PulledMessageJson] = await future
         return messages, acked
 
-    def charge(self, *, subject: str, group: str, seconds: float) -> None:
-        """Count work done for a group's pull outside the scheduler (reading the request,
-        encoding the answer) toward the group's share of the pull workers."""
-        self._pulls.charge(subject, group, seconds)
+    def charge(self, *, subject: str, group: str, measured: float, estimated: float) -> None:
+        """Count work done for a group's pull outside the scheduler toward the group's share
+        of the pull workers: ``measured`` (decoding the request, encoding the answer) and
+        ``estimated`` (the request's part of work nobody measured: parsing, writing)."""
+        self._pulls.charge(subject, group, measured, estimated)
+
+    def measured_s(self) -> float:
+        """CPU seconds of pull work measured so far: in the workers' runs and charged."""
+        return self._pulls.measured_s
 
     def _join(
         self, subject: str, group: str, consumer: str, mode: str, start: str

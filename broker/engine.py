@@ -106,6 +106,11 @@ class Broker:
     def delivery(self) -> DeliveryService:
         return _ready(self._delivery)
 
+    def measured_pull_work_s(self) -> float:
+        """CPU seconds of pull work measured so far (``DeliveryService.measured_s``); 0
+        before the broker is ready."""
+        return 0.0 if self._delivery is None else self._delivery.measured_s()
+
     @property
     def delayed(self) -> DelayedMessages:
         return _ready(self._delayed)

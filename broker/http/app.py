@@ -26,6 +26,7 @@ from broker.http.auth import Authorizer, Grant, Right
 from broker.http.errors import error_response, from_validation
 from broker.http.guard import GuardPolicy, RequestGuard, content_type_error
 from broker.http.openapi import openapi_document
+from broker.http.overhead import LoopOverhead
 from broker.http.schemas import (
     DeclareRequest,
     MergeRequest,
@@ -65,6 +66,7 @@ class Api:
     def __init__(self, broker: Broker, *, authorizer: Authorizer | None = None) -> None:
         self.broker = broker
         self.authorizer = authorizer
+        self.overhead = LoopOverhead(broker.measured_pull_work_s)
 
     async def _body(self, request: Request) -> bytes:
         refusal = content_type_error(request.headers.get("content-type"))
@@ -176,12 +178,13 @@ class Api:
 
     async def pull(self, request: Request) -> Response:
         grant = self._grant(request)
-        began = time.perf_counter()
-        parsed = bodies.decode(await self._body(request), bodies.PullBody)
+        body = await self._body(request)
+        began = time.thread_time()  # CPU, as the actors' work is counted (``Served``)
+        parsed = bodies.decode(body, bodies.PullBody)
         self._require(grant, Right.CONSUME, parsed.subject, group=parsed.group, field="group")
         self.broker.sightings.saw(parsed.subject, parsed.group, parsed.consumer)
         wait_ms = min(parsed.wait_ms, self.broker.config.max_wait_ms)
-        decoded = time.perf_counter()
+        decoded = time.thread_time()
         messages, acked = await self.broker.delivery.ack_and_pull(
             subject=parsed.subject,
             group=parsed.group,
@@ -194,15 +197,20 @@ class Api:
             min_messages=min(parsed.min, parsed.max),  # a larger min asks for a full batch
             linger_ms=parsed.linger_ms,
         )
-        answered = time.perf_counter()
+        answered = time.thread_time()
         if acked is None:
             response = _json({"messages": messages})
         else:
             doc = {"messages": messages, "acked": acked.acked, "unknown": acked.unknown}
             response = _json(doc)
         # The request's own work outside the pull scheduler counts toward its group's share.
-        spent = decoded - began + time.perf_counter() - answered
-        self.broker.delivery.charge(subject=parsed.subject, group=parsed.group, seconds=spent)
+        spent = decoded - began + time.thread_time() - answered
+        self.broker.delivery.charge(
+            subject=parsed.subject,
+            group=parsed.group,
+            measured=spent,
+            estimated=self.overhead.per_request,
+        )
         return response
 
     async def ack(self, request: Request) -> Response:
@@ -440,6 +448,7 @@ def _endpoint(api: Api, name: str, handler: Handler) -> Handler:
     histogram = api.broker.metrics.requests
 
     async def endpoint(request: Request) -> Response:
+        api.overhead.request()
         began = time.perf_counter()
         try:
             response = await handler(request)

@@ -9,7 +9,7 @@ from broker.clock import Clock, ManualClock, SystemClock
 from broker.pulls.actor import PullActor, PullCounts
 from broker.pulls.errors import DeadlineExceeded, MailboxFull, ShuttingDown, TooManyPulls
 from broker.pulls.metrics import ActorMetrics
-from broker.pulls.request import Processor, PullOutcome, QueuedPull
+from broker.pulls.request import Processor, PullOutcome, QueuedPull, Served
 from broker.pulls.scheduler import SCHEDULERS, FairScheduler, FifoScheduler, PullScheduler
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "PullOutcome",
     "PullScheduler",
     "QueuedPull",
+    "Served",
     "ShuttingDown",
     "SystemClock",
     "TooManyPulls",

@@ -76,7 +76,8 @@ class PullActor:
         self.present_until = 0.0  # served moments ago: its consumers are about to pull again
         # accounting
         self.runs = 0
-        self.service_s = 0.0
+        self.service_s = 0.0  # wall time of its runs
+        self.work_s = 0.0  # CPU its runs' requests cost (what its virtual runtime counts)
         self.suspended_s = 0.0
         self.suspended_since: float | None = None
         self.expired = 0
@@ -292,9 +293,12 @@ class PullActor:
                 size = max(remaining_s / cost, 1)
         return int(min(size, limit, cap))
 
-    def ran(self, elapsed: float) -> None:
+    def ran(self, elapsed: float, work: float) -> None:
+        """A run ended: ``elapsed`` seconds of wall time, ``work`` of CPU (``Served``)."""
         self.runs += 1
         self.service_s += elapsed
+        self.work_s += work
         if self.series is not None:
             self.series.runs.inc()
             self.series.service.inc(elapsed)
+            self.series.work.inc(work)

@@ -29,6 +29,7 @@ class ActorSeries:
 
     runs: Counter
     service: Counter
+    work: Counter
     suspended: Counter
     queue_wait: Histogram
     expired: Counter
@@ -44,7 +45,14 @@ class ActorMetrics:
         )
         self.service = Counter(
             "qmq_broker_actor_service_seconds",
-            "Wall time an actor spent running, reads included (its virtual runtime source)",
+            "Wall time an actor spent running, waits for reads included",
+            labels,
+            registry=r,
+        )
+        self.work = Counter(
+            "qmq_broker_actor_work_seconds",
+            "CPU an actor's pulls cost in its runs, on the loop and the read thread (with "
+            "the work charged outside them, its virtual runtime)",
             labels,
             registry=r,
         )
@@ -94,6 +102,7 @@ class ActorMetrics:
         return ActorSeries(
             runs=self.runs.labels(subject, group),
             service=self.service.labels(subject, group),
+            work=self.work.labels(subject, group),
             suspended=self.suspended.labels(subject, group),
             queue_wait=self.queue_wait.labels(subject, group),
             expired=self.expired.labels(subject, group),

@@ -62,11 +62,24 @@ class PullOutcome:
     lingering: bool = False  # messages were there, fewer than the request's min
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Served:
+    """What serving a batch of requests gave: one outcome per request, in order, and
+    ``work_s``, the CPU seconds it cost on the loop and on the read thread.
+
+    The work, not the wall time, is what the group is charged: a batch's wall time also
+    holds its waits for the read pool and for the GIL, which grow with everything else the
+    broker does (a lone small pull waits as long for its hand-off as a batch of 64).
+    """
+
+    outcomes: list[PullOutcome]
+    work_s: float
+
+
 class Processor(Protocol):
     """Serves a batch of one actor's requests, in order; called on the loop by a worker.
 
-    Returns one outcome per request. Batching lets one hand-off to the read pool serve
-    several requests.
+    Batching lets one hand-off to the read pool serve several requests.
     """
 
-    async def __call__(self, requests: Sequence[QueuedPull]) -> list[PullOutcome]: ...
+    async def __call__(self, requests: Sequence[QueuedPull]) -> Served: ...

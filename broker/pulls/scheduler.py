@@ -5,15 +5,19 @@ loop; a *worker* is an asyncio task that runs one actor at a time. Serving a req
 three steps: the decision (expire leases, choose seqs, append the LEASE record) runs on
 the loop with no await in between, so group state and the journal are only ever touched
 by the loop thread and a choice is recorded before anyone else can choose again; the
-record reads then run on a thread of the read pool (one thread per worker), where a slow
-or cold read blocks only that thread; the answer is set back on the loop. While a worker
-runs an actor in the fair scheduler the actor is *running*, not in the run queue, so no
-other worker can serve it: one group never holds more than one worker, which is what
-keeps a group crawling through cold backlog from slowing the others. Service time is the
-actor's wall time in its slice, reads included, so slow reads push that group back.
+records are then read, on the loop when they are all in the page cache, else on a thread
+of the read pool (one thread per worker), where a slow or cold read blocks only that
+thread; the answer is set back on the loop. While a worker runs an actor in the fair
+scheduler the actor is *running*, not in the run queue, so no other worker can serve it:
+one group never holds more than one worker, which is what keeps a group crawling through
+cold backlog from slowing the others: its reads' waits are isolated by that rule, not
+charged. What a group is charged is the CPU its pulls cost, on the loop and on the read
+thread (``Served``), not a run's wall time: that also holds the waits for a read thread
+and for the GIL, which grow with everything else the broker does and are as long for a
+lone one-message pull as for a batch of 64 requests.
 
 ``FairScheduler``: runnable actors in a priority queue by virtual runtime (accumulated
-service time, CFS-style), ties by submit time. A run lasts at most one time slice (the
+work, CFS-style), ties by submit time. A run lasts at most one time slice (the
 check is after each request; a request is never split), then the actor yields and goes
 back in the queue if it has more to do. An actor that becomes runnable from idle or
 suspended starts no lower than the smallest virtual runtime of the runnable and running
@@ -22,15 +26,21 @@ flaw QMQ hit when it ordered by total runtime).
 
 Small pulls. Part of a pull's cost is not in the actor's run: reading the request,
 decoding it, encoding and writing the answer. ``charge`` adds that part to the group's
-virtual runtime (the HTTP layer measures it). And a group with few consumers is empty
-between its answers and its consumers' next pulls: with every pull small, a group of 100
-consumers would get nearly every turn while the 2 consumers of another are on their way
-back. So a group answered moments ago stays *present* for ``anticipation_s`` (a consumer's
-round trip): while it is, an actor more than one time slice of virtual runtime ahead of it
-waits (a worker idles briefly rather than run it), and a present group that comes back
-keeps its virtual runtime instead of being lifted to the floor. A group that does not come
-back within that time stops counting; a group whose pulls wait for data (parked) is not
-present.
+virtual runtime: what the HTTP layer measures (decoding, encoding) and its estimate of the
+loop's unmeasured work per request (parsing, routing, writing: most of a small pull's
+cost). And a group with few consumers is empty between its answers and its consumers'
+next pulls: with every pull small, a group of 100 consumers would get nearly every turn
+while the 2 consumers of another are on their way back. So a group answered moments ago
+stays *present* for ``anticipation_s`` (a consumer's round trip) plus the longest recent
+run (its consumers' next pulls may wait for a run under way to end): while it is, an actor
+ahead of it in virtual runtime waits (a worker idles briefly rather than run it), and a
+present group that comes back keeps its virtual runtime instead of being lifted to the
+floor. A group that does not come back within that time stops counting; a group whose
+pulls wait for data (parked) is not present.
+
+Most reads find their records in the page cache and are served on the loop, with no await
+(``PullService``): a worker then yields to the loop after each run, so that answers are
+written and new requests read before the next run is chosen.
 
 ``FifoScheduler``: the plain request queue the actor design replaces, kept for
 benchmarks: one shared FIFO of requests, each served by whichever worker is free, so a
@@ -58,7 +68,8 @@ from broker.pulls.request import TIMER_SLACK_S, Processor, PullOutcome, PullStat
 
 logger = logging.getLogger(__name__)
 
-MAX_BATCH = 64  # requests served per hand-off to the read pool, at most
+MAX_BATCH = 64  # requests served per read (on the loop or the read pool), at most
+LONG_RUN_DECAY = 0.95  # per run: how fast the longest recent run is forgotten
 
 
 class PullScheduler:
@@ -94,6 +105,7 @@ class PullScheduler:
         self._idle: deque[asyncio.Future[None]] = deque()
         self._serving: set[QueuedPull] = set()
         self.stopping = False
+        self.measured_s = 0.0  # work measured so far, all actors: in runs and charged
         if metrics is not None:
             metrics.watch(self._gauges)
             metrics.watch_totals(lambda: (self.totals.pending, self.totals.parked))
@@ -215,6 +227,9 @@ class PullScheduler:
                 await waiter
                 continue
             await self.run(*picked)
+            # A run whose records were all in the page cache never waited: let the loop
+            # write its answers and read new requests before the next run is chosen.
+            await asyncio.sleep(0)
 
     def _kick(self, count: int = 1) -> None:
         while count > 0 and self._idle:
@@ -239,6 +254,7 @@ class PullScheduler:
         actor.settle(start)
         actor.empty_keys.clear()
         taken = 0
+        work = 0.0
         outside = actor.charge_per_request or 0.0  # each answer's work after the run
         try:
             while taken < limit:
@@ -252,14 +268,15 @@ class PullScheduler:
                 taken += count
                 if batch:
                     began = clock.now()
-                    await self._serve(actor, batch)
+                    work += await self._serve(actor, batch)
                     actor.note_cost((clock.now() - began) / len(batch))
         finally:
             end = clock.now()
             actor.running -= 1
             if taken:
-                actor.ran(end - start)
-            self._finished(actor, end - start)
+                actor.ran(end - start, work)
+            self.measured_s += work
+            self._finished(actor, work, end - start)
             actor.settle(end)
             self._arm(actor)
 
@@ -296,10 +313,11 @@ class PullScheduler:
                 batch.append(request)
         return taken, batch
 
-    async def _serve(self, actor: PullActor, batch: list[QueuedPull]) -> None:
+    async def _serve(self, actor: PullActor, batch: list[QueuedPull]) -> float:
+        """Serve a batch; the work it cost (``Served.work_s``; 0 when it failed)."""
         self._serving.update(batch)
         try:
-            outcomes = await self._processor(batch)
+            served = await self._processor(batch)
         except asyncio.CancelledError:
             for request in batch:  # the worker is being stopped: answer, don't strand
                 self._fail(actor, request, ShuttingDown())
@@ -316,11 +334,12 @@ class PullScheduler:
                 )
             for request in batch:
                 self._fail(actor, request, exc)
-            return
+            return 0.0
         finally:
             self._serving.difference_update(batch)
-        for request, outcome in zip(batch, outcomes, strict=True):
+        for request, outcome in zip(batch, served.outcomes, strict=True):
             self._conclude(actor, request, outcome)
+        return served.work_s
 
     def _conclude(self, actor: PullActor, request: QueuedPull, outcome: PullOutcome) -> None:
         if outcome.messages is not None:
@@ -396,14 +415,17 @@ class PullScheduler:
         """The actor to run now with its time budget and request limit, if any."""
         raise NotImplementedError
 
-    def _finished(self, actor: PullActor, elapsed: float) -> None:
-        """A run ended after ``elapsed`` seconds."""
+    def _finished(self, actor: PullActor, work: float, elapsed: float) -> None:
+        """A run ended after ``elapsed`` seconds; its requests cost ``work`` (``Served``)."""
 
-    def charge(self, subject: str, group: str, seconds: float) -> None:
-        """Work done for a group's pull outside its actor's run (decoding the request,
-        encoding the answer): it counts toward the group's share."""
+    def charge(self, subject: str, group: str, measured: float, estimated: float = 0.0) -> None:
+        """Work done for a group's pull outside its actor's run counts toward the group's
+        share: ``measured`` (decoding the request, encoding the answer) and ``estimated``
+        (its part of the loop's unmeasured work: parsing, routing, writing)."""
+        self.measured_s += measured
         actor = self._actors.get((subject, group))
         if actor is not None:
+            seconds = measured + estimated
             actor.charged_s += seconds
             actor.note_charge(seconds)
             self._charged(actor, seconds)
@@ -433,6 +455,7 @@ class FairScheduler(PullScheduler):
         self._hold_timer: Timer | None = None
         self._hold_until: float | None = None
         self._floor = 0.0  # min virtual runtime seen; never goes down
+        self._long_run = 0.0  # recent longest run (wall seconds), decaying
 
     def min_vruntime(self) -> float:
         """The smallest virtual runtime among runnable, running and present actors
@@ -474,12 +497,12 @@ class FairScheduler(PullScheduler):
         return actor, self.time_slice_s, math.inf
 
     def _held(self, vruntime: float) -> bool:
-        """Whether the next actor waits for a present one it is more than a slice ahead of;
-        arms the timer that ends the wait when the presence does."""
+        """Whether the next actor waits for a present one it is ahead of; arms the timer
+        that ends the wait when the presence does."""
         now = self._clock.now()
         gone = [actor for actor in self._present if actor.present_until <= now]
         self._present.difference_update(gone)
-        ahead_of = [a for a in self._present if vruntime > a.vruntime + self.time_slice_s]
+        ahead_of = [a for a in self._present if vruntime > a.vruntime]
         if not ahead_of:
             return False
         until = min(actor.present_until for actor in ahead_of)
@@ -495,14 +518,16 @@ class FairScheduler(PullScheduler):
         self._hold_until = None
         self._kick(self.workers)
 
-    def _finished(self, actor: PullActor, elapsed: float) -> None:
-        actor.vruntime += elapsed
+    def _finished(self, actor: PullActor, work: float, elapsed: float) -> None:
+        actor.vruntime += work
+        self._long_run = max(elapsed, self._long_run * LONG_RUN_DECAY)
         self.min_vruntime()  # the floor follows the actors that run, even a lone one
         self._running.discard(actor)
         if actor.mailbox:
             self._push(actor)
         elif self.anticipation_s > 0 and not actor.parked_count:
-            actor.present_until = self._clock.now() + self.anticipation_s
+            # its consumers' next pulls may wait for a run that is under way to end
+            actor.present_until = self._clock.now() + self.anticipation_s + self._long_run
             self._present.add(actor)
 
     def _charged(self, actor: PullActor, seconds: float) -> None:

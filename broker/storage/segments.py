@@ -59,8 +59,35 @@ def segment_path(data_dir: Path, kind: SegmentKind, number: int) -> Path:
     return data_dir / KIND_DIRS[kind] / segment_name(number)
 
 
+_RWF_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)  # Linux 4.14+
+
+
+class NotCached(Exception):
+    """A ``cached_only`` read would have waited for the disk (or this platform cannot
+    tell): read it where waiting is allowed."""
+
+
+def _pread(fd: int, length: int, offset: int, cached_only: bool) -> bytes:
+    if not cached_only:
+        return os.pread(fd, length, offset)
+    if _RWF_NOWAIT is None:
+        raise NotCached
+    buffer = bytearray(length)
+    try:
+        got = os.preadv(fd, [buffer], offset, _RWF_NOWAIT)
+    except BlockingIOError:
+        raise NotCached from None
+    if got < length:  # partly cached, or past the end: the plain read decides which
+        raise NotCached
+    return bytes(buffer)
+
+
 class SegmentReader:
-    """Reads frames by position with cached read-only descriptors (``pread`` is thread-safe)."""
+    """Reads frames by position with cached read-only descriptors (``pread`` is thread-safe).
+
+    ``cached_only``: read only what is in the page cache (``RWF_NOWAIT``), else raise
+    ``NotCached``, so that the event loop can serve hot reads itself and leave the rest to
+    a read thread."""
 
     def __init__(self, data_dir: Path, kind: SegmentKind) -> None:
         self._data_dir = data_dir
@@ -82,17 +109,19 @@ class SegmentReader:
                     found = self._files[segment] = (fd, str(path))
         return found
 
-    def read(self, segment: int, offset: int, length: int) -> bytes:
+    def read(self, segment: int, offset: int, length: int, *, cached_only: bool = False) -> bytes:
         """The payload of the frame at a position, CRC-checked."""
         fd, path = self._file(segment)
-        data = os.pread(fd, length, offset)
+        data = _pread(fd, length, offset, cached_only)
         if len(data) < FRAME_SIZE:
             raise CorruptRecord(path=path, offset=offset, reason="frame beyond end of segment")
         return read_frame_at(data, offset=offset, path=path)
 
-    def read_run(self, segment: int, offset: int, length: int) -> bytes:
+    def read_run(
+        self, segment: int, offset: int, length: int, *, cached_only: bool = False
+    ) -> bytes:
         """Raw bytes of adjacent frames (still framed: the caller checks each CRC)."""
-        return os.pread(self._file(segment)[0], length, offset)
+        return _pread(self._file(segment)[0], length, offset, cached_only)
 
     def forget(self, segment: int) -> None:
         with self._lock:

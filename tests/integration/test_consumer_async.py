@@ -107,12 +107,16 @@ async def test_run_async_with_async_store_and_a_lease_expiring_mid_handler(
     task = asyncio.create_task(consumer.run_async(install_signal_handlers=False))
     try:
         await wait_until_async(
-            lambda: consumer.stats().processed + consumer.stats().duplicates >= 31, within=15
+            lambda: consumer.stats().processed >= 30 and consumer.stats().duplicates >= 1,
+            within=15,
         )
     finally:
         consumer.stop()
         await asyncio.wait_for(task, 15)
-    assert consumer.stats().duplicates == 1
+    # seq 0's redelivery at least; on a slow box a prefetched message's 1 s lease can run
+    # out before a handler is free too: each redelivery is a duplicate, never a second bill
+    assert consumer.stats().duplicates >= 1
+    assert consumer.stats().processed == 30
     assert (0, 1) in attempts
     assert count(engine, invoices) == 30
     state = await asyncio.to_thread(group_state, client, subject, group)

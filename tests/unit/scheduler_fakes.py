@@ -1,8 +1,9 @@
 """A scripted processor and helpers for driving the pull schedulers on a ``ManualClock``.
 
 The processor advances the manual clock by each group's cost per request (its "service
-time"), hands out messages from per-(subject, group, key) counters and records every call,
-so tests can assert the exact order in which the scheduler served the groups.
+time"; its work too, unless ``work`` says how much of it was CPU), hands out messages from
+per-(subject, group, key) counters and records every call, so tests can assert the exact
+order in which the scheduler served the groups.
 """
 
 from __future__ import annotations
@@ -12,13 +13,15 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from broker.pulls import ManualClock, PullOutcome, PullScheduler, QueuedPull
+from broker.pulls import ManualClock, PullOutcome, PullScheduler, QueuedPull, Served
 
 
 class ScriptedProcessor:
     def __init__(self, clock: ManualClock) -> None:
         self.clock = clock
         self.cost: dict[str, float] = defaultdict(lambda: 0.001)  # seconds per request, by group
+        # CPU per request, by group, when it is not all of the cost (the rest is waiting)
+        self.work: dict[str, float] = {}
         self.available: dict[tuple[str, str, str], int] = defaultdict(int)
         self.wake_at: dict[str, float] = {}  # group -> PullOutcome.wake_at when nothing is there
         self.calls: list[str] = []  # group of every call, in order
@@ -26,8 +29,10 @@ class ScriptedProcessor:
     def add(self, group: str, count: int, *, subject: str = "s", key: str = "") -> None:
         self.available[(subject, group, key)] += count
 
-    async def __call__(self, requests: Sequence[QueuedPull]) -> list[PullOutcome]:
-        return [self._serve(request) for request in requests]
+    async def __call__(self, requests: Sequence[QueuedPull]) -> Served:
+        outcomes = [self._serve(request) for request in requests]
+        work = sum(self.work.get(request.group, self.cost[request.group]) for request in requests)
+        return Served(outcomes, work)
 
     def _serve(self, request: QueuedPull) -> PullOutcome:
         self.calls.append(request.group)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from broker.format import HEADER_SIZE, MessageRecord, SegmentKind, frame, segment_header
-from broker.pulls.reads import Batch, read_batches
-from broker.storage.segments import SegmentReader, segment_path
+from broker.pulls.reads import Batch, read_batches, read_cached
+from broker.storage.segments import NotCached, SegmentReader, segment_path
 
 
 def record(seq: int) -> MessageRecord:
@@ -57,7 +58,7 @@ def test_adjacent_and_scattered_records_are_read_in_order(
     stored: tuple[SegmentReader, list[tuple[int, int, int]]],
 ) -> None:
     reader, positions = stored
-    [(messages, unreadable)] = read_batches(reader, [(batch(positions, [0, 1, 2, 4, 5]), 0.0)])
+    [(messages, unreadable)], _ = read_batches(reader, [(batch(positions, [0, 1, 2, 4, 5]), 0.0)])
     assert [m["id"] for m in messages] == ["id-0", "id-1", "id-2", "id-4", "id-5"]
     assert unreadable == []
 
@@ -71,7 +72,7 @@ def test_a_corrupt_frame_inside_a_run_fails_alone(
     _, offset, length = positions[2]
     data[offset + length - 1] ^= 0xFF  # last body byte of seq 2: CRC mismatch
     path.write_bytes(bytes(data))
-    [(messages, unreadable)] = read_batches(reader, [(batch(positions, [1, 2, 3]), 0.0)])
+    [(messages, unreadable)], _ = read_batches(reader, [(batch(positions, [1, 2, 3]), 0.0)])
     assert [m["seq"] for m in messages] == [1, 3]
     assert [(seq, "CRC mismatch" in error) for seq, error in unreadable] == [(2, True)]
 
@@ -81,7 +82,7 @@ def test_a_missing_segment_makes_its_records_unreadable(
 ) -> None:
     reader, positions = stored
     gone = [(7, offset, length) for _, offset, length in positions]  # segment 7 never existed
-    [(messages, unreadable)] = read_batches(reader, [(batch(gone, [0, 1]), 0.0)])
+    [(messages, unreadable)], _ = read_batches(reader, [(batch(gone, [0, 1]), 0.0)])
     assert messages == []
     assert [seq for seq, _ in unreadable] == [0, 1]
 
@@ -92,7 +93,7 @@ def test_a_frame_past_the_end_of_the_segment_is_unreadable(
     reader, positions = stored
     _, offset, length = positions[5]
     beyond = [*positions, (0, offset + length, length), (0, offset + 2 * length, length)]
-    [(messages, unreadable)] = read_batches(reader, [(batch(beyond, [5, 6, 7]), 0.0)])
+    [(messages, unreadable)], _ = read_batches(reader, [(batch(beyond, [5, 6, 7]), 0.0)])
     assert [m["seq"] for m in messages] == [5]
     assert [seq for seq, _ in unreadable] == [6, 7]
 
@@ -102,10 +103,31 @@ def test_an_index_entry_pointing_at_another_record_never_serves_it(
 ) -> None:
     reader, positions = stored
     crossed = [positions[0], positions[3], positions[2]]  # seq 1 points at seq 3's frame
-    [(messages, unreadable)] = read_batches(reader, [(batch(crossed, [0, 1, 2]), 0.0)])
+    [(messages, unreadable)], _ = read_batches(reader, [(batch(crossed, [0, 1, 2]), 0.0)])
     assert [m["seq"] for m in messages] == [0, 2]
     assert [seq for seq, _ in unreadable] == [1]
     assert "points at orders seq 3" in unreadable[0][1]
-    [(messages, unreadable)] = read_batches(reader, [(batch(positions, [0], "payments"), 0.0)])
+    [(messages, unreadable)], _ = read_batches(reader, [(batch(positions, [0], "payments"), 0.0)])
     assert messages == []
     assert [seq for seq, _ in unreadable] == [0]
+
+
+def test_a_cached_read_gives_up_on_what_is_only_on_disk(
+    stored: tuple[SegmentReader, list[tuple[int, int, int]]], tmp_path: Path
+) -> None:
+    """``read_cached`` serves what is in the page cache and raises ``NotCached`` for the
+    rest, which ``read_batches`` (a read thread) then reads from the disk."""
+    reader, positions = stored
+    fd = os.open(segment_path(tmp_path, SegmentKind.MESSAGES, 0), os.O_RDONLY)
+    try:
+        os.fsync(fd)  # only clean pages leave the cache
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    with pytest.raises(NotCached):
+        read_cached(reader, [batch(positions, [0, 1, 2])])
+    [(from_disk, _)], _ = read_batches(reader, [(batch(positions, [0, 1, 2]), 0.0)])
+    [(from_cache, unreadable)] = read_cached(reader, [batch(positions, [0, 1, 2])])
+    assert from_cache == from_disk
+    assert [m["seq"] for m in from_cache] == [0, 1, 2]
+    assert unreadable == []

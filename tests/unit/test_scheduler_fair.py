@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import Counter
 from collections.abc import Sequence
 from functools import partial
@@ -17,7 +18,9 @@ from broker.pulls import (
     PullOutcome,
     PullScheduler,
     QueuedPull,
+    Served,
 )
+from broker.pulls.scheduler import LONG_RUN_DECAY
 from tests.unit.scheduler_fakes import ScriptedProcessor, pull, run_next, run_until_idle
 
 
@@ -96,7 +99,7 @@ async def test_requests_are_served_in_batches_sized_by_recent_cost(
     sizes: list[int] = []
     serve = processor.__call__
 
-    async def recording(requests: Sequence[QueuedPull]) -> list[PullOutcome]:
+    async def recording(requests: Sequence[QueuedPull]) -> Served:
         sizes.append(len(requests))
         return await serve(requests)
 
@@ -112,10 +115,10 @@ async def test_requests_are_served_in_batches_sized_by_recent_cost(
     assert sizes[2] == 5  # a fresh slice: five
 
 
-async def test_a_slow_group_is_pushed_back(
+async def test_a_costly_group_is_pushed_back(
     clock: ManualClock, processor: ScriptedProcessor
 ) -> None:
-    """Service time includes slow reads: a cold group gets fewer turns, not more time."""
+    """A group whose pulls cost more work gets fewer turns, not more time."""
     scheduler = fair(clock, processor, time_slice_s=0.005)
     processor.cost.update(cold=0.020, hot=0.001)
     for group in ("cold", "hot"):
@@ -127,6 +130,30 @@ async def test_a_slow_group_is_pushed_back(
     # a cold run is one 20 ms request, a hot run five 1 ms requests: equal time, 4x the turns
     assert ran.count("hot") >= 3 * ran.count("cold")
     assert abs(cold.service_s - hot.service_s) <= 0.020 + 0.005  # within one read + one slice
+
+
+async def test_a_group_is_charged_its_work_not_its_waits(
+    clock: ManualClock, processor: ScriptedProcessor
+) -> None:
+    """A run's wall time also holds its waits (for a read thread, for the GIL), as long for
+    a lone small pull as for a batch: two groups whose pulls cost the same work are served
+    as many pulls, though one's runs wait four times as long per pull."""
+    scheduler = fair(clock, processor, time_slice_s=0.005)
+    processor.cost.update(waits=0.004, batched=0.001)
+    processor.work.update(waits=0.001, batched=0.001)
+    for group in ("waits", "batched"):
+        processor.add(group, 10_000)
+        for _ in range(1000):
+            pull(scheduler, group)
+    for _ in range(60):
+        await run_next(scheduler)
+    served = Counter(processor.calls)
+    # a run of "waits" serves 2 pulls in 8 ms, one of "batched" 5 in 5 ms; charged by wall
+    # time, "waits" would get 5 pulls for every 8 of "batched"
+    assert served["waits"] == pytest.approx(served["batched"], rel=0.1)
+    waits, batched = scheduler.actor("s", "waits"), scheduler.actor("s", "batched")
+    assert abs(waits.work_s - batched.work_s) <= 0.005
+    assert waits.service_s > 3 * waits.work_s  # the waits are still in its wall time
 
 
 async def test_a_woken_actor_starts_at_the_minimum_virtual_runtime(
@@ -294,3 +321,84 @@ async def test_a_run_counts_each_requests_work_outside_it_against_the_slice(
     processor.calls.clear()
     await run_next(scheduler)
     assert 4 <= len(processor.calls) <= 6
+
+
+async def test_an_actor_ahead_of_a_present_one_waits_for_it(
+    clock: ManualClock, processor: ScriptedProcessor
+) -> None:
+    """Any lead holds an actor back while a group answered moments ago is coming back: with
+    small pulls, a slice of lead is many answers, and as many requests read from the other
+    group's consumers meanwhile."""
+    scheduler = fair(clock, processor, time_slice_s=0.005, anticipation_s=0.010)
+    processor.cost.update(a=0.002, b=0.001)
+    processor.add("a", 100)
+    processor.add("b", 100)
+    pull(scheduler, "a")
+    pull(scheduler, "b")
+    assert await run_until_idle(scheduler) == ["a", "b"]  # both answered, both present
+    a, b = scheduler.actor("s", "a"), scheduler.actor("s", "b")
+    assert a.vruntime - b.vruntime == pytest.approx(0.001)  # a leads by a fifth of a slice
+    pull(scheduler, "a")
+    assert scheduler.next_run() is None  # a waits for b's consumers
+    pull(scheduler, "b")  # b is back
+    assert await run_next(scheduler) == "b"
+    assert await run_next(scheduler) == "a"
+
+
+async def test_a_present_group_is_waited_for_as_long_as_a_run_may_delay_it(
+    clock: ManualClock, processor: ScriptedProcessor
+) -> None:
+    """Its consumers' next pulls may wait for a run under way to end: presence lasts
+    ``anticipation_s`` plus the longest recent run."""
+    scheduler = fair(clock, processor, time_slice_s=0.005, anticipation_s=0.002)
+    processor.cost.update(a=0.004, b=0.001)
+    processor.add("a", 100)
+    processor.add("b", 100)
+    pull(scheduler, "b")
+    assert await run_next(scheduler) == "b"  # b answered: present
+    pull(scheduler, "a")
+    pull(scheduler, "a")
+    assert await run_next(scheduler) == "a"  # two 4 ms requests: an 8 ms run
+    pull(scheduler, "b")  # b is back (its consumers' pulls waited for a's run)
+    assert await run_next(scheduler) == "b"
+    b = scheduler.actor("s", "b")
+    longest = 0.008 * LONG_RUN_DECAY  # a's run, decayed by b's since
+    assert b.present_until == pytest.approx(clock.now() + 0.002 + longest)
+    pull(scheduler, "a")
+    clock.advance(0.009)  # b's consumers are late by about a run: b still counts
+    assert scheduler.next_run() is None  # a (ahead) waits
+    clock.advance(0.002)
+    assert await run_next(scheduler) == "a"  # b stopped counting
+
+
+async def test_a_worker_lets_the_loop_run_between_runs(clock: ManualClock) -> None:
+    """A run whose reads never wait (all cached) does not await; the worker yields after
+    it, so answers are written and new requests read before the next run."""
+    ticks = 0
+    seen: list[int] = []
+
+    async def synchronous(requests: Sequence[QueuedPull]) -> Served:
+        seen.append(ticks)
+        clock.advance(0.010)  # past the slice: one batch per run
+        return Served([PullOutcome(["m"]) for _ in requests], 0.001)
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    scheduler = FairScheduler(processor=synchronous, clock=clock, workers=1)
+    for _ in range(5):
+        pull(scheduler, "a")
+        pull(scheduler, "b")
+    tasks = [asyncio.create_task(scheduler.run_worker()), asyncio.create_task(ticker())]
+    try:
+        for _ in range(50):
+            await asyncio.sleep(0)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    assert len(seen) >= 3
+    assert all(later > earlier for earlier, later in itertools.pairwise(seen))

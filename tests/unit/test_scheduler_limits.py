@@ -18,6 +18,7 @@ from broker.pulls import (
     ManualClock,
     PullOutcome,
     QueuedPull,
+    Served,
 )
 from tests.unit.scheduler_fakes import ScriptedProcessor, pull, run_next, run_until_idle
 
@@ -152,13 +153,13 @@ async def test_a_fair_group_never_holds_more_than_one_worker(
     running: dict[str, int] = {}
     peak: dict[str, int] = {}
 
-    async def slow(requests: Sequence[QueuedPull]) -> list[PullOutcome]:
+    async def slow(requests: Sequence[QueuedPull]) -> Served:
         group = requests[0].group
         running[group] = running.get(group, 0) + 1
         peak[group] = max(peak.get(group, 0), running[group])
         await asyncio.sleep(0.01)  # a slow read: the worker waits, the loop does not
         running[group] -= 1
-        return [PullOutcome([group]) for _ in requests]
+        return Served([PullOutcome([group]) for _ in requests], 0.0001)
 
     scheduler = kind(processor=slow, clock=clock, workers=3)
     workers = [asyncio.create_task(scheduler.run_worker()) for _ in range(3)]
