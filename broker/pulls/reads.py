@@ -156,8 +156,9 @@ def _run(
 ) -> list[bytes | BaseException]:
     path = f"messages/{positions[0][0]}"
     try:
-        run = reader.read_run(positions[0][0], start, end - start, cached_only=cached_only)
-        data = memoryview(run)
+        data = memoryview(
+            reader.read_run(positions[0][0], start, end - start, cached_only=cached_only)
+        )
     except (StorageError, OSError) as exc:
         return [exc] * len(positions)
     out: list[bytes | BaseException] = []

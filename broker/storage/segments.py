@@ -67,7 +67,9 @@ class NotCached(Exception):
     tell): read it where waiting is allowed."""
 
 
-def _pread(fd: int, length: int, offset: int, cached_only: bool) -> bytes:
+def _pread(fd: int, length: int, offset: int, cached_only: bool) -> bytes | memoryview:
+    """``length`` bytes at ``offset``; a cached-only read hands back its buffer as it is
+    (every frame in it is copied out once more when its CRC is checked)."""
     if not cached_only:
         return os.pread(fd, length, offset)
     if _RWF_NOWAIT is None:
@@ -79,7 +81,7 @@ def _pread(fd: int, length: int, offset: int, cached_only: bool) -> bytes:
         raise NotCached from None
     if got < length:  # partly cached, or past the end: the plain read decides which
         raise NotCached
-    return bytes(buffer)
+    return memoryview(buffer)
 
 
 class SegmentReader:
@@ -119,7 +121,7 @@ class SegmentReader:
 
     def read_run(
         self, segment: int, offset: int, length: int, *, cached_only: bool = False
-    ) -> bytes:
+    ) -> bytes | memoryview:
         """Raw bytes of adjacent frames (still framed: the caller checks each CRC)."""
         return _pread(self._file(segment)[0], length, offset, cached_only)
 

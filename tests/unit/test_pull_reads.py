@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -10,6 +9,7 @@ import pytest
 from broker.format import HEADER_SIZE, MessageRecord, SegmentKind, frame, segment_header
 from broker.pulls.reads import Batch, read_batches, read_cached
 from broker.storage.segments import NotCached, SegmentReader, segment_path
+from tests.unit.page_cache import evict
 
 
 def record(seq: int) -> MessageRecord:
@@ -118,12 +118,7 @@ def test_a_cached_read_gives_up_on_what_is_only_on_disk(
     """``read_cached`` serves what is in the page cache and raises ``NotCached`` for the
     rest, which ``read_batches`` (a read thread) then reads from the disk."""
     reader, positions = stored
-    fd = os.open(segment_path(tmp_path, SegmentKind.MESSAGES, 0), os.O_RDONLY)
-    try:
-        os.fsync(fd)  # only clean pages leave the cache
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    evict(segment_path(tmp_path, SegmentKind.MESSAGES, 0))
     with pytest.raises(NotCached):
         read_cached(reader, [batch(positions, [0, 1, 2])])
     [(from_disk, _)], _ = read_batches(reader, [(batch(positions, [0, 1, 2]), 0.0)])

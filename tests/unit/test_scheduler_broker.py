@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import mmap
-import os
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -20,6 +17,7 @@ from broker.engine import Broker
 from broker.messages import IncomingMessage
 from broker.metrics import BrokerMetrics
 from broker.pulls import MailboxFull
+from tests.unit.page_cache import evict
 
 
 def message(i: int, subject: str) -> IncomingMessage:
@@ -77,59 +75,6 @@ def spy_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(broker.pulls.reads, "_read_batch", spy)
     return threads
-
-
-def resident_pages(path: Path) -> int:
-    """How many of a file's pages are in the page cache (``mincore``; no read, no readahead)."""
-    size = path.stat().st_size
-    if size == 0:
-        return 0
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_size_t,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_long,
-    ]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    pages = -(-size // mmap.PAGESIZE)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        assert address not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
-        try:
-            vector = (ctypes.c_ubyte * pages)()
-            assert libc.mincore(address, size, vector) == 0, os.strerror(ctypes.get_errno())
-            return sum(page & 1 for page in vector)
-        finally:
-            libc.munmap(address, size)
-    finally:
-        os.close(fd)
-
-
-def evict(data_dir: Path) -> None:
-    """Drop the broker's files from the page cache (written back first: only clean pages go).
-
-    ``POSIX_FADV_DONTNEED`` is advice: a page still on a CPU's LRU batch, or under
-    writeback, stays. So it is repeated until ``mincore`` sees none of the files' pages."""
-    files = [path for path in data_dir.rglob("*") if path.is_file()]
-    for _ in range(200):
-        for path in files:
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-        if sum(resident_pages(path) for path in files) == 0:
-            return
-        time.sleep(0.01)
-    cached = {str(path): resident_pages(path) for path in files if resident_pages(path)}
-    raise AssertionError(f"the kernel kept these pages cached: {cached}")
 
 
 async def test_records_in_the_page_cache_are_read_on_the_loop(
