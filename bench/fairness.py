@@ -7,9 +7,10 @@
    answers. Reported: messages delivered per group in the measurement window, B's share
    and Jain's fairness index over the two groups.
 2. Slow-group isolation. Group C (8 consumers) reads a cold backlog: every pull read of C
-   sleeps ``--cold-read-ms`` on its worker thread (the broker's hidden
-   ``--debug-read-delay-ms``, standing in for a disk); group D (2 consumers) pulls hot,
-   recently written messages. Reported: D's pull latency alone and with C running.
+   waits ``--cold-read-ms`` (the broker's hidden ``--debug-read-delay-ms``, standing in for
+   a disk: on the event loop while the broker reads ahead, on a read thread with
+   ``--readahead-wait-ms 0``); group D (2 consumers) pulls hot, recently written messages.
+   Reported: D's pull latency alone and with C running, and C's rate.
 
 Both schedulers run in the same invocation, on the same data directory, with the default
 ``--workers`` and ``--time-slice-ms``, ``--repeat`` rounds of fair then fifo (the machine
@@ -298,6 +299,8 @@ def isolation(data: Path, scheduler: str, label: str, args: argparse.Namespace) 
     latencies of each condition are pooled before taking percentiles.
     """
     cold_group = f"C-{label}"
+    wait = args.readahead_wait_ms
+    readahead = () if wait is None else ("--readahead-wait-ms", wait)
     broker = BenchBroker(
         data,
         "--scheduler",
@@ -308,6 +311,7 @@ def isolation(data: Path, scheduler: str, label: str, args: argparse.Namespace) 
         "1h",
         "--debug-read-delay-ms",
         f"cold:{cold_group}={args.cold_read_ms}",
+        *readahead,
     )
     broker.start()
     window = args.seconds / args.phases
@@ -406,6 +410,12 @@ def main() -> None:
     )
     parser.add_argument("--backlog", type=int, default=1_000_000)
     parser.add_argument("--cold-read-ms", type=int, default=20)
+    parser.add_argument(
+        "--readahead-wait-ms",
+        default=None,
+        help="the broker's --readahead-wait-ms (isolation; default: the broker's). 0 reads "
+        "C's cold records on read threads, as brokers before read-ahead did",
+    )
     parser.add_argument("--only", choices=["skew", "isolation"], default=None)
     parser.add_argument("--repeat", type=int, default=2, help="rounds of fair then fifo")
     parser.add_argument("--phases", type=int, default=3, help="isolation: alternations")

@@ -193,6 +193,15 @@ class BrokerConfig:
         min=1,
         max=1024,
     )
+    readahead_wait_s: float = _option(
+        0.050,
+        "How long a pull whose records are not in the page cache waits on the event loop "
+        "for the kernel to read them ahead before a read thread reads them instead "
+        "(0: at once).",
+        "milliseconds",
+        min=0,
+        max=10_000,
+    )
     time_slice_s: float = _option(
         0.005,
         "Longest run of one actor before it yields its worker.",
@@ -238,8 +247,8 @@ class BrokerConfig:
     )
     debug_read_delay_s: tuple[tuple[str, str, float], ...] = _option(
         (),
-        "Benchmarks/tests only: sleep MS before each pull read of that group, on its "
-        "worker thread (stands in for a cold disk).",
+        "Benchmarks/tests only: each pull read of that group waits MS first (on the loop "
+        "while it reads ahead, on its read thread otherwise): stands in for a cold disk.",
         "read_delay",
         multiple=True,
         hidden=True,

@@ -223,6 +223,7 @@ class Broker:
                 metrics=metrics,
                 read_delays={(s, g): d for s, g, d in config.debug_read_delay_s},
                 ordered=ordered,
+                readahead_wait_s=config.readahead_wait_s,
             ),
             clock=clock,
             workers=config.workers,

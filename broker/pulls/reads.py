@@ -1,20 +1,24 @@
 """The read side of a pull: read, check, decode and shape the records a decision leased.
 
-Runs on the broker's read pool, so a slow (cold) read blocks only its own thread; what is
-in the page cache is read on the event loop instead (``read_cached``). Inputs are immutable
+What is in the page cache is read on the event loop (``read_cached``). What is not is
+first asked of the kernel in the background (``read_ahead``) and read on the loop once it
+has arrived; only what does not arrive in time is read on the broker's read pool
+(``read_batches``), where a slow read blocks only its own thread. Inputs are immutable
 (positions resolved on the loop) and ``SegmentReader`` is thread-safe. A run of adjacent
 frames (a batch of a subject's consecutive messages usually sits back to back in one
 segment) is read with one ``pread``: one system call and one GIL hand-off per run instead
 of one per message.
 
-``delay_s`` (``--debug-read-delay-ms``) sleeps before each batch read of a group: it stands
-in for a cold disk in benchmarks and tests.
+``delay_s`` (``--debug-read-delay-ms``) sleeps before each batch read of a group on a read
+thread: it stands in for a cold disk in benchmarks and tests (``PullService`` waits it on
+the loop instead when it reads ahead).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterator
 
 from broker.errors import CorruptRecord, StorageError
 from broker.format import MessageRecord, message_fields, read_frame_at
@@ -83,6 +87,14 @@ def read_cached(reader: SegmentReader, batches: list[Batch]) -> list[Read]:
     return [_read_batch(reader, batch, 0.0, cached_only=True) for batch in batches]
 
 
+def read_ahead(reader: SegmentReader, batches: list[Batch]) -> None:
+    """Ask the kernel to bring every run of the batches' frames into the page cache, in the
+    background: a ``read_cached`` once they are there succeeds without a read thread."""
+    for batch in batches:
+        for _, _, segment, start, end in _runs(batch.positions):
+            reader.read_ahead(segment, start, end - start)
+
+
 def _read_batch(
     reader: SegmentReader, batch: Batch, delay_s: float, *, cached_only: bool = False
 ) -> Read:
@@ -126,6 +138,20 @@ def _payloads(
     one system call per run instead of one per frame also means one GIL hand-off per run.
     """
     out: list[bytes | BaseException] = []
+    for i, j, segment, start, end in _runs(positions):
+        if j - i == 1:
+            try:
+                out.append(reader.read(segment, start, end - start, cached_only=cached_only))
+            except (StorageError, CorruptRecord, OSError) as exc:
+                out.append(exc)
+        else:
+            out.extend(_run(reader, positions[i:j], start, end, cached_only))
+    return out
+
+
+def _runs(positions: list[tuple[int, int, int]]) -> Iterator[tuple[int, int, int, int, int]]:
+    """``(i, j, segment, start, end)`` for each run ``positions[i:j]`` of adjacent frames of
+    one segment (at most ``MAX_RUN_BYTES``), in order."""
     i = 0
     while i < len(positions):
         segment, start, length = positions[i]
@@ -136,15 +162,8 @@ def _payloads(
                 break
             end += positions[j][2]
             j += 1
-        if j - i == 1:
-            try:
-                out.append(reader.read(segment, start, length, cached_only=cached_only))
-            except (StorageError, CorruptRecord, OSError) as exc:
-                out.append(exc)
-        else:
-            out.extend(_run(reader, positions[i:j], start, end, cached_only))
+        yield i, j, segment, start, end
         i = j
-    return out
 
 
 def _run(

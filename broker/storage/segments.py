@@ -60,6 +60,9 @@ def segment_path(data_dir: Path, kind: SegmentKind, number: int) -> Path:
 
 
 _RWF_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)  # Linux 4.14+
+_WILLNEED: int | None = getattr(os, "POSIX_FADV_WILLNEED", None)
+# Whether ``cached_only`` reads can succeed here: elsewhere every one raises ``NotCached``.
+CACHED_READS = _RWF_NOWAIT is not None
 
 
 class NotCached(Exception):
@@ -124,6 +127,19 @@ class SegmentReader:
     ) -> bytes | memoryview:
         """Raw bytes of adjacent frames (still framed: the caller checks each CRC)."""
         return _pread(self._file(segment)[0], length, offset, cached_only)
+
+    def read_ahead(self, segment: int, offset: int, length: int) -> None:
+        """Ask the kernel to bring a range into the page cache in the background
+        (``POSIX_FADV_WILLNEED``), without waiting for it; a later ``cached_only`` read
+        finds it there. Nothing happens where the platform has no such advice or the
+        segment is gone (the read that follows reports that)."""
+        if _WILLNEED is None:
+            return
+        try:
+            fd, _ = self._file(segment)
+            os.posix_fadvise(fd, offset, length, _WILLNEED)
+        except (StorageError, OSError):
+            pass
 
     def forget(self, segment: int) -> None:
         with self._lock:

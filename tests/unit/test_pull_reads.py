@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
 from broker.format import HEADER_SIZE, MessageRecord, SegmentKind, frame, segment_header
-from broker.pulls.reads import Batch, read_batches, read_cached
+from broker.pulls.reads import Batch, read_ahead, read_batches, read_cached
 from broker.storage.segments import NotCached, SegmentReader, segment_path
 from tests.unit.page_cache import evict
 
@@ -116,7 +117,7 @@ def test_a_cached_read_gives_up_on_what_is_only_on_disk(
     stored: tuple[SegmentReader, list[tuple[int, int, int]]], tmp_path: Path
 ) -> None:
     """``read_cached`` serves what is in the page cache and raises ``NotCached`` for the
-    rest, which ``read_batches`` (a read thread) then reads from the disk."""
+    rest, which ``read_batches`` (a read thread) reads from the disk."""
     reader, positions = stored
     evict(segment_path(tmp_path, SegmentKind.MESSAGES, 0))
     with pytest.raises(NotCached):
@@ -125,4 +126,27 @@ def test_a_cached_read_gives_up_on_what_is_only_on_disk(
     [(from_cache, unreadable)] = read_cached(reader, [batch(positions, [0, 1, 2])])
     assert from_cache == from_disk
     assert [m["seq"] for m in from_cache] == [0, 1, 2]
+    assert unreadable == []
+
+
+def test_reading_ahead_brings_what_is_on_disk_into_the_page_cache(
+    stored: tuple[SegmentReader, list[tuple[int, int, int]]], tmp_path: Path
+) -> None:
+    """``read_ahead`` returns at once; the kernel reads in the background, and a cached
+    read then serves what was only on disk."""
+    reader, positions = stored
+    evict(segment_path(tmp_path, SegmentKind.MESSAGES, 0))
+    wanted = [batch(positions, [0, 1, 2])]
+    with pytest.raises(NotCached):
+        read_cached(reader, wanted)
+    read_ahead(reader, wanted)
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            [(messages, unreadable)] = read_cached(reader, wanted)
+            break
+        except NotCached:
+            assert time.monotonic() < deadline, "read-ahead records never reached the cache"
+            time.sleep(0.001)
+    assert [m["seq"] for m in messages] == [0, 1, 2]
     assert unreadable == []

@@ -12,11 +12,13 @@ from typing import Any
 import pytest
 
 import broker.pulls.reads
+import broker.pulls.service
 from broker.config import BrokerConfig, FsyncPolicy
 from broker.engine import Broker
 from broker.messages import IncomingMessage
 from broker.metrics import BrokerMetrics
 from broker.pulls import MailboxFull
+from broker.storage.segments import NotCached
 from tests.unit.page_cache import evict
 
 
@@ -35,12 +37,18 @@ def message(i: int, subject: str) -> IncomingMessage:
 
 
 @pytest.fixture
-async def running(tmp_path: Path) -> AsyncIterator[Broker]:
+def readahead_wait_s() -> float:
+    return BrokerConfig(data_dir=Path(".")).readahead_wait_s
+
+
+@pytest.fixture
+async def running(tmp_path: Path, readahead_wait_s: float) -> AsyncIterator[Broker]:
     config = BrokerConfig(
         data_dir=tmp_path,
         fsync=FsyncPolicy(mode="never"),
         mailbox_size=3,
         debug_read_delay_s=(("orders", "cold", 1.0),),
+        readahead_wait_s=readahead_wait_s,
     )
     instance = Broker(config, metrics=BrokerMetrics())
     await instance.start()
@@ -86,15 +94,64 @@ async def test_records_in_the_page_cache_are_read_on_the_loop(
     assert threads == [threading.current_thread().name]
 
 
-async def test_records_not_in_the_page_cache_are_read_on_the_read_pool(
+def spy_read_aheads(monkeypatch: pytest.MonkeyPatch, *, arrive: bool = True) -> list[int]:
+    """How many batches each read-ahead asked for. ``arrive`` False: a disk that never
+    delivers (every cached read on the loop misses, whatever the kernel reads)."""
+    asked: list[int] = []
+    read_ahead = broker.pulls.service.read_ahead
+
+    def spy(reader: Any, batches: list[Any]) -> None:
+        asked.append(len(batches))
+        read_ahead(reader, batches)
+
+    def never_cached(reader: Any, batches: list[Any]) -> Any:
+        raise NotCached
+
+    monkeypatch.setattr(broker.pulls.service, "read_ahead", spy)
+    if not arrive:
+        monkeypatch.setattr(broker.pulls.service, "read_cached", never_cached)
+    return asked
+
+
+async def test_records_not_in_the_page_cache_are_read_ahead_then_read_on_the_loop(
     running: Broker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     evict(tmp_path)
+    asked = spy_read_aheads(monkeypatch)
     threads = spy_reads(monkeypatch)
     got = await pull(running, "g")
     assert [m["seq"] for m in got] == [0, 1, 2, 3, 4]
-    assert threads
-    assert all(name.startswith("qmq-pull-read") for name in threads)
+    assert asked == [1]  # they were not in the cache: the kernel was asked for them
+    assert threads == [threading.current_thread().name]
+
+
+async def test_records_that_do_not_arrive_in_time_are_read_on_the_read_pool(
+    running: Broker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    evict(tmp_path)
+    asked = spy_read_aheads(monkeypatch, arrive=False)
+    threads = spy_reads(monkeypatch)
+    began = time.monotonic()
+    got = await pull(running, "g")
+    assert [m["seq"] for m in got] == [0, 1, 2, 3, 4]
+    assert asked == [1]
+    assert time.monotonic() - began >= running.config.readahead_wait_s
+    assert threads, "no read ran"
+    assert all(name.startswith("qmq-pull-read") for name in threads), threads
+
+
+@pytest.mark.parametrize("readahead_wait_s", [0.0])
+async def test_with_no_readahead_wait_records_on_disk_go_to_the_read_pool_at_once(
+    running: Broker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    evict(tmp_path)
+    asked = spy_read_aheads(monkeypatch)
+    threads = spy_reads(monkeypatch)
+    got = await pull(running, "g")
+    assert [m["seq"] for m in got] == [0, 1, 2, 3, 4]
+    assert asked == []
+    assert threads, "no read ran"
+    assert all(name.startswith("qmq-pull-read") for name in threads), threads
 
 
 async def test_a_slow_read_delays_only_its_own_group(running: Broker) -> None:
