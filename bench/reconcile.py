@@ -16,8 +16,8 @@ messages without a row (fewer when ``--rows`` is small); everything else is deli
 
 Timed: ``qmq reconcile`` as a user runs it, in a subprocess on ``--master``, from the
 process's start to its exit (Python and JVM start-up, the stages, the JVM's exit), with
-its stage lines (its stderr is a pipe: one plain line per stage; stages run two by two,
-read broker / read outbox and classify / groups, so their times overlap) and the CPU
+its stage lines (its stderr is a pipe: one plain line per stage; two threads run the
+stages, read broker then groups and read outbox then classify, so their times overlap) and the CPU
 seconds of its process tree. The 1-minute load average is printed before each run: the
 figures only mean something when it is low.
 

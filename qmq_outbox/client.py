@@ -359,7 +359,7 @@ class _Endpoint(Generic[P, T]):
     ) -> Callable[P, Coroutine[Any, Any, T]]: ...
 
     def __get__(self, client: Any, owner: type) -> Any:
-        return self if client is None else client.bind(self.build)
+        return self if client is None else client.bound(self.build)
 
 
 HttpClient = TypeVar("HttpClient", httpx.Client, httpx.AsyncClient)
@@ -403,7 +403,18 @@ class _Client(Generic[HttpClient, Transport, Lean]):
             transport=transport or self._direct,
         )
         self._timeouts = httpx.Timeout(timeout).as_dict()
+        self._call_timeouts: dict[float, http11.Timeouts] = {}  # a long poll's, per value
         self._heads: dict[tuple[str, str, str], http11.RequestHead] = {}
+        self._methods: dict[Callable[..., Any], Callable[..., Any]] = {}
+
+    def bound(self, build: Callable[..., Any]) -> Callable[..., Any]:
+        """``build``'s call as a method of this client (``bind``), made once per client:
+        the consumer calls ``pull`` and ``ack`` for every few messages."""
+        method = self._methods.get(build)
+        if method is None:
+            # each client class defines its own bind (blocking or a coroutine)
+            method = self._methods[build] = self.bind(build)  # type: ignore[attr-defined]
+        return method
 
     def _head(self, call: Call[Any]) -> http11.RequestHead:
         """``call``'s request head as ``httpx.Client.build_request`` makes it (base URL, the
@@ -420,7 +431,12 @@ class _Client(Generic[HttpClient, Transport, Lean]):
     def _limits(self, call: Call[Any]) -> http11.Timeouts:
         if call.timeout is None:
             return self._timeouts
-        return httpx.Timeout(call.timeout).as_dict()
+        found = self._call_timeouts.get(call.timeout)
+        if found is None:
+            found = httpx.Timeout(call.timeout).as_dict()
+            if len(self._call_timeouts) < _KNOWN_HEADS:
+                self._call_timeouts[call.timeout] = found
+        return found
 
     @property
     def base_url(self) -> str:

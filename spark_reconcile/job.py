@@ -12,7 +12,9 @@ Parquet partitioned by category, counted as they are written; then, when the bro
 keyed messages, the messages stored out of their outbox order), ``groups`` (group stats
 and latency from one aggregation of stored messages and action records per state owner
 and seq), ``write_outputs`` (category folders moved into place, the unreadable regions,
-``summary.json``, ``report.txt``, ``report.html``).
+``summary.json``, ``report.txt``, ``report.html``). Two threads run them (``_pipelined``):
+read broker then groups, and read outbox then (once the broker data is in) consumed and
+classify.
 
 A session the run creates on a local master maps its JVM's classes from a class-data
 archive in ``jvm_cache`` (``spark_reconcile.jvm_archive``); the first run writes it.
@@ -22,8 +24,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -218,48 +221,53 @@ def run(
         with timed("read_outbox"):
             return _read_outbox(active, sources, partitions, fetchsize, cached)
 
+    def check_consumed(outbox: DataFrame) -> dict[str, Any] | None:
+        if consumer is None:
+            return None
+        with timed("consumed"):
+            return _check_consumed(
+                active,
+                consumer,
+                outbox,
+                window=window,
+                sent_before=started - ack_threshold,
+                out=out_dir,
+                cached=cached,
+            )
+
+    def classify(outbox: DataFrame, data: _Broker) -> tuple[dict[str, int], dict[str, Any]]:
+        with timed("classify"):
+            classified = transforms.classify(
+                outbox, data.messages, window=window, producers=producers
+            )
+            counts = report.stage_categories(classified, out_dir)
+            return counts, _out_of_order(outbox, data, window=window, out=out_dir)
+
+    def groups_and_latency(data: _Broker) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        with timed("groups"):
+            return _groups_and_latency(
+                data, now=started, ack_threshold=ack_threshold, window=window, cached=cached
+            )
+
     try:
-        if dirs or stream_list:
-            broker, outbox = _together(read_broker, read_outbox)
-        else:  # a consumer-side check alone (RabbitMQ): the categories are not judged
-            broker, outbox = None, read_outbox()
-        report.prepare_out(out_dir)
-        checked = None
-        if consumer is not None:
-            with timed("consumed"):
-                sent_before = started - ack_threshold
-                checked = _check_consumed(
-                    active,
-                    consumer,
-                    outbox,
-                    window=window,
-                    sent_before=sent_before,
-                    out=out_dir,
-                    cached=cached,
-                )
-        if broker is None:
-            doc = report.summary({}, [], [], consumed=checked, judged=False)
+        if not (dirs or stream_list):  # a consumer-side check alone (RabbitMQ): not judged
+            outbox = read_outbox()
+            report.prepare_out(out_dir)
+            doc = report.summary({}, [], [], consumed=check_consumed(outbox), judged=False)
             with timed("write_outputs"):
                 text = report.render_text(doc, info)
                 report.write_reports(out_dir, doc, text, report.render_html(doc, info, {}))
         else:
-            data = broker  # not None here, for the closures below
 
-            def classify() -> tuple[dict[str, int], dict[str, Any]]:
-                with timed("classify"):
-                    classified = transforms.classify(
-                        outbox, data.messages, window=window, producers=producers
-                    )
-                    counts = report.stage_categories(classified, out_dir)
-                    return counts, _out_of_order(outbox, data, window=window, out=out_dir)
+            def judge(
+                outbox: DataFrame, data: _Broker
+            ) -> tuple[dict[str, Any] | None, tuple[dict[str, int], dict[str, Any]]]:
+                report.prepare_out(out_dir)  # once both inputs were read
+                return check_consumed(outbox), classify(outbox, data)
 
-            def groups_and_latency() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-                with timed("groups"):
-                    return _groups_and_latency(
-                        data, now=started, ack_threshold=ack_threshold, window=window, cached=cached
-                    )
-
-            (counts, disorder), (groups, latency) = _together(classify, groups_and_latency)
+            (data, (groups, latency)), (checked, (counts, disorder)) = _pipelined(
+                read_broker, read_outbox, after_broker=groups_and_latency, after_both=judge
+            )
             with timed("write_outputs"):
                 damage = report.write_unreadable(
                     data.regions, out_dir, count=data.damage_count, total_bytes=data.damage_bytes
@@ -452,8 +460,7 @@ def _groups_and_latency(
         messages, actions, now=now, ack_threshold=ack_threshold, window=window, seqs=seqs
     )
     samples = transforms.latency_samples(messages, actions, window=window, seqs=seqs)
-    latency = transforms.latency_stats(samples)
-    return [r.asDict() for r in groups.collect()], [r.asDict() for r in latency.collect()]
+    return [r.asDict() for r in groups.collect()], transforms.latency_stats(samples)
 
 
 A = TypeVar("A")
@@ -467,6 +474,45 @@ def _together(first: Callable[[], A], second: Callable[[], B]) -> tuple[A, B]:
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="reconcile") as pool:
         started = pool.submit(first), pool.submit(second)
         return started[0].result(), started[1].result()
+
+
+def _pipelined(
+    read_broker: Callable[[], _Broker],
+    read_outbox: Callable[[], DataFrame],
+    *,
+    after_broker: Callable[[_Broker], A],
+    after_both: Callable[[DataFrame, _Broker], B],
+) -> tuple[tuple[_Broker, A], B]:
+    """Two threads whose Spark jobs run side by side: one reads the broker data, then runs
+    ``after_broker`` on it (the group counts need nothing else); the other reads the
+    outbox, waits for the broker data, then runs ``after_both``. So the group counts start
+    as soon as the broker data is in, whichever read ends first; before, they waited for
+    both reads, and the cores idled through the longer read's last tasks. The first error
+    is raised once both threads have ended; a failed outbox read skips ``after_broker``
+    if it has not started."""
+    broker_read: Future[_Broker] = Future()
+    outbox_failed = threading.Event()
+
+    def broker_side() -> tuple[_Broker, A | None]:
+        try:
+            data = read_broker()
+        except BaseException as exc:
+            broker_read.set_exception(exc)
+            raise
+        broker_read.set_result(data)
+        return data, None if outbox_failed.is_set() else after_broker(data)
+
+    def outbox_side() -> B:
+        try:
+            outbox = read_outbox()
+        except BaseException:
+            outbox_failed.set()
+            raise
+        return after_both(outbox, broker_read.result())
+
+    (data, counted), judged = _together(broker_side, outbox_side)
+    assert counted is not None  # the outbox side raised otherwise
+    return (data, counted), judged
 
 
 def _cache(frame: DataFrame, cached: list[DataFrame]) -> DataFrame:

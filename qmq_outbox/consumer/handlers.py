@@ -87,12 +87,14 @@ class HandlerSpec:
     fn: Callable[..., Any]
     guard: Guard | None
     ordered: bool = False
+    # Found once (``inspect`` costs microseconds, and every delivery asks).
+    is_coroutine: bool = dataclasses.field(init=False)
 
-    @property
-    def is_coroutine(self) -> bool:
-        return inspect.iscoroutinefunction(self.fn) or inspect.iscoroutinefunction(
+    def __post_init__(self) -> None:
+        coroutine = inspect.iscoroutinefunction(self.fn) or inspect.iscoroutinefunction(
             getattr(self.fn, "__call__", None)  # noqa: B004 - async __call__ of an object
         )
+        object.__setattr__(self, "is_coroutine", coroutine)
 
     @property
     def runs_on_thread(self) -> bool:

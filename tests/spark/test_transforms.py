@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import random
 from datetime import timedelta
 
 import pytest
@@ -273,7 +275,7 @@ def test_latency_percentiles_and_histogram(spark: SparkSession) -> None:
         ],
     )
     samples = latency_samples(messages, acts)
-    stats = {r["metric"]: r.asDict() for r in latency_stats(samples).collect()}
+    stats = {r["metric"]: r for r in latency_stats(samples)}
     created = stats["created_to_stored"]
     assert created["count"] == 100
     assert created["p50"] == pytest.approx(50.0)
@@ -292,6 +294,27 @@ def test_latency_percentiles_and_histogram(spark: SparkSession) -> None:
     assert sum(created["histogram"]) == 100
     assert acked["histogram"][below[5_000]] == 2
     assert sum(acked["histogram"]) == 2
+
+
+def test_latency_percentiles_are_nearest_rank_within_half_a_percent(
+    spark: SparkSession,
+) -> None:
+    """Spread over ten decades, zero and a negative (clock skew) included: every percentile
+    is within 0.5% of the exact nearest-rank one, counts and max exact."""
+    generator = random.Random(7)
+    values = [10 ** generator.uniform(-3, 7) for _ in range(5_000)] + [0.0, -3.25]
+    samples = spark.createDataFrame(
+        [("created_to_stored", v) for v in values], "metric string, ms double"
+    )
+    [stats] = latency_stats(samples)
+    ordered = sorted(values)
+    assert stats["count"] == len(values)
+    assert stats["max"] == max(values)
+    for name, fraction in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99)):
+        exact = ordered[math.ceil(fraction * len(values)) - 1]
+        assert stats[name] == pytest.approx(exact, rel=0.005), name
+    assert sum(stats["histogram"]) == len(values)
+    assert stats["histogram"][0] == sum(1 for v in values if v < HISTOGRAM_BOUNDS_MS[0])
 
 
 # --- ordered subjects -------------------------------------------------------------------------
