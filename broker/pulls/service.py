@@ -157,9 +157,10 @@ class PullService:
                     if wait > 0 and look == FIRST_LOOK_S:
                         read_ahead(self._reader, plain)
                 work += time.thread_time() - began
-                if loop.time() + look > deadline:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
                     break  # not there (yet): a read thread waits for the disk instead
-                await asyncio.sleep(look)
+                await asyncio.sleep(min(look, remaining))  # the last look at the deadline
                 look = min(look * 2, LONGEST_LOOK_S)
         results, read_work = await asyncio.get_running_loop().run_in_executor(
             self._executor, read_batches, self._reader, batches
