@@ -31,6 +31,7 @@ StartAt = Literal["earliest", "latest"]
 DEFAULT_TIMEOUT = 10.0
 _JSON = {"content-type": "application/json"}
 _KNOWN_HEADS = 64  # request heads a client keeps: the API's fixed paths and a few others
+_KNOWN_TIMEOUTS = 16  # per-call timeouts a client keeps converted: a consumer's long polls
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -412,9 +413,13 @@ class _Client(Generic[HttpClient, Transport, Lean]):
         the consumer calls ``pull`` and ``ack`` for every few messages."""
         method = self._methods.get(build)
         if method is None:
-            # each client class defines its own bind (blocking or a coroutine)
-            method = self._methods[build] = self.bind(build)  # type: ignore[attr-defined]
+            method = self._methods[build] = self.bind(build)
         return method
+
+    def bind(self, build: Callable[P, Call[T]]) -> Callable[P, Any]:
+        """``build``'s call as a method of this client: blocking or a coroutine function,
+        as each client class defines it."""
+        raise NotImplementedError
 
     def _head(self, call: Call[Any]) -> http11.RequestHead:
         """``call``'s request head as ``httpx.Client.build_request`` makes it (base URL, the
@@ -434,7 +439,7 @@ class _Client(Generic[HttpClient, Transport, Lean]):
         found = self._call_timeouts.get(call.timeout)
         if found is None:
             found = httpx.Timeout(call.timeout).as_dict()
-            if len(self._call_timeouts) < _KNOWN_HEADS:
+            if len(self._call_timeouts) < _KNOWN_TIMEOUTS:
                 self._call_timeouts[call.timeout] = found
         return found
 

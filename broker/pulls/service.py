@@ -140,32 +140,41 @@ class PullService:
         """
         plain = [batch for batch, _ in batches]
         delay = max(d for _, d in batches)
-        wait = self._readahead_wait_s
         work = 0.0
-        if wait > 0 or not delay:
-            loop = asyncio.get_running_loop()
+        if self._readahead_wait_s > 0 or not delay:
             if delay:
                 await asyncio.sleep(delay)
                 batches = [(batch, 0.0) for batch in plain]  # waited: not again on a thread
-            deadline = loop.time() + wait
-            look = FIRST_LOOK_S
-            while True:
-                began = time.thread_time()
-                try:
-                    return read_cached(self._reader, plain), work + time.thread_time() - began
-                except NotCached:
-                    if wait > 0 and look == FIRST_LOOK_S:
-                        read_ahead(self._reader, plain)
-                work += time.thread_time() - began
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    break  # not there (yet): a read thread waits for the disk instead
-                await asyncio.sleep(min(look, remaining))  # the last look at the deadline
-                look = min(look * 2, LONGEST_LOOK_S)
+            cached, work = await self._read_on_loop(plain)
+            if cached is not None:
+                return cached, work
         results, read_work = await asyncio.get_running_loop().run_in_executor(
             self._executor, read_batches, self._reader, batches
         )
         return results, work + read_work
+
+    async def _read_on_loop(self, batches: list[Batch]) -> tuple[list[Read] | None, float]:
+        """The batches' records from the page cache, and the CPU seconds it took; after a
+        miss, the kernel is asked to read them ahead and the cache is looked at again
+        until ``readahead_wait_s`` has passed (the last look at that deadline); ``None``
+        if they are still not all there."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._readahead_wait_s
+        work = 0.0
+        looks = 0
+        while True:
+            began = time.thread_time()
+            try:
+                return read_cached(self._reader, batches), work + time.thread_time() - began
+            except NotCached:
+                if looks == 0 and self._readahead_wait_s > 0:
+                    read_ahead(self._reader, batches)
+            work += time.thread_time() - began
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return None, work  # not there (yet): a read thread waits for the disk
+            await asyncio.sleep(min(FIRST_LOOK_S * 2**looks, LONGEST_LOOK_S, remaining))
+            looks += 1
 
     def _decide(self, request: QueuedPull, state: DeliveryState) -> Batch | _Linger | None:
         now = self._clock.wall_us()

@@ -113,10 +113,21 @@ def spy_read_aheads(monkeypatch: pytest.MonkeyPatch, *, arrive: bool = True) -> 
     return asked
 
 
-def assert_read_on_the_pool(got: Any, threads: list[str]) -> None:
-    assert [m["seq"] for m in got] == [0, 1, 2, 3, 4]
-    assert threads, "no read ran"
-    assert all(name.startswith("qmq-pull-read") for name in threads), threads
+async def pull_evicted(
+    instance: Broker, data_dir: Path, monkeypatch: pytest.MonkeyPatch, *, arrive: bool = True
+) -> tuple[list[int], list[str], list[int], float]:
+    """A pull of records evicted from the page cache: the seqs it got, the threads that read
+    them, the read-aheads asked for, and how long it took."""
+    evict(data_dir)
+    asked = spy_read_aheads(monkeypatch, arrive=arrive)
+    threads = spy_reads(monkeypatch)
+    began = time.monotonic()
+    got = await pull(instance, "g")
+    return [m["seq"] for m in got], threads, asked, time.monotonic() - began
+
+
+def read_on_the_pool(threads: list[str]) -> bool:
+    return bool(threads) and all(name.startswith("qmq-pull-read") for name in threads)
 
 
 # a generous wait: a busy test machine's disk must not turn this into the thread fallback
@@ -124,11 +135,8 @@ def assert_read_on_the_pool(got: Any, threads: list[str]) -> None:
 async def test_records_not_in_the_page_cache_are_read_ahead_then_read_on_the_loop(
     running: Broker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    evict(tmp_path)
-    asked = spy_read_aheads(monkeypatch)
-    threads = spy_reads(monkeypatch)
-    got = await pull(running, "g")
-    assert [m["seq"] for m in got] == [0, 1, 2, 3, 4]
+    seqs, threads, asked, _ = await pull_evicted(running, tmp_path, monkeypatch)
+    assert seqs == [0, 1, 2, 3, 4]
     assert asked == [1]  # they were not in the cache: the kernel was asked for them
     assert threads == [threading.current_thread().name]
 
@@ -136,26 +144,21 @@ async def test_records_not_in_the_page_cache_are_read_ahead_then_read_on_the_loo
 async def test_records_that_do_not_arrive_in_time_are_read_on_the_read_pool(
     running: Broker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    evict(tmp_path)
-    asked = spy_read_aheads(monkeypatch, arrive=False)
-    threads = spy_reads(monkeypatch)
-    began = time.monotonic()
-    got = await pull(running, "g")
+    seqs, threads, asked, took = await pull_evicted(running, tmp_path, monkeypatch, arrive=False)
+    assert seqs == [0, 1, 2, 3, 4]
     assert asked == [1]
-    assert time.monotonic() - began >= running.config.readahead_wait_s
-    assert_read_on_the_pool(got, threads)
+    assert took >= running.config.readahead_wait_s
+    assert read_on_the_pool(threads), threads
 
 
 @pytest.mark.parametrize("readahead_wait_s", [0.0])
 async def test_with_no_readahead_wait_records_on_disk_go_to_the_read_pool_at_once(
     running: Broker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    evict(tmp_path)
-    asked = spy_read_aheads(monkeypatch)
-    threads = spy_reads(monkeypatch)
-    got = await pull(running, "g")
+    seqs, threads, asked, _ = await pull_evicted(running, tmp_path, monkeypatch)
+    assert seqs == [0, 1, 2, 3, 4]
     assert asked == []
-    assert_read_on_the_pool(got, threads)
+    assert read_on_the_pool(threads), threads
 
 
 async def test_a_slow_read_delays_only_its_own_group(running: Broker) -> None:
