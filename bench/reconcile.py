@@ -98,25 +98,25 @@ def load_outbox(url: str, rows: int, created: datetime) -> float:
     metadata.create_all(engine, tables=[outbox_table])
     engine.dispose()
     libpq = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(libpq) as conn, conn.cursor() as cur:
-        with cur.copy(f"COPY qmq_outbox ({COPY_COLUMNS}) FROM STDIN") as copy:
-            for n in range(rows):
-                status = row_status(n, rows)
-                at = created + timedelta(microseconds=n * 50)
-                copy.write_row(
-                    (
-                        f"bench-{n:07d}",
-                        subject_of(n),
-                        "{}",
-                        body(n),
-                        "application/json",
-                        PRODUCER,
-                        status,
-                        at,
-                        at,
-                        at if status == "sent" else None,
-                    )
+    copy_sql = f"COPY qmq_outbox ({COPY_COLUMNS}) FROM STDIN"
+    with psycopg.connect(libpq) as conn, conn.cursor() as cur, cur.copy(copy_sql) as copy:
+        for n in range(rows):
+            status = row_status(n, rows)
+            at = created + timedelta(microseconds=n * 50)
+            copy.write_row(
+                (
+                    f"bench-{n:07d}",
+                    subject_of(n),
+                    "{}",
+                    body(n),
+                    "application/json",
+                    PRODUCER,
+                    status,
+                    at,
+                    at,
+                    at if status == "sent" else None,
                 )
+            )
     # A service's outbox table is not freshly bulk-loaded: vacuumed, its rows' hint bits
     # are set and the pages written back now, not by the first timed run's scan (which
     # rewrote every page of the table and took seconds more than the runs after it).
