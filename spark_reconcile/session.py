@@ -86,9 +86,9 @@ def local_conf(master: str, *, small: bool = False) -> dict[str, str]:
         # C2 compiles what runs 5,000 times: over a run's few dozen queries that is mostly
         # Janino, ASM and serialization, 70 CPU seconds at a million records. Ten times the
         # thresholds leaves C2 to the loops over the records (a third less CPU in all).
-        # C2 still took 15 of a run's 57 JVM CPU-seconds; inlining hot callees of up to 100
-        # bytecodes instead of 325 cut that to 12 with the executors' time unchanged (the
-        # generated loops' callees are small).
+        # The compilers still took 15 of a run's 57 JVM CPU-seconds; C2 inlining hot callees
+        # of up to 100 bytecodes instead of 325 cut that to 12 with the executors' time
+        # unchanged (the generated loops' callees are small).
         java += [
             "-XX:Tier4InvocationThreshold=50000",
             "-XX:Tier4MinInvocationThreshold=6000",
