@@ -119,7 +119,7 @@ def load_outbox(url: str, rows: int, created: datetime) -> float:
             )
     # A service's outbox table is not freshly bulk-loaded: vacuumed, its rows' hint bits
     # are set and the pages written back now, not by the first timed run's scan (which
-    # rewrote every page of the table and took seconds more than the runs after it).
+    # would rewrite every page of the table, work no later run has).
     with psycopg.connect(libpq, autocommit=True) as conn:
         conn.execute("VACUUM (ANALYZE) qmq_outbox")
         conn.execute("CHECKPOINT")
