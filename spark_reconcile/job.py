@@ -486,8 +486,8 @@ def _pipelined(
     """Two threads whose Spark jobs run side by side: one reads the broker data, then runs
     ``after_broker`` on it (the group counts need nothing else); the other reads the
     outbox, waits for the broker data, then runs ``after_both``. So the group counts start
-    as soon as the broker data is in, whichever read ends first; before, they waited for
-    both reads, and the cores idled through the longer read's last tasks. The first error
+    as soon as the broker data is in, whichever read ends first, and the cores do not idle
+    through the longer read's last tasks. The first error
     is raised once both threads have ended; a failed outbox read skips ``after_broker``
     if it has not started."""
     broker_read: Future[_Broker] = Future()
