@@ -21,6 +21,9 @@ limits how many are open. ``LimitedHttpToolsProtocol`` adds, per connection:
   poll nobody waits for any more gives back its place in the pull caps at once instead of
   when its ``wait_ms`` runs out.
 
+It also sends each answer in **one write**: uvicorn writes a response's head and its body
+separately, which on a socket costs two sends and, to the peer, two segments to read.
+
 It relies on uvicorn's ``HttpToolsProtocol`` internals (``on_headers_complete``,
 ``on_response_complete``, ``timeout_keep_alive_task``, ``_start_asgi_task``);
 ``tests/acceptance/test_broker_limits.py`` checks each behaviour on a real broker.
@@ -203,6 +206,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._cancel_head_timer()
         super().on_headers_complete()
+        cycle = self.cycle
+        cycle.transport = _OneWriteAnswers(self.transport, cycle, self.loop)  # type: ignore[assignment]
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -236,6 +241,53 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                 self._abandonable = None
 
         return run
+
+
+class _OneWriteAnswers:
+    """A request cycle's view of its transport: the response head waits for the body.
+
+    uvicorn writes the head when the app sends ``http.response.start``, and the body with
+    the next message, which every answer here sends right after. The head is held until
+    then (the two go out in one send), or until the loop's next turn should a streamed
+    body keep it waiting. Writes before the response starts (``100 Continue``) go at once.
+    """
+
+    __slots__ = ("_cycle", "_head", "_held", "_loop", "_transport")
+
+    def __init__(
+        self, transport: asyncio.Transport, cycle: RequestResponseCycle,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:  # fmt: skip
+        self._transport = transport
+        self._cycle = cycle
+        self._loop = loop
+        self._head: bytes | None = None
+        self._held = False  # the head has been seen (held or sent)
+
+    def write(self, data: bytes) -> None:
+        head = self._head
+        if head is not None:
+            self._head = None
+            self._transport.write(head + data)
+        elif not self._held and self._cycle.response_started:
+            self._held = True
+            self._head = data
+            self._loop.call_soon(self._flush)
+        else:
+            self._transport.write(data)
+
+    def _flush(self) -> None:
+        head = self._head
+        if head is not None:
+            self._head = None
+            if not self._transport.is_closing():
+                self._transport.write(head)
+
+    def close(self) -> None:
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
 
 
 def fit_to_open_files(max_connections: int) -> int:

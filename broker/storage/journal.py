@@ -1,11 +1,12 @@
 """The journal: group commit of the message log, the action log, the subject indexes and
 the bucketed schedule and dispatch logs.
 
-Appends are placed on the event loop and collected into the current batch; one flusher
-task hands each batch to a single writer thread that writes it and, under ``fsync
-always``, fdatasyncs every log segment it wrote before the batch's future resolves (under
-``interval:<ms>`` a second task does so on a timer; under ``never`` only checkpoints and
-shutdown do). While one batch is being written the next one fills up, so concurrent
+Appends are placed on the event loop and collected into the current batch. At the end of
+the loop's turn the batch goes to the journal's writer thread, which writes it and, under
+``fsync always``, fdatasyncs every log segment it wrote, then hands the batch back to the
+loop in one call, where its future resolves (under ``interval:<ms>`` a timer asks the
+writer for the fsync; under ``never`` only checkpoints and shutdown do). While one batch is
+being written the next one fills up, and goes as soon as the first is back, so concurrent
 producers share one write + fsync. Leases, acks and nacks are "relaxed" actions: under
 ``--ack-fsync interval:<ms>`` or ``never`` a batch of nothing else is written but not
 fsynced; they reach the disk with the next fsync. Index files are written with each batch
@@ -24,10 +25,11 @@ import contextlib
 import dataclasses
 import logging
 import os
+import queue
+import threading
 import time
 import zlib
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from broker.config import FsyncPolicy
@@ -193,9 +195,16 @@ class Journal:
         )
         self.buckets = BucketPlacer(buckets_at)
         self._files = _AppendFiles(data_dir)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qmq-journal")
+        # the writer thread's inbox: a batch to write, or None to close the files and stop
+        self._inbox: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
+        self._writer = threading.Thread(
+            target=self._writer_loop, name="qmq-journal-writer", daemon=True
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._batch = _Batch()
-        self._wake = asyncio.Event()
+        self._writing = False  # a batch is with the writer thread
+        self._dispatching = False  # _dispatch is due at the end of this loop turn
+        self._stopped: asyncio.Future[None] | None = None
         self._closing = False
         self._failed: BaseException | None = None
         self._on_fsync = on_fsync
@@ -207,19 +216,17 @@ class Journal:
     # --- event-loop side -----------------------------------------------------------------
 
     def start(self) -> None:
-        self._tasks.append(asyncio.create_task(self._flush_loop(), name="qmq-journal-flusher"))
+        loop = self._loop = asyncio.get_running_loop()
+        self._stopped = loop.create_future()
+        self._writer.start()
+        interval = None
         if self._fsync.mode == "interval":
-            self._tasks.append(
-                asyncio.create_task(
-                    self._interval_fsync_loop(self._fsync.interval_ms), name="qmq-journal-fsync"
-                )
-            )
+            interval = self._fsync.interval_ms
         elif self._relaxed and self._ack_fsync.mode == "interval":
+            interval = self._ack_fsync.interval_ms
+        if interval is not None:
             self._tasks.append(
-                asyncio.create_task(
-                    self._interval_fsync_loop(self._ack_fsync.interval_ms),
-                    name="qmq-journal-fsync",
-                )
+                asyncio.create_task(self._interval_fsync_loop(interval), name="qmq-journal-fsync")
             )
 
     def _future(self) -> asyncio.Future[None]:
@@ -229,10 +236,17 @@ class Journal:
             )
         if self._closing:
             raise StorageError("the journal is closed")
-        if self._batch.future is None:
-            self._batch.future = asyncio.get_running_loop().create_future()
-        self._wake.set()
-        return self._batch.future
+        loop = self._loop
+        assert loop is not None, "start() the journal first"
+        batch = self._batch
+        future = batch.future
+        if future is None:
+            future = batch.future = loop.create_future()
+        if not (self._writing or self._dispatching):
+            # at the end of this turn, so that what else this turn appends joins the batch
+            self._dispatching = True
+            loop.call_soon(self._dispatch)
+        return future
 
     def append_messages(
         self, frames: list[bytes], *, subject: str, first_seq: int, stored_at_us: int,
@@ -313,44 +327,71 @@ class Journal:
     def failed(self) -> BaseException | None:
         return self._failed
 
-    async def _flush_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            batch, self._batch = self._batch, _Batch()
-            if batch.empty():
-                if batch.future is not None and not batch.future.done():
-                    batch.future.set_result(None)
-                if self._closing:
-                    return
-                continue
-            try:
-                await loop.run_in_executor(self._executor, self._write, batch)
-            except (
-                BaseException
-            ) as exc:  # a failed write leaves the log in doubt: stop taking writes
-                self._failed = exc
-                logger.critical(
-                    "journal write failed; broker is now read-only",
-                    extra={"action": "broker.journal_failed"},
-                    exc_info=True,
-                )
-                if batch.future is not None and not batch.future.done():
-                    batch.future.set_exception(StorageError(f"write failed: {exc!r}"))
-                if self._batch.future is not None and not self._batch.future.done():
-                    self._batch.future.set_exception(StorageError(f"write failed: {exc!r}"))
-                return
+    def _dispatch(self) -> None:
+        """Hand the current batch to the writer thread (an empty one resolves at once)."""
+        self._dispatching = False
+        if self._writing or self._failed is not None:
+            return  # _written dispatches what gathered meanwhile
+        batch = self._batch
+        if batch.empty():
             if batch.future is not None and not batch.future.done():
                 batch.future.set_result(None)
+            batch.future = None
+            return
+        self._batch = _Batch()
+        self._writing = True
+        self._inbox.put(batch)
+
+    def _written(self, batch: _Batch, error: BaseException | None) -> None:
+        """Back from the writer thread, on the loop: resolve the batch, send the next."""
+        self._writing = False
+        future = batch.future
+        if error is None:
+            if future is not None and not future.done():
+                future.set_result(None)
+            if self._batch.future is not None:
+                self._dispatch()
+            return
+        # a failed write leaves the log in doubt: stop taking writes
+        self._failed = error
+        logger.critical(
+            "journal write failed; broker is now read-only",
+            extra={"action": "broker.journal_failed"},
+            exc_info=error,
+        )
+        for pending in (future, self._batch.future):
+            if pending is not None and not pending.done():
+                pending.set_exception(StorageError(f"write failed: {error!r}"))
 
     async def _interval_fsync_loop(self, interval_ms: int) -> None:
-        loop = asyncio.get_running_loop()
         while not self._closing:
             await asyncio.sleep(interval_ms / 1000)
-            await loop.run_in_executor(self._executor, self._fsync_if_written)
+            with contextlib.suppress(StorageError):
+                await self.run_after_flush(self._fsync_if_written)
 
     # --- writer-thread side ---------------------------------------------------------------
+
+    def _writer_loop(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        assert self._stopped is not None
+        while (batch := self._inbox.get()) is not None:
+            error: BaseException | None = None
+            try:
+                self._write(batch)
+            except BaseException as exc:  # reported on the loop: the journal turns read-only
+                error = exc
+            try:
+                loop.call_soon_threadsafe(self._written, batch, error)
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                return
+        closed: BaseException | None = None
+        try:
+            self._files.close()
+        except BaseException as exc:
+            closed = exc
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_settle_future, self._stopped, closed)
 
     def _write(self, batch: _Batch) -> None:
         self._write_log(SegmentKind.MESSAGES, batch.messages)
@@ -403,15 +444,24 @@ class Journal:
     # --- lifecycle ------------------------------------------------------------------------
 
     async def close(self) -> None:
-        """Write and fsync everything pending, then stop the writer thread."""
+        """Write and fsync everything pending, then close the files and stop the writer."""
         if self._failed is None:
             with contextlib.suppress(StorageError):
                 await self.run_after_flush(self._files.fsync_logs)
         self._closing = True
-        self._wake.set()
         for task in self._tasks:
-            task.cancel() if task.get_name() == "qmq-journal-fsync" else None
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._files.close)
-        self._executor.shutdown(wait=True)
+        if self._stopped is None:  # never started
+            self._files.close()
+            return
+        self._inbox.put(None)  # after any batch still with the writer (a failed journal's)
+        await self._stopped
+
+
+def _settle_future(future: asyncio.Future[None], error: BaseException | None) -> None:
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)

@@ -134,10 +134,13 @@ def test_a_busy_subject_carries_its_acks_on_the_next_pull(consumers: Consumers) 
         wait_until(lambda: consumer.stats().acked == 300)
     carried = [seq for pull in broker.received("pull") for seq in pull.get("ack", [])]
     sent = [seq for ack in broker.received("ack") for seq in ack["seqs"]]
-    assert len(carried) >= 200, "a busy subject's acks ride on its pulls"
+    # most ride on pulls (185-250 of 300 in 25 runs, with the threads' timing); without
+    # carrying none would
+    assert len(carried) >= 150, "a busy subject's acks ride on its pulls"
     assert sorted(carried + sent) == list(range(300))  # each acked once
-    # the acker still sends when a puller is short of slots and has nothing to carry yet
-    assert len(broker.received("ack")) <= 10
+    # the acker still sends when a puller is short of slots and has nothing to carry yet,
+    # a few times (2-9 in 30 quiet runs, 11 beside other tests), not once per message
+    assert len(broker.received("ack")) <= 20
     assert consumer.stats().ack_unknown == 0
     assert consumer.stats().in_flight == 0
 

@@ -1,0 +1,126 @@
+"""The journal's hand-off to its writer thread: group commit, order, failure, close.
+
+A real journal on a real data dir; fsyncs are counted through its ``on_fsync`` hook.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+from broker.config import FsyncPolicy
+from broker.errors import StorageError
+from broker.format import HEADER_SIZE
+from broker.storage.journal import Journal
+
+
+def journal(data_dir: Path, fsyncs: list[float]) -> Journal:
+    return Journal(
+        data_dir=data_dir,
+        fsync=FsyncPolicy(mode="always"),
+        segment_bytes=1 << 20,
+        messages_at=(0, HEADER_SIZE),
+        actions_at=(0, HEADER_SIZE),
+        on_fsync=fsyncs.append,
+    )
+
+
+def actions_written(data_dir: Path) -> bytes:
+    return b"".join(path.read_bytes() for path in sorted((data_dir / "actions").iterdir()))
+
+
+def test_appends_of_one_loop_turn_share_one_write_and_fsync(tmp_path: Path) -> None:
+    fsyncs: list[float] = []
+
+    async def main() -> None:
+        j = journal(tmp_path, fsyncs)
+        j.start()
+        points = []
+        for n in range(5):  # five requests answered in the same turn of the loop
+            j.append_action(f"action {n}".encode())
+            points.append(j.commit_point())
+        assert len({id(point) for point in points}) == 1
+        await asyncio.gather(*points)
+        assert len(fsyncs) == 1
+        written = actions_written(tmp_path)
+        assert all(f"action {n}".encode() in written for n in range(5))
+        await j.close()
+
+    asyncio.run(main())
+
+
+def test_what_gathers_while_a_batch_is_written_goes_next_in_order(tmp_path: Path) -> None:
+    fsyncs: list[float] = []
+    order: list[str] = []
+
+    async def main() -> None:
+        j = journal(tmp_path, fsyncs)
+        j.start()
+        release = threading.Event()
+
+        def hold() -> None:  # holds the writer thread until released
+            release.wait()
+
+        first = j.run_after_flush(hold)
+        first.add_done_callback(lambda _: order.append("first"))
+        await asyncio.sleep(0.05)  # the first batch is with the writer now
+        j.append_action(b"second")
+        second = j.commit_point()
+        second.add_done_callback(lambda _: order.append("second"))
+        nothing = j.commit_point()  # asks for what was appended so far: the same batch
+        assert nothing is second
+        await asyncio.sleep(0.05)
+        assert not second.done(), "the next batch waits for the one being written"
+        release.set()
+        await asyncio.gather(first, second)
+        assert order == ["first", "second"]
+        assert b"second" in actions_written(tmp_path)
+        empty = j.commit_point()  # nothing appended and nothing in flight: at once
+        await asyncio.wait_for(empty, 1)
+        await j.close()
+
+    asyncio.run(main())
+
+
+def test_a_failed_write_fails_its_batch_and_makes_the_journal_read_only(tmp_path: Path) -> None:
+    fsyncs: list[float] = []
+
+    async def main() -> None:
+        j = journal(tmp_path, fsyncs)
+        j.start()
+        j.append_action(b"kept")
+        await j.commit_point()
+        # the next segment cannot be opened: its directory is now a file
+        shutil.rmtree(tmp_path / "actions")
+        (tmp_path / "actions").write_bytes(b"not a directory")
+        j.actions.segment, j.actions.end_offset = 1, HEADER_SIZE  # the next append rolls
+        j.append_action(b"lost")
+        failing = j.commit_point()
+        with pytest.raises(StorageError, match="write failed"):
+            await failing
+        assert j.failed is not None
+        with pytest.raises(StorageError, match="read-only"):
+            j.commit_point()
+        await asyncio.wait_for(j.close(), 5)  # the writer thread still stops
+
+    asyncio.run(main())
+
+
+def test_close_writes_what_is_pending_and_stops_the_writer_thread(tmp_path: Path) -> None:
+    fsyncs: list[float] = []
+
+    async def main() -> None:
+        j = journal(tmp_path, fsyncs)
+        j.start()
+        j.append_action(b"pending at close")
+        await j.close()
+        assert not any(t.name == "qmq-journal-writer" for t in threading.enumerate())
+        assert b"pending at close" in actions_written(tmp_path)
+        with pytest.raises(StorageError, match="closed"):
+            j.commit_point()
+
+    asyncio.run(main())
