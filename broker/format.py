@@ -1,8 +1,8 @@
 """On-disk formats of the broker's data directory, readable without the broker running.
 
-Layout of a data directory (format 3)::
+Layout of a data directory (format 4)::
 
-    FORMAT                      {"format": 3}
+    FORMAT                      {"format": 4}
     messages/<20 digits>.seg    message log segments, all subjects, append-only
     actions/<20 digits>.seg     action log segments (leases, acks, retries, dead letters)
     index/<subject>/<20 digits>.idx  a subject's index, seq -> (segment, offset, length),
@@ -23,13 +23,21 @@ Layout of a data directory (format 3)::
 
 Format 1 kept each subject's whole index in one file, ``index/<subject>.idx``; format 2
 split it into chunks; format 3 changed the id hash in index entries and dedup runs from
-BLAKE2b-64 to XXH3-64 (``id_hash``). A broker migrates an older data directory on start
-(``broker.storage.migrate``).
+BLAKE2b-64 to XXH3-64 (``id_hash``); format 4 lets a log segment end in room (below). A
+broker migrates an older data directory on start (``broker.storage.migrate``).
 
 Every segment starts with a 16-byte header (magic, kind, format version) and then holds
 frames ``[u32 payload length][u32 crc32(payload)][payload]``. A frame that is cut short
 or whose CRC does not match is never returned as a record; ``walk_frames`` reads on past
 it (recovery truncates it only when nothing valid follows at the end of the last segment).
+
+**Room** (format 4): the message and action logs' writer allocates its segment files
+ahead of its appends (``fallocate``), because an fdatasync that must also record a grown
+file costs more than one that does not. So the active segment may end in zero bytes past
+its last frame, until the writer fills them, rolls to the next segment or stops (both cut
+the room off). No frame has length 0, so where the bytes from a frame's start to the end
+of the file are all zero, the log's data ends there: readers stop quietly, and a torn tail
+is only what is left of a write that began.
 
 This module is shared by the broker and by ``spark_reconcile``; it imports nothing from the
 server side.
@@ -41,6 +49,7 @@ import dataclasses
 import hashlib
 import mmap
 import os
+import re
 import struct
 import zlib
 from collections.abc import Callable, Iterator
@@ -53,9 +62,9 @@ import xxhash
 
 from broker.errors import CorruptRecord, StorageError
 
-FORMAT_VERSION = 3  # of the data directory's layout (FORMAT, checkpoints, indexes, id hash)
+FORMAT_VERSION = 4  # of the data directory's layout (FORMAT, checkpoints, indexes, id hash, room)
 SEGMENT_VERSION = 1  # of the segments' frames and records (unchanged since format 1)
-SEGMENT_LAYOUT_FORMATS = (1, 2, 3)  # data dir formats whose segments a reader of them can read
+SEGMENT_LAYOUT_FORMATS = (1, 2, 3, 4)  # data dir formats whose segments a reader can read
 FORMAT_FILE = "FORMAT"  # {"format": N} at the top of a data directory
 
 
@@ -213,7 +222,9 @@ def walk_frames(
     a matching CRC starts, whose payload passes ``check`` (e.g. decodes as a record of the
     segment's kind), and whose end is followed by another valid frame or by the end of the
     data. So one flipped bit costs the frame it hit, not every frame after it, and a torn
-    tail is a bad region with no valid frame after it (``BadRegion.torn``).
+    tail is a bad region with no valid frame after it (``BadRegion.torn``). Zero bytes from
+    where a frame should start to the end are the writer's room, not a region: the walk
+    ends there.
     """
     size = len(data)
     offset = start
@@ -223,12 +234,22 @@ def walk_frames(
             yield offset, payload
             offset += FRAME_SIZE + len(payload)
             continue
+        if _all_zero(data, offset, size):
+            return
         following = next_valid_frame(data, offset + 1, size, check)
         if following is None:
             yield BadRegion(offset, size, torn=True)
             return
         yield BadRegion(offset, following, torn=False)
         offset = following
+
+
+_NONZERO = re.compile(rb"[^\x00]")
+
+
+def _all_zero(data: bytes | mmap.mmap, start: int, end: int) -> bool:
+    """Whether ``data[start:end]`` is all zero bytes (room), read without a copy."""
+    return _NONZERO.search(data, start, end) is None
 
 
 def _frame_at(data: bytes | mmap.mmap, offset: int, size: int) -> bytes | None:
@@ -246,12 +267,25 @@ def next_valid_frame(
     data: bytes | mmap.mmap, offset: int, size: int, check: FrameCheck | None
 ) -> int | None:
     """The first offset in ``[offset, size)`` where a whole, CRC-valid frame starts whose
-    payload passes ``check`` and which is followed by another valid frame or ``size``."""
+    payload passes ``check`` and which is followed by another valid frame, ``size`` or only
+    zero bytes (room). Runs of zero bytes are skipped whole: no frame's length is 0."""
     while offset + FRAME_SIZE <= size:
+        (length,) = _U32.unpack_from(data, offset)
+        if length == 0:
+            nonzero = _NONZERO.search(data, offset + 4, size)
+            if nonzero is None:
+                return None
+            # a frame starts at most 3 bytes before its length's first nonzero byte
+            offset = max(offset + 1, nonzero.start() - 3)
+            continue
         payload = _frame_at(data, offset, size)
         if payload is not None and (check is None or check(payload)):
             after = offset + FRAME_SIZE + len(payload)
-            if after == size or _frame_at(data, after, size) is not None:
+            if (
+                after == size
+                or _frame_at(data, after, size) is not None
+                or _all_zero(data, after, size)
+            ):
                 return offset
         offset += 1
     return None

@@ -21,6 +21,11 @@ a crash) and moved to the new hashes; a digest that did not match stays as it wa
 recovery rebuilds that index from the log, as it would have. The dedup runs and filters
 are deleted and written anew from the ids read, one run per ``RUN_CHUNKS`` chunks. The
 step reads every retained message once: about 4 us each (a minute per 16 million here).
+
+Format 3 -> 4: log segments may end in room, zero bytes the writer allocated ahead of its
+appends (``broker.format``). Nothing on disk changes: the checkpoints are written again
+with the new format number, then ``FORMAT``. A format-3 broker must not open a format-4
+directory, whose room it would take for a torn tail.
 """
 
 from __future__ import annotations
@@ -67,14 +72,16 @@ RUN_CHUNKS = 64  # index chunks whose ids go into one dedup run in the 2 -> 3 st
 
 def migrate(data_dir: Path, version: int) -> list[str]:
     """Migrate ``data_dir`` from format ``version``; returns what was done, a line each."""
-    if version not in (1, 2):
+    if version not in (1, 2, 3):
         raise StorageError(
             f"{data_dir} holds format {version}; this broker reads 1 to {FORMAT_VERSION}"
         )
     done: list[str] = []
     if version == 1:
         done += _format_1_to_2(data_dir)
-    done += _format_2_to_3(data_dir)
+    if version <= 2:
+        done += _format_2_to_3(data_dir)
+    done += _format_3_to_4(data_dir)
     for line in done:
         logger.info(line, extra={"action": "broker.migrated"})
     return done
@@ -166,11 +173,26 @@ def _format_2_to_3(data_dir: Path) -> list[str]:
     finally:
         reader.close()
     for name, body in checkpoints.items():
-        raw = orjson.dumps({**body, "format": 3}, option=orjson.OPT_SORT_KEYS)
-        rewrite_file(data_dir / name, b'{"crc32":%d,"checkpoint":%s}' % (zlib.crc32(raw), raw))
+        _write_checkpoint(data_dir / name, {**body, "format": 3})
         done.append(f"{data_dir / name}: index digests moved to the XXH3-64 id hash")
     _write_format(data_dir, 3)
     return done
+
+
+def _format_3_to_4(data_dir: Path) -> list[str]:
+    done: list[str] = []
+    for name in (CHECKPOINT_FILE, PREVIOUS_FILE):
+        body = _checkpoint_body(data_dir / name)
+        if body is not None and body.get("format") == 3:
+            _write_checkpoint(data_dir / name, {**body, "format": 4})
+            done.append(f"{data_dir / name}: format 4 (log segments may end in room)")
+    _write_format(data_dir, 4)
+    return done
+
+
+def _write_checkpoint(path: Path, body: dict[str, Any]) -> None:
+    raw = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+    rewrite_file(path, b'{"crc32":%d,"checkpoint":%s}' % (zlib.crc32(raw), raw))
 
 
 def _checkpoint_body(path: Path) -> dict[str, Any] | None:

@@ -202,6 +202,46 @@ def test_resync_needs_a_frame_that_decodes_and_chains_on() -> None:
     assert seqs == [0, 2]
 
 
+def test_zero_room_after_the_last_frame_ends_the_walk_quietly() -> None:
+    frames = [message_frame(seq) for seq in range(3)]
+    data = segment_header(SegmentKind.MESSAGES) + b"".join(frames) + bytes(64 * 1024)
+    items = walk(data)
+    assert [MessageRecord.decode(i[1]).seq for i in items] == [0, 1, 2]  # no BadRegion
+    assert [p for _, p in iter_frames(data, path="t")] == [f[FRAME_SIZE:] for f in frames]
+
+
+def test_a_write_torn_into_the_room_is_still_a_torn_tail() -> None:
+    whole = segment_header(SegmentKind.MESSAGES) + message_frame(0)
+    data = whole + message_frame(1)[:-7] + bytes(64 * 1024)  # half of it reached the room
+    items = walk(data)
+    assert isinstance(items[-1], BadRegion)
+    assert (items[-1].start, items[-1].end, items[-1].torn) == (len(whole), len(data), True)
+
+
+def test_damage_then_a_long_run_of_zeros_then_frames_is_read_past() -> None:
+    # the resync skips a zero run at once (no frame has length 0) instead of byte by byte
+    head = segment_header(SegmentKind.MESSAGES) + message_frame(0)
+    damaged = bytearray(message_frame(1))
+    damaged[6] ^= 0x01
+    tail = message_frame(2) + message_frame(3)
+    data = head + bytes(damaged) + bytes(8 * 1024 * 1024) + tail + bytes(4096)
+    items = walk(data)
+    seqs = [MessageRecord.decode(i[1]).seq for i in items if not isinstance(i, BadRegion)]
+    assert seqs == [0, 2, 3]
+    (bad,) = [i for i in items if isinstance(i, BadRegion)]
+    assert (bad.start, bad.end, bad.torn) == (len(head), len(data) - len(tail) - 4096, False)
+
+
+def test_the_last_frame_may_end_in_zero_bytes_before_the_room() -> None:
+    # a body ending in zeros is not room: the frame's length says where it ends
+    frames = [message_frame(0, b"x\x00\x00\x00"), message_frame(1, b"\x00" * 40)]
+    data = segment_header(SegmentKind.MESSAGES) + b"".join(frames) + bytes(1000)
+    assert [MessageRecord.decode(i[1]).body for i in walk(data)] == [
+        b"x\x00\x00\x00",
+        b"\x00" * 40,
+    ]
+
+
 def test_segment_header_is_checked() -> None:
     assert read_segment_header(segment_header(SegmentKind.ACTIONS), path="p") is SegmentKind.ACTIONS
     with pytest.raises(CorruptRecord, match="magic"):

@@ -114,13 +114,77 @@ def test_close_writes_what_is_pending_and_stops_the_writer_thread(tmp_path: Path
     fsyncs: list[float] = []
 
     async def main() -> None:
+        before = set(threading.enumerate())
         j = journal(tmp_path, fsyncs)
         j.start()
+        (writer,) = set(threading.enumerate()) - before
+        assert writer.name == "qmq-journal-writer"
         j.append_action(b"pending at close")
         await j.close()
-        assert not any(t.name == "qmq-journal-writer" for t in threading.enumerate())
+        assert not writer.is_alive()
         assert b"pending at close" in actions_written(tmp_path)
         with pytest.raises(StorageError, match="closed"):
             j.commit_point()
 
     asyncio.run(main())
+
+
+def test_a_log_segment_is_allocated_ahead_and_cut_to_its_data_on_roll_and_close(
+    tmp_path: Path,
+) -> None:
+    fsyncs: list[float] = []
+    segment_bytes = 1 << 20
+
+    async def main() -> None:
+        j = journal(tmp_path, fsyncs)  # segments of 1 MiB
+        j.start()
+        j.append_action(b"first")
+        await j.commit_point()
+        first = tmp_path / "actions" / "00000000000000000000.seg"
+        assert first.stat().st_size == segment_bytes  # room up to the segment's size
+        end = j.actions.end_offset
+        j.actions.segment, j.actions.end_offset = 1, HEADER_SIZE  # the next append rolls
+        j.append_action(b"second")
+        await j.commit_point()
+        assert first.stat().st_size == end  # rolling cut its room off
+        second = tmp_path / "actions" / "00000000000000000001.seg"
+        assert second.stat().st_size == segment_bytes
+        second_end = j.actions.end_offset
+        await j.close()
+        assert second.stat().st_size == second_end  # and so did closing
+
+    asyncio.run(main())
+
+
+def test_room_left_by_a_crash_is_cut_at_close_even_with_nothing_written(tmp_path: Path) -> None:
+    fsyncs: list[float] = []
+
+    segment = tmp_path / "actions" / "00000000000000000000.seg"
+
+    async def crashed() -> int:
+        j = journal(tmp_path, fsyncs)
+        j.start()
+        j.append_action(b"kept")
+        await j.commit_point()
+        as_killed = segment.read_bytes()  # what a kill -9 here would leave: room included
+        await j.close()
+        segment.write_bytes(as_killed)
+        return j.actions.end_offset
+
+    end = asyncio.run(crashed())
+    assert segment.stat().st_size > end
+
+    async def restarted() -> None:
+        j = Journal(
+            data_dir=tmp_path,
+            fsync=FsyncPolicy(mode="always"),
+            segment_bytes=1 << 20,
+            messages_at=(0, HEADER_SIZE),
+            actions_at=(0, end),  # what recovery found
+        )
+        j.start()
+        await j.close()
+
+    asyncio.run(restarted())
+    assert segment.stat().st_size == end
+    assert b"kept" in segment.read_bytes()

@@ -1,4 +1,5 @@
-"""Format 2 -> 3 on start: the id hash of index entries and dedup runs becomes XXH3-64.
+"""Format 2 -> 3 on start: the id hash of index entries and dedup runs becomes XXH3-64;
+and 3 -> 4, which only renumbers.
 
 A format-2 data dir is made from a current one by putting BLAKE2b-64 hashes back into
 every index entry and the checkpoints' digests, and dedup runs of those hashes, as a
@@ -169,8 +170,29 @@ def test_a_damaged_sealed_chunk_is_rebuilt_from_the_log_when_migrated(tmp_path: 
     assert run_broker(data_dir, resend_and_read) == EXPECTED
 
 
+def test_a_format_3_data_dir_becomes_format_4_with_nothing_rebuilt(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    run_broker(data_dir, fill)
+    run_broker(data_dir, lambda b: asyncio.sleep(0))  # a second checkpoint, the previous one
+    for name in (CHECKPOINT_FILE, PREVIOUS_FILE):  # as a format-3 broker wrote them
+        body = orjson.loads((data_dir / name).read_bytes())["checkpoint"]
+        raw = orjson.dumps({**body, "format": 3}, option=orjson.OPT_SORT_KEYS)
+        (data_dir / name).write_bytes(b'{"crc32":%d,"checkpoint":%s}' % (zlib.crc32(raw), raw))
+    (data_dir / FORMAT_FILE).write_bytes(b'{"format": 3}')
+    done = check_format(data_dir)
+    assert len(done) == 2
+    assert orjson.loads((data_dir / FORMAT_FILE).read_bytes()) == {"format": 4}
+    for name in (CHECKPOINT_FILE, PREVIOUS_FILE):
+        assert checkpoint_format(data_dir / name) == 4
+    recovered = recover(data_dir, dedup_window_s=3600)
+    assert recovered.problems == []  # the checkpoint was taken as it is
+    recovered.subjects.reader.close()
+    assert run_broker(data_dir, resend_and_read) == EXPECTED
+    assert verify(data_dir).clean
+
+
 @pytest.mark.parametrize(
-    "content", [b"99", b"[3]", b"not json", b'{"format": "3"}', b'{"format": 4}']
+    "content", [b"99", b"[3]", b"not json", b'{"format": "3"}', b'{"format": 5}']
 )
 def test_a_format_file_that_does_not_name_a_known_version_is_refused(
     tmp_path: Path, content: bytes
