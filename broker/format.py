@@ -52,10 +52,10 @@ import os
 import re
 import struct
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from enum import IntEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 import xxhash
@@ -471,28 +471,70 @@ def peek_message(payload: bytes) -> tuple[int, int, str, str]:
     return seq, stored, subject, message_id
 
 
-def message_frame(
-    *,
-    seq: int,
-    message_id: str,
-    subject: str,
-    key: str | None,
-    headers: dict[str, str],
-    body: bytes,
-    body_base64: bool,
-    producer: str | None,
-    created_at_us: int,
-    stored_at_us: int,
-    deliver_at_us: int,
-) -> bytes:
-    """``frame(record.encode())`` of the message in one pass, as the produce path stores every
-    message: the body is copied once, and the CRC runs over the head and then the body."""
-    head = _message_head(
-        seq, message_id, subject, key, headers, len(body), body_base64, producer,
-        created_at_us, stored_at_us, deliver_at_us,
-    )  # fmt: skip
-    crc = zlib.crc32(body, zlib.crc32(head))
-    return b"".join((FRAME.pack(len(head) + len(body), crc), head, body))
+class Framable(Protocol):
+    """What ``message_frames`` reads of a message (the broker's ``IncomingMessage``)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def key(self) -> str | None: ...
+    @property
+    def headers(self) -> dict[str, str]: ...
+    @property
+    def body(self) -> bytes: ...
+    @property
+    def body_base64(self) -> bool: ...
+    @property
+    def producer(self) -> str | None: ...
+    @property
+    def created_at_us(self) -> int | None: ...
+    @property
+    def deliver_at_us(self) -> int: ...
+
+
+def message_frames(
+    messages: Iterable[Framable], *, subject: str, first_seq: int, stored_at_us: int
+) -> list[bytes]:
+    """``frame(record.encode())`` of each message as the next seqs of ``subject`` from
+    ``first_seq``, stored at ``stored_at_us`` (also its created time when it has none): the
+    produce path's framing, one loop over a batch with no call per message but the packing
+    (``MessageRecord.encode`` is the layout's reference). Each body is copied once, and the
+    CRC runs over the head and then the body."""
+    raw_subject = subject.encode()
+    subject_length = len(raw_subject)
+    pack_head, pack_u16, pack_u32, pack_frame = _MSG_HEAD.pack, _U16.pack, _U32.pack, FRAME.pack
+    crc32, join = zlib.crc32, b"".join
+    frames = []
+    seq = first_seq
+    for message in messages:
+        raw_id = message.id.encode()
+        key, producer, headers, body = message.key, message.producer, message.headers, message.body
+        created = message.created_at_us
+        head = join(
+            (
+                pack_head(
+                    RECORD_MESSAGE,
+                    FLAG_BODY_BASE64 if message.body_base64 else 0,
+                    seq,
+                    stored_at_us if created is None else created,
+                    stored_at_us,
+                    message.deliver_at_us,
+                    subject_length,
+                ),
+                raw_subject,
+                pack_u16(len(raw_id)),
+                raw_id,
+                _NO_STRING if key is None else _pack_str(key),
+                _NO_STRING if producer is None else _pack_str(producer),
+                _pack_headers(headers) if headers else _NO_HEADERS,
+                pack_u32(len(body)),
+            )
+        )
+        frames.append(
+            join((pack_frame(len(head) + len(body), crc32(body, crc32(head))), head, body))
+        )
+        seq += 1
+    return frames
 
 
 def _message_head(
@@ -508,9 +550,8 @@ def _message_head(
     stored_at_us: int,
     deliver_at_us: int,
 ) -> bytes:
-    """A message record up to its body (which follows it), packed with as few calls as can
-    be: the produce path calls it for every message (``MessageRecord.encode`` is the
-    layout's reference)."""
+    """A message record up to its body (which follows it): ``MessageRecord.encode``'s head.
+    ``message_frames`` packs the same, inline."""
     raw_subject = subject.encode()
     raw_id = message_id.encode()
     return b"".join(

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from broker.clock import Clock
 from broker.errors import Conflict, CorruptRecord, StorageError
-from broker.format import MessageRecord, id_hash, message_frame
+from broker.format import MessageRecord, id_hash, message_frames
 from broker.gate import Gate, durable
 from broker.messages import IncomingMessage
 from broker.metrics import BrokerMetrics
@@ -79,6 +79,16 @@ class ProduceService:
         stored_at: dict[tuple[str, int], int] | None = (
             {} if len(set(hashes)) < len(hashes) else None
         )
+        if (
+            targets is None
+            and stored_at is None
+            and messages
+            and known.count(None) == len(known)
+            and logs.count(logs[0]) == len(logs)
+            and not delayed.holds_any()
+            and max(message.deliver_at_us for message in messages) <= now
+        ):
+            return await self._store_all(messages, hashes, now)
         repeats: list[tuple[int, int]] = []  # (message, the earlier one it repeats)
         to_store: dict[str, list[int]] = {}  # per log, the messages it stores, in order
         statuses: list[ProduceStatus] = []
@@ -133,6 +143,20 @@ class ProduceService:
                 if partition is not None:
                     result["partition"] = partition
         return results
+
+    async def _store_all(
+        self, messages: list[IncomingMessage], hashes: list[int], now: int
+    ) -> list[ProduceResultJson]:
+        """``produce`` of the usual batch: every message new, due now, for one subject,
+        and nothing scheduled that could hold one of its ids."""
+        subject = messages[0].subject
+        first = self._store(subject, messages, hashes, now)
+        await self._settle({subject: first + len(messages)})
+        self._metrics.produced.inc(len(messages))
+        return [
+            {"id": message.id, "subject": subject, "status": "stored", "seq": seq}
+            for seq, message in enumerate(messages, first)
+        ]
 
     def _targets(
         self, messages: list[IncomingMessage], now: int
@@ -279,22 +303,7 @@ class ProduceService:
         """Frame messages of one subject into the journal as its next seqs (visible once
         durable); returns the first seq."""
         first = self._subjects.next_seq(subject)
-        frames = [
-            message_frame(
-                seq=seq,
-                message_id=message.id,
-                subject=subject,
-                key=message.key,
-                headers=message.headers,
-                body=message.body,
-                body_base64=message.body_base64,
-                producer=message.producer,
-                created_at_us=now if message.created_at_us is None else message.created_at_us,
-                stored_at_us=now,
-                deliver_at_us=message.deliver_at_us,
-            )
-            for seq, message in enumerate(messages, first)
-        ]
+        frames = message_frames(messages, subject=subject, first_seq=first, stored_at_us=now)
         entries = self._journal.append_messages(
             frames, subject=subject, first_seq=first, stored_at_us=now, hashed_ids=hashes
         )

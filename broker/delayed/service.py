@@ -168,6 +168,10 @@ class DelayedMessages:
 
     # --- produce side ---------------------------------------------------------------------
 
+    def holds_any(self) -> bool:
+        """Whether any message waits in the schedule log."""
+        return bool(self._ids)
+
     def is_scheduled(self, subject: str, message_id: str) -> bool:
         """True while a message with this id waits in the schedule log for this subject."""
         if not self._ids:

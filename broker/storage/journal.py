@@ -328,7 +328,7 @@ class Journal:
         self, frames: list[bytes], *, subject: str, first_seq: int, stored_at_us: int,
         hashed_ids: list[int],
     ) -> list[bytes]:  # fmt: skip
-        """Place the message frames (``message_frame``) of a subject's seqs from
+        """Place the message frames (``message_frames``) of a subject's seqs from
         ``first_seq`` on, and their index entries; returns the packed entries (a subject's
         seqs come in order, one after the other).
 

@@ -30,7 +30,7 @@ from broker.format import (
     segment_header,
     walk_frames,
 )
-from broker.messages import rfc3339
+from broker.messages import IncomingMessage, rfc3339
 
 texts = st.text(min_size=0, max_size=50)
 
@@ -134,25 +134,40 @@ def message_frame(seq: int, body: bytes = b"x" * 40) -> bytes:
     )
 
 
-def test_the_one_pass_frame_of_the_produce_path_is_the_frame_of_the_record() -> None:
-    for body in (b"", b"x", bytes(range(256)) * 40):
-        expected = record(body=body, key="k", headers={"h": "v"}, producer="p")
-        framed = format_module.message_frame(
-            seq=expected.seq,
-            message_id=expected.id,
-            subject=expected.subject,
-            key=expected.key,
-            headers=expected.headers,
-            body=body,
-            body_base64=expected.body_base64,
-            producer=expected.producer,
-            created_at_us=expected.created_at_us,
-            stored_at_us=expected.stored_at_us,
-            deliver_at_us=expected.deliver_at_us,
+def test_the_produce_paths_frames_are_the_frames_of_the_records() -> None:
+    expected = [
+        record(seq=10 + n, body=body, key=key, headers=headers, producer=producer, **extra)
+        for n, (body, key, headers, producer, extra) in enumerate(
+            [
+                (b"", "k", {"h": "v"}, "p", {}),
+                (b"x", None, {}, None, {"body_base64": True, "deliver_at_us": 5}),
+                (bytes(range(256)) * 40, "k\u00e9", {"a": "1", "b": "2"}, "p", {}),
+                (b"no created time", None, {}, None, {"created_at_us": 1_700_000_000_000_123}),
+            ]
         )
-        assert framed == frame(expected.encode())
-        payload = read_frame_at(framed, offset=0, path="x")
-        assert MessageRecord.decode(payload, path="x", offset=0) == expected
+    ]
+    incoming = [
+        IncomingMessage(
+            id=r.id,
+            subject=r.subject,
+            key=r.key,
+            headers=r.headers,
+            body=r.body,
+            body_base64=r.body_base64,
+            producer=r.producer,
+            # the last one came with no created time: it takes the stored time
+            created_at_us=None if n == 3 else r.created_at_us,
+            deliver_at_us=r.deliver_at_us,
+        )
+        for n, r in enumerate(expected)
+    ]
+    framed = format_module.message_frames(
+        incoming, subject="order.created", first_seq=10, stored_at_us=1_700_000_000_000_123
+    )
+    assert framed == [frame(r.encode()) for r in expected]
+    for one, want in zip(framed, expected, strict=True):
+        payload = read_frame_at(one, offset=0, path="x")
+        assert MessageRecord.decode(payload, path="x", offset=0) == want
 
 
 def walk(data: bytes) -> list[tuple[int, bytes] | BadRegion]:
@@ -206,7 +221,8 @@ def test_zero_room_after_the_last_frame_ends_the_walk_quietly() -> None:
     frames = [message_frame(seq) for seq in range(3)]
     data = segment_header(SegmentKind.MESSAGES) + b"".join(frames) + bytes(64 * 1024)
     items = walk(data)
-    assert [MessageRecord.decode(i[1]).seq for i in items] == [0, 1, 2]  # no BadRegion
+    assert len(items) == 3
+    assert not any(isinstance(i, BadRegion) for i in items)  # the room is no region
     assert [p for _, p in iter_frames(data, path="t")] == [f[FRAME_SIZE:] for f in frames]
 
 
@@ -236,7 +252,7 @@ def test_the_last_frame_may_end_in_zero_bytes_before_the_room() -> None:
     # a body ending in zeros is not room: the frame's length says where it ends
     frames = [message_frame(0, b"x\x00\x00\x00"), message_frame(1, b"\x00" * 40)]
     data = segment_header(SegmentKind.MESSAGES) + b"".join(frames) + bytes(1000)
-    assert [MessageRecord.decode(i[1]).body for i in walk(data)] == [
+    assert [MessageRecord.decode(p).body for _, p in iter_frames(data, path="t")] == [
         b"x\x00\x00\x00",
         b"\x00" * 40,
     ]
