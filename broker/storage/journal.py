@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import dataclasses
 import errno
+import itertools
 import logging
 import os
 import queue
@@ -61,8 +62,9 @@ FsyncObserver = Callable[[float], None]
 
 @dataclasses.dataclass(slots=True)
 class _Batch:
-    messages: list[tuple[Position, bytes]] = dataclasses.field(default_factory=list)
-    actions: list[tuple[Position, bytes]] = dataclasses.field(default_factory=list)
+    # runs of frames placed one after the other: (segment, offset of the first, frames)
+    messages: list[tuple[int, int, list[bytes]]] = dataclasses.field(default_factory=list)
+    actions: list[tuple[int, int, list[bytes]]] = dataclasses.field(default_factory=list)
     index: dict[str, tuple[int, list[bytes]]] = dataclasses.field(default_factory=dict)
     buckets: list[tuple[SegmentKind, Position, bytes]] = dataclasses.field(default_factory=list)
     jobs: list[Callable[[], None]] = dataclasses.field(default_factory=list)
@@ -334,17 +336,26 @@ class Journal:
 
         Durable once ``commit_point()`` resolves.
         """
-        place = self.messages.place
+        placer = self.messages
         pack = INDEX_ENTRY.pack
-        batch = self._batch
-        placed = batch.messages
+        placed = self._batch.messages
         entries = []
-        for framed, hashed in zip(frames, hashed_ids, strict=True):
-            position = place(len(framed))
-            placed.append((position, framed))
-            entries.append(
-                pack(position.segment, position.length, position.offset, stored_at_us, hashed)
-            )
+        lengths = list(map(len, frames))
+        run = placer.place_run(sum(lengths))
+        if run is not None:  # the usual request: its frames in one run of the segment
+            segment, offset = run
+            placed.append((segment, offset, frames))
+            for length, hashed in zip(lengths, hashed_ids, strict=True):
+                entries.append(pack(segment, length, offset, stored_at_us, hashed))
+                offset += length
+        else:  # the segment rolls within the request
+            for framed, hashed in zip(frames, hashed_ids, strict=True):
+                position = placer.place(len(framed))
+                placed.append((position.segment, position.offset, [framed]))
+                entries.append(
+                    pack(position.segment, position.length, position.offset, stored_at_us, hashed)
+                )
+        batch = self._batch
         batch.needs_fsync = True
         pending = batch.index.get(subject)
         if pending is None:
@@ -358,7 +369,7 @@ class Journal:
         framed = frame(payload)
         position = self.actions.place(len(framed))
         batch = self._batch
-        batch.actions.append((position, framed))
+        batch.actions.append((position.segment, position.offset, [framed]))
         if not (relaxed and self._relaxed):
             batch.needs_fsync = True
         return position
@@ -480,15 +491,16 @@ class Journal:
         for job in batch.jobs:
             job()
 
-    def _write_log(self, kind: SegmentKind, frames: list[tuple[Position, bytes]]) -> None:
+    def _write_log(self, kind: SegmentKind, runs: list[tuple[int, int, list[bytes]]]) -> None:
+        """Write runs of frames, those of one segment (one after the other) in one write."""
         start = 0
-        while start < len(frames):
-            segment = frames[start][0].segment
-            end = start
-            while end < len(frames) and frames[end][0].segment == segment:
+        while start < len(runs):
+            segment, offset, _ = runs[start]
+            end = start + 1
+            while end < len(runs) and runs[end][0] == segment:
                 end += 1
-            data = b"".join(f for _, f in frames[start:end])
-            self._files.write_log(kind, segment, frames[start][0].offset, data)
+            data = b"".join(itertools.chain.from_iterable(run[2] for run in runs[start:end]))
+            self._files.write_log(kind, segment, offset, data)
             start = end
 
     def _write_buckets(self, frames: list[tuple[SegmentKind, Position, bytes]]) -> None:

@@ -51,6 +51,16 @@ class LogPlacer:
         self.end_offset += length
         return position
 
+    def place_run(self, length: int) -> tuple[int, int] | None:
+        """``(segment, offset)`` for ``length`` bytes of frames one after the other, when
+        they all fit in the current segment; None when it would roll part way (``place``
+        each frame then)."""
+        if self.end_offset + length > self._segment_bytes:
+            return None
+        at = self.end_offset
+        self.end_offset = at + length
+        return self.segment, at
+
     def tell(self) -> tuple[int, int]:
         return self.segment, self.end_offset
 

@@ -14,7 +14,7 @@ import pytest
 
 from broker.config import FsyncPolicy
 from broker.errors import StorageError
-from broker.format import HEADER_SIZE
+from broker.format import HEADER_SIZE, INDEX_ENTRY, SegmentKind, frame, segment_header
 from broker.storage.journal import Journal
 
 
@@ -188,3 +188,39 @@ def test_room_left_by_a_crash_is_cut_at_close_even_with_nothing_written(tmp_path
     asyncio.run(restarted())
     assert segment.stat().st_size == end
     assert b"kept" in segment.read_bytes()
+
+
+@pytest.mark.parametrize("start", [HEADER_SIZE, (1 << 20) - 3000], ids=["fits", "rolls"])
+def test_a_requests_frames_land_where_their_index_entries_say(tmp_path: Path, start: int) -> None:
+    """One run when they fit in the segment, placed frame by frame when it rolls part way."""
+    frames = [frame(bytes([n]) * 1000) for n in range(5)]
+
+    async def main() -> list[bytes]:
+        j = Journal(
+            data_dir=tmp_path,
+            fsync=FsyncPolicy(mode="always"),
+            segment_bytes=1 << 20,
+            messages_at=(0, start),
+            actions_at=(0, HEADER_SIZE),
+        )
+        j.start()
+        if start > HEADER_SIZE:  # a segment whose data ends there
+            (tmp_path / "messages" / "00000000000000000000.seg").write_bytes(
+                segment_header(SegmentKind.MESSAGES) + bytes(start - HEADER_SIZE)
+            )
+        entries = j.append_messages(
+            frames, subject="s", first_seq=0, stored_at_us=1, hashed_ids=list(range(5))
+        )
+        await j.commit_point()
+        await j.close()
+        return entries
+
+    entries = asyncio.run(main())
+    segments = set()
+    for framed, entry in zip(frames, entries, strict=True):
+        segment, length, offset, stored_at_us, _ = INDEX_ENTRY.unpack(entry)
+        segments.add(segment)
+        data = (tmp_path / "messages" / f"{segment:020d}.seg").read_bytes()
+        assert data[offset : offset + length] == framed
+        assert stored_at_us == 1
+    assert segments == ({0} if start == HEADER_SIZE else {0, 1})
