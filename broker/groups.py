@@ -15,13 +15,17 @@ import heapq
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+import msgspec
+
 from broker.format import ActionRecord, ActionType
 
 SHARED_STATE = ""
 
 
-@dataclasses.dataclass(slots=True)
-class Lease:
+class Lease(msgspec.Struct, frozen=True, gc=False):
+    """A message's lease: one is built per message a pull serves, and a msgspec struct costs
+    a sixth of a slotted dataclass to build. Strings and ints only: no cycle to collect."""
+
     consumer: str
     attempt: int
     deadline_us: int

@@ -167,9 +167,16 @@ class Upkeep:
             job = store.plan()
             if job is None:
                 continue
+            running = asyncio.ensure_future(asyncio.to_thread(_run_and_trim, job))
             try:
-                await asyncio.to_thread(_run_and_trim, job)
+                await asyncio.shield(running)
             finally:
+                if not running.done():
+                    # Cancelled (the broker is closing), but the thread runs on: the store
+                    # must not change, nor close and write its own files, until it is done.
+                    await asyncio.wait([running])
+                    if not running.cancelled():
+                        running.exception()  # seen here; commit drops a failed job
                 store.commit(job)
                 store.release_pages()
             worked = True
