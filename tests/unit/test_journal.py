@@ -224,3 +224,37 @@ def test_a_requests_frames_land_where_their_index_entries_say(tmp_path: Path, st
         assert data[offset : offset + length] == framed
         assert stored_at_us == 1
     assert segments == ({0} if start == HEADER_SIZE else {0, 1})
+
+
+def test_room_left_by_a_crash_is_cut_when_the_first_append_rolls(tmp_path: Path) -> None:
+    fsyncs: list[float] = []
+    segment = tmp_path / "actions" / "00000000000000000000.seg"
+
+    async def crashed() -> int:
+        j = journal(tmp_path, fsyncs)
+        j.start()
+        j.append_action(b"kept")
+        await j.commit_point()
+        as_killed = segment.read_bytes()
+        await j.close()
+        segment.write_bytes(as_killed)
+        return j.actions.end_offset
+
+    end = asyncio.run(crashed())
+
+    async def restarted() -> None:
+        j = Journal(
+            data_dir=tmp_path,
+            fsync=FsyncPolicy(mode="always"),
+            segment_bytes=1 << 20,
+            messages_at=(0, HEADER_SIZE),
+            actions_at=(0, end),
+        )
+        j.start()
+        j.append_action(b"x" * (1 << 20))  # does not fit after ``end``: goes to segment 1
+        await j.commit_point()
+        assert segment.stat().st_size == end
+        await j.close()
+
+    asyncio.run(restarted())
+    assert (tmp_path / "actions" / "00000000000000000001.seg").exists()
