@@ -18,13 +18,17 @@ from broker.format import HEADER_SIZE, INDEX_ENTRY, SegmentKind, frame, segment_
 from broker.storage.journal import Journal
 
 
-def journal(data_dir: Path, fsyncs: list[float]) -> Journal:
+def journal(
+    data_dir: Path, fsyncs: list[float], *, messages_end: int = HEADER_SIZE,
+    actions_end: int = HEADER_SIZE,
+) -> Journal:  # fmt: skip
+    """A journal of 1 MiB segments whose logs' data end at the given offsets of segment 0."""
     return Journal(
         data_dir=data_dir,
         fsync=FsyncPolicy(mode="always"),
         segment_bytes=1 << 20,
-        messages_at=(0, HEADER_SIZE),
-        actions_at=(0, HEADER_SIZE),
+        messages_at=(0, messages_end),
+        actions_at=(0, actions_end),
         on_fsync=fsyncs.append,
     )
 
@@ -156,32 +160,35 @@ def test_a_log_segment_is_allocated_ahead_and_cut_to_its_data_on_roll_and_close(
     asyncio.run(main())
 
 
-def test_room_left_by_a_crash_is_cut_at_close_even_with_nothing_written(tmp_path: Path) -> None:
-    fsyncs: list[float] = []
+def first_actions_segment(data_dir: Path) -> Path:
+    return data_dir / "actions" / "00000000000000000000.seg"
 
-    segment = tmp_path / "actions" / "00000000000000000000.seg"
+
+def crashed_with_room(data_dir: Path) -> int:
+    """One action appended, then the segment as a kill -9 would leave it (room included);
+    returns where its data ends."""
+    segment = first_actions_segment(data_dir)
 
     async def crashed() -> int:
-        j = journal(tmp_path, fsyncs)
+        j = journal(data_dir, [])
         j.start()
         j.append_action(b"kept")
         await j.commit_point()
-        as_killed = segment.read_bytes()  # what a kill -9 here would leave: room included
+        as_killed = segment.read_bytes()
         await j.close()
         segment.write_bytes(as_killed)
         return j.actions.end_offset
 
-    end = asyncio.run(crashed())
+    return asyncio.run(crashed())
+
+
+def test_room_left_by_a_crash_is_cut_at_close_even_with_nothing_written(tmp_path: Path) -> None:
+    segment = first_actions_segment(tmp_path)
+    end = crashed_with_room(tmp_path)
     assert segment.stat().st_size > end
 
     async def restarted() -> None:
-        j = Journal(
-            data_dir=tmp_path,
-            fsync=FsyncPolicy(mode="always"),
-            segment_bytes=1 << 20,
-            messages_at=(0, HEADER_SIZE),
-            actions_at=(0, end),  # what recovery found
-        )
+        j = journal(tmp_path, [], actions_end=end)  # where recovery found the end
         j.start()
         await j.close()
 
@@ -196,13 +203,7 @@ def test_a_requests_frames_land_where_their_index_entries_say(tmp_path: Path, st
     frames = [frame(bytes([n]) * 1000) for n in range(5)]
 
     async def main() -> list[bytes]:
-        j = Journal(
-            data_dir=tmp_path,
-            fsync=FsyncPolicy(mode="always"),
-            segment_bytes=1 << 20,
-            messages_at=(0, start),
-            actions_at=(0, HEADER_SIZE),
-        )
+        j = journal(tmp_path, [], messages_end=start)
         j.start()
         if start > HEADER_SIZE:  # a segment whose data ends there
             (tmp_path / "messages" / "00000000000000000000.seg").write_bytes(
@@ -227,29 +228,11 @@ def test_a_requests_frames_land_where_their_index_entries_say(tmp_path: Path, st
 
 
 def test_room_left_by_a_crash_is_cut_when_the_first_append_rolls(tmp_path: Path) -> None:
-    fsyncs: list[float] = []
-    segment = tmp_path / "actions" / "00000000000000000000.seg"
-
-    async def crashed() -> int:
-        j = journal(tmp_path, fsyncs)
-        j.start()
-        j.append_action(b"kept")
-        await j.commit_point()
-        as_killed = segment.read_bytes()
-        await j.close()
-        segment.write_bytes(as_killed)
-        return j.actions.end_offset
-
-    end = asyncio.run(crashed())
+    segment = first_actions_segment(tmp_path)
+    end = crashed_with_room(tmp_path)
 
     async def restarted() -> None:
-        j = Journal(
-            data_dir=tmp_path,
-            fsync=FsyncPolicy(mode="always"),
-            segment_bytes=1 << 20,
-            messages_at=(0, HEADER_SIZE),
-            actions_at=(0, end),
-        )
+        j = journal(tmp_path, [], actions_end=end)
         j.start()
         j.append_action(b"x" * (1 << 20))  # does not fit after ``end``: goes to segment 1
         await j.commit_point()
