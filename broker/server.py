@@ -31,6 +31,7 @@ from broker.http.connections import (
     protocol_class,
 )
 from broker.http.guard import GuardPolicy
+from broker.http.hot import HotRoutes
 from broker.memory import AfterBurst, malloc_trim
 from broker.metrics import BrokerMetrics
 
@@ -43,7 +44,7 @@ def build(
     authorizer: Authorizer | None = None,
     guard: GuardPolicy | None = None,
     on_start_failure: Callable[[BaseException], None] | None = None,
-) -> tuple[Broker, Starlette]:
+) -> tuple[Broker, HotRoutes]:
     """The broker and its app; ``on_start_failure`` hears of a recovery that failed."""
     metrics = BrokerMetrics()
     broker = Broker(config, metrics=metrics)

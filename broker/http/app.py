@@ -23,8 +23,9 @@ from broker.engine import Broker
 from broker.errors import Denied, Invalid, NotFound, RequestError
 from broker.http import bodies
 from broker.http.auth import Authorizer, Grant, Right
-from broker.http.errors import error_response, from_validation
+from broker.http.errors import error_response, from_validation, internal_error_response
 from broker.http.guard import GuardPolicy, RequestGuard, content_type_error
+from broker.http.hot import HotRoutes
 from broker.http.openapi import openapi_document
 from broker.http.overhead import LoopOverhead
 from broker.http.schemas import (
@@ -466,7 +467,7 @@ def create_app(
     authorizer: Authorizer | None = None,
     guard: GuardPolicy | None = None,
     lifespan: Any = None,
-) -> Starlette:
+) -> HotRoutes:
     """The broker's HTTP app; ``guard`` defaults to a broker bound to 127.0.0.1."""
     api = Api(broker, authorizer=authorizer)
     console = ConsoleAssets()
@@ -492,18 +493,20 @@ def create_app(
         ("/console", "console", console.index, ["GET"]),
         ("/console/{name}", "console", console.asset, ["GET"]),
     ]
+    endpoints = [(path, _endpoint(api, name, fn), methods) for path, name, fn, methods in routes]
+    policy = guard or GuardPolicy.for_bind("127.0.0.1", allow_origins=())
     app = Starlette(
-        routes=[
-            Route(path, _endpoint(api, name, fn), methods=methods)
-            for path, name, fn, methods in routes
-        ],
+        routes=[Route(path, endpoint, methods=methods) for path, endpoint, methods in endpoints],
         lifespan=lifespan,
         exception_handlers={404: _not_found, 405: _not_allowed, 500: _internal},
     )
-    app.add_middleware(
-        RequestGuard, policy=guard or GuardPolicy.for_bind("127.0.0.1", allow_origins=())
-    )
-    return app
+    app.add_middleware(RequestGuard, policy=policy)
+    # the requests a busy broker serves all but go around Starlette's layers
+    hot = {path: endpoint for path, endpoint, methods in endpoints if path in HOT_PATHS}
+    return HotRoutes(app, routes=hot, guard=policy)
+
+
+HOT_PATHS = frozenset({"/v1/messages", "/v1/pull", "/v1/ack", "/v1/nack"})
 
 
 async def _not_found(request: Request, exc: Exception) -> Response:
@@ -521,6 +524,4 @@ async def _not_allowed(request: Request, exc: Exception) -> Response:
 
 
 async def _internal(request: Request, exc: Exception) -> Response:
-    return error_response(
-        RequestError(code="internal", message="internal error; see the broker log")
-    )
+    return internal_error_response()

@@ -31,6 +31,13 @@ def error_response(error: RequestError) -> Response:
     )
 
 
+def internal_error_response() -> Response:
+    """The 500 of an unexpected exception: no detail leaves the broker, the log has it."""
+    return error_response(
+        RequestError(code="internal", message="internal error; see the broker log")
+    )
+
+
 def field_path(loc: tuple[int | str, ...]) -> str:
     """``("messages", 3, "subject")`` -> ``messages[3].subject``."""
     path = ""

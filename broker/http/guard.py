@@ -52,6 +52,31 @@ class GuardPolicy:
             hosts.add(bind_host.lower().strip("[]"))
         return cls(hosts=frozenset(hosts), origins=frozenset(allow_origins))
 
+    def refusal(self, scope: Scope) -> RequestError | None:
+        """Why the HTTP request of ``scope`` is refused (a 403), or ``None``."""
+        headers = Headers(scope=scope)
+        hosts = self.hosts
+        if hosts is not None and host_name(headers.get("host", "")) not in hosts:
+            return Denied(
+                code="host_not_allowed",
+                message="this Host is not served (--allow-host)",
+                field="Host",
+            )
+        origin = headers.get("origin")
+        allowed = self.origins
+        if (
+            origin is not None
+            and "*" not in allowed
+            and origin not in allowed
+            and not _same_origin(origin, scope, headers)
+        ):
+            return Denied(
+                code="origin_not_allowed",
+                message=f"requests from origin {origin!r} are not allowed (--allow-origin)",
+                field="Origin",
+            )
+        return None
+
 
 def _wildcard(host: str) -> bool:
     try:
@@ -70,7 +95,7 @@ def host_name(header: str) -> str:
 
 
 class RequestGuard:
-    """ASGI middleware refusing requests by ``Host``, ``Origin`` and ``Content-Type``."""
+    """ASGI middleware refusing requests by ``Host`` and ``Origin`` (``GuardPolicy.refusal``)."""
 
     def __init__(self, app: ASGIApp, *, policy: GuardPolicy) -> None:
         self.app = app
@@ -78,35 +103,11 @@ class RequestGuard:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            refusal = self.refusal(scope)
+            refusal = self.policy.refusal(scope)
             if refusal is not None:
                 await error_response(refusal)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
-
-    def refusal(self, scope: Scope) -> RequestError | None:
-        headers = Headers(scope=scope)
-        hosts = self.policy.hosts
-        if hosts is not None and host_name(headers.get("host", "")) not in hosts:
-            return Denied(
-                code="host_not_allowed",
-                message="this Host is not served (--allow-host)",
-                field="Host",
-            )
-        origin = headers.get("origin")
-        allowed = self.policy.origins
-        if (
-            origin is not None
-            and "*" not in allowed
-            and origin not in allowed
-            and not _same_origin(origin, scope, headers)
-        ):
-            return Denied(
-                code="origin_not_allowed",
-                message=f"requests from origin {origin!r} are not allowed (--allow-origin)",
-                field="Origin",
-            )
-        return None
 
 
 def _same_origin(origin: str, scope: Scope, headers: Headers) -> bool:

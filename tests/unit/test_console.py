@@ -9,7 +9,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from starlette.applications import Starlette
 
 from broker.config import BrokerConfig
 from broker.console.history import History
@@ -18,6 +17,7 @@ from broker.console.sightings import ConsumerSightings
 from broker.engine import Broker
 from broker.http.app import create_app
 from broker.http.guard import GuardPolicy
+from broker.http.hot import HotRoutes
 from broker.metrics import BrokerMetrics
 from tests.support.engine import incoming, run_broker
 
@@ -143,19 +143,19 @@ def test_an_ordered_subjects_partition_owners(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def app(tmp_path: Path) -> Starlette:
+def app(tmp_path: Path) -> HotRoutes:
     """The broker's app, not started: the page and the guard need none of its services."""
     broker = Broker(BrokerConfig(data_dir=tmp_path / "data"), metrics=BrokerMetrics())
     return create_app(broker, guard=GuardPolicy.for_bind("127.0.0.1", allow_origins=()))
 
 
-def _client(app: Starlette) -> httpx.AsyncClient:
+def _client(app: HotRoutes) -> httpx.AsyncClient:
     return httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1:8931"
     )
 
 
-async def test_the_page_is_served_with_a_strict_policy(app: Starlette) -> None:
+async def test_the_page_is_served_with_a_strict_policy(app: HotRoutes) -> None:
     async with _client(app) as client:
         page = await client.get("/console")
         assert page.status_code == 200
@@ -174,7 +174,7 @@ async def test_the_page_is_served_with_a_strict_policy(app: Starlette) -> None:
 
 
 async def test_the_broker_s_own_origin_passes_the_guard_and_others_do_not(
-    app: Starlette,
+    app: HotRoutes,
 ) -> None:
     async with _client(app) as client:
         own = await client.get("/console", headers={"origin": "http://127.0.0.1:8931"})

@@ -1,4 +1,5 @@
-"""The journal's hand-off to its writer thread: group commit, order, failure, close.
+"""The journal's hand-off to its writer thread: group commit, order, failure, close, and
+which batches the loop writes itself.
 
 A real journal on a real data dir; fsyncs are counted through its ``on_fsync`` hook.
 """
@@ -9,13 +10,14 @@ import asyncio
 import shutil
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from broker.config import FsyncPolicy
 from broker.errors import StorageError
 from broker.format import HEADER_SIZE, INDEX_ENTRY, SegmentKind, frame, segment_header
-from broker.storage.journal import Journal
+from broker.storage.journal import INLINE_BYTES, INLINE_FSYNC_S, Journal
 
 
 def journal(
@@ -90,7 +92,10 @@ def test_what_gathers_while_a_batch_is_written_goes_next_in_order(tmp_path: Path
     asyncio.run(main())
 
 
-def test_a_failed_write_fails_its_batch_and_makes_the_journal_read_only(tmp_path: Path) -> None:
+@pytest.mark.parametrize("lost", [b"lost", b"lost" * INLINE_BYTES], ids=["on-loop", "on-thread"])
+def test_a_failed_write_fails_its_batch_and_makes_the_journal_read_only(
+    tmp_path: Path, lost: bytes
+) -> None:
     fsyncs: list[float] = []
 
     async def main() -> None:
@@ -102,7 +107,7 @@ def test_a_failed_write_fails_its_batch_and_makes_the_journal_read_only(tmp_path
         shutil.rmtree(tmp_path / "actions")
         (tmp_path / "actions").write_bytes(b"not a directory")
         j.actions.segment, j.actions.end_offset = 1, HEADER_SIZE  # the next append rolls
-        j.append_action(b"lost")
+        j.append_action(lost)
         failing = j.commit_point()
         with pytest.raises(StorageError, match="write failed"):
             await failing
@@ -110,6 +115,67 @@ def test_a_failed_write_fails_its_batch_and_makes_the_journal_read_only(tmp_path
         with pytest.raises(StorageError, match="read-only"):
             j.commit_point()
         await asyncio.wait_for(j.close(), 5)  # the writer thread still stops
+
+    asyncio.run(main())
+
+
+def writers_of(j: Journal) -> list[str]:
+    """The names of the threads that write ``j``'s log frames, in order, from now on."""
+    names: list[str] = []
+    files = j._files
+    write_log = files.write_log
+
+    def spied(*args: Any) -> None:
+        names.append(threading.current_thread().name)
+        write_log(*args)
+
+    files.write_log = spied  # type: ignore[method-assign,assignment]
+    return names
+
+
+def test_a_small_batch_is_written_on_the_loop_and_a_big_one_by_the_writer_thread(
+    tmp_path: Path,
+) -> None:
+    fsyncs: list[float] = []
+
+    async def main() -> None:
+        j = journal(tmp_path, fsyncs)
+        j.start()
+        writers = writers_of(j)
+        j.append_action(b"small")
+        await j.commit_point()
+        j.append_action(b"x" * (INLINE_BYTES + 1))
+        await j.commit_point()
+        j.append_action(b"small, with a job")
+        await j.run_after_flush(lambda: None)  # jobs (checkpoints, dedup runs) may be slow
+        assert writers == [threading.current_thread().name, *["qmq-journal-writer"] * 2]
+        assert len(fsyncs) == 3  # each durable before its future resolved, on either side
+        written = actions_written(tmp_path)
+        assert b"small" in written
+        assert b"x" * INLINE_BYTES in written
+        await j.close()
+
+    asyncio.run(main())
+
+
+def test_while_fsyncs_are_slow_even_small_batches_go_to_the_writer_thread(
+    tmp_path: Path,
+) -> None:
+    fsyncs: list[float] = []
+
+    async def main() -> None:
+        j = journal(tmp_path, fsyncs)
+        j.start()
+        writers = writers_of(j)
+        j.append_action(b"first")
+        await j.commit_point()
+        assert 0 < j.fsync_average_s < INLINE_FSYNC_S  # this disk: quick
+        j.fsync_average_s = 10 * INLINE_FSYNC_S  # as a slow disk's fsyncs would make it
+        j.append_action(b"second")
+        await j.commit_point()
+        assert writers == [threading.current_thread().name, "qmq-journal-writer"]
+        assert j.fsync_average_s < 10 * INLINE_FSYNC_S  # measured fsyncs move it back
+        await j.close()
 
     asyncio.run(main())
 
