@@ -12,7 +12,7 @@ idle is written by the loop itself, as Redis does under ``appendfsync always``: 
 would cost more than the write, and what arrives during the fsync waits in the socket
 buffers and goes with the next batch. Only while fsyncs are quick, though
 (``INLINE_FSYNC_S``): on a slow disk the loop would stall, so every batch goes to the
-thread.
+thread. And not a batch of actions to fsync (leases, acks, nacks): see ``_inline``.
 
 Leases, acks and nacks are "relaxed" actions: under ``--ack-fsync interval:<ms>`` or
 ``never`` a batch of nothing else is written but not fsynced; they reach the disk with the
@@ -456,7 +456,7 @@ class Journal:
             return
         self._batch = _Batch()
         self._writing = True
-        if batch.jobs or batch.size > INLINE_BYTES or self.fsync_average_s > INLINE_FSYNC_S:
+        if not self._inline(batch):
             self._inbox.put(batch)
             return
         error: Exception | None = None
@@ -465,6 +465,19 @@ class Journal:
         except Exception as exc:  # as on the thread: the journal turns read-only
             error = exc
         self._written(batch, error)
+
+    def _inline(self, batch: _Batch) -> bool:
+        """Whether the loop writes ``batch`` itself (module docstring): small, no jobs, quick
+        fsyncs, and no action to fsync. The pulls that append leases and acks are
+        scheduled fairly by group, and a loop blocked in their fsync is time no group is
+        charged for: measured, it took a group of 2 consumers from 0.45-0.49 of the pulls
+        served at ``max`` 10 down to 0.40-0.42 beside a group of 100."""
+        return not (
+            batch.jobs
+            or batch.size > INLINE_BYTES
+            or self.fsync_average_s > INLINE_FSYNC_S
+            or (batch.actions and batch.needs_fsync)
+        )
 
     def _written(self, batch: _Batch, error: BaseException | None) -> None:
         """Back from the writer thread, on the loop: resolve the batch, send the next."""

@@ -92,22 +92,22 @@ def test_what_gathers_while_a_batch_is_written_goes_next_in_order(tmp_path: Path
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("lost", [b"lost", b"lost" * INLINE_BYTES], ids=["on-loop", "on-thread"])
+@pytest.mark.parametrize("big", [False, True], ids=["on-loop", "on-thread"])
 def test_a_failed_write_fails_its_batch_and_makes_the_journal_read_only(
-    tmp_path: Path, lost: bytes
+    tmp_path: Path, big: bool
 ) -> None:
     fsyncs: list[float] = []
 
     async def main() -> None:
         j = journal(tmp_path, fsyncs)
         j.start()
-        j.append_action(b"kept")
+        append_message(j, 0)
         await j.commit_point()
         # the next segment cannot be opened: its directory is now a file
-        shutil.rmtree(tmp_path / "actions")
-        (tmp_path / "actions").write_bytes(b"not a directory")
-        j.actions.segment, j.actions.end_offset = 1, HEADER_SIZE  # the next append rolls
-        j.append_action(lost)
+        shutil.rmtree(tmp_path / "messages")
+        (tmp_path / "messages").write_bytes(b"not a directory")
+        j.messages.segment, j.messages.end_offset = 1, HEADER_SIZE  # the next append rolls
+        append_message(j, 1, size=INLINE_BYTES if big else 100)
         failing = j.commit_point()
         with pytest.raises(StorageError, match="write failed"):
             await failing
@@ -133,7 +133,13 @@ def writers_of(j: Journal) -> list[str]:
     return names
 
 
-def test_a_small_batch_is_written_on_the_loop_and_a_big_one_by_the_writer_thread(
+def append_message(j: Journal, seq: int, size: int = 100) -> None:
+    j.append_messages(
+        [frame(b"m" * size)], subject="s", first_seq=seq, stored_at_us=1, hashed_ids=[seq]
+    )
+
+
+def test_a_small_batch_of_messages_is_written_on_the_loop_others_by_the_writer_thread(
     tmp_path: Path,
 ) -> None:
     fsyncs: list[float] = []
@@ -142,17 +148,46 @@ def test_a_small_batch_is_written_on_the_loop_and_a_big_one_by_the_writer_thread
         j = journal(tmp_path, fsyncs)
         j.start()
         writers = writers_of(j)
-        j.append_action(b"small")
+        loop_thread = threading.current_thread().name
+        append_message(j, 0)  # a single produce
         await j.commit_point()
-        j.append_action(b"x" * (INLINE_BYTES + 1))
+        append_message(j, 1, size=INLINE_BYTES)  # a big one
         await j.commit_point()
-        j.append_action(b"small, with a job")
+        append_message(j, 2)
         await j.run_after_flush(lambda: None)  # jobs (checkpoints, dedup runs) may be slow
-        assert writers == [threading.current_thread().name, *["qmq-journal-writer"] * 2]
-        assert len(fsyncs) == 3  # each durable before its future resolved, on either side
-        written = actions_written(tmp_path)
-        assert b"small" in written
-        assert b"x" * INLINE_BYTES in written
+        j.append_action(b"a lease")  # pulls' actions: see the next test
+        await j.commit_point()
+        assert writers == [loop_thread, *["qmq-journal-writer"] * 3]
+        assert len(fsyncs) == 4  # each durable before its future resolved, on either side
+        assert b"a lease" in actions_written(tmp_path)
+        await j.close()
+
+    asyncio.run(main())
+
+
+def test_actions_to_fsync_go_to_the_writer_thread_unless_relaxed(tmp_path: Path) -> None:
+    """A loop blocked in the fsync of pulls' leases and acks is time the fair scheduler
+    charges no group for; relaxed ones (``--ack-fsync never``) are only written."""
+    fsyncs: list[float] = []
+
+    async def main() -> None:
+        j = Journal(
+            data_dir=tmp_path,
+            fsync=FsyncPolicy(mode="always"),
+            ack_fsync=FsyncPolicy(mode="never"),
+            segment_bytes=1 << 20,
+            messages_at=(0, HEADER_SIZE),
+            actions_at=(0, HEADER_SIZE),
+            on_fsync=fsyncs.append,
+        )
+        j.start()
+        writers = writers_of(j)
+        j.append_action(b"an ack", relaxed=True)
+        await j.commit_point()
+        j.append_action(b"a dead-lettering")  # never relaxed
+        await j.commit_point()
+        assert writers == [threading.current_thread().name, "qmq-journal-writer"]
+        assert len(fsyncs) == 1  # the relaxed one was written, not fsynced
         await j.close()
 
     asyncio.run(main())
@@ -167,11 +202,11 @@ def test_while_fsyncs_are_slow_even_small_batches_go_to_the_writer_thread(
         j = journal(tmp_path, fsyncs)
         j.start()
         writers = writers_of(j)
-        j.append_action(b"first")
+        append_message(j, 0)
         await j.commit_point()
         assert 0 < j.fsync_average_s < INLINE_FSYNC_S  # this disk: quick
         j.fsync_average_s = 10 * INLINE_FSYNC_S  # as a slow disk's fsyncs would make it
-        j.append_action(b"second")
+        append_message(j, 1)
         await j.commit_point()
         assert writers == [threading.current_thread().name, "qmq-journal-writer"]
         assert j.fsync_average_s < 10 * INLINE_FSYNC_S  # measured fsyncs move it back
