@@ -22,12 +22,14 @@ from broker.storage.journal import INLINE_BYTES, INLINE_FSYNC_S, Journal
 
 def journal(
     data_dir: Path, fsyncs: list[float], *, messages_end: int = HEADER_SIZE,
-    actions_end: int = HEADER_SIZE,
+    actions_end: int = HEADER_SIZE, ack_fsync: str = "always",
 ) -> Journal:  # fmt: skip
-    """A journal of 1 MiB segments whose logs' data end at the given offsets of segment 0."""
+    """A journal of 1 MiB segments whose logs' data end at the given offsets of segment 0,
+    under ``--fsync always``."""
     return Journal(
         data_dir=data_dir,
         fsync=FsyncPolicy(mode="always"),
+        ack_fsync=FsyncPolicy(mode=ack_fsync),
         segment_bytes=1 << 20,
         messages_at=(0, messages_end),
         actions_at=(0, actions_end),
@@ -171,15 +173,7 @@ def test_actions_to_fsync_go_to_the_writer_thread_unless_relaxed(tmp_path: Path)
     fsyncs: list[float] = []
 
     async def main() -> None:
-        j = Journal(
-            data_dir=tmp_path,
-            fsync=FsyncPolicy(mode="always"),
-            ack_fsync=FsyncPolicy(mode="never"),
-            segment_bytes=1 << 20,
-            messages_at=(0, HEADER_SIZE),
-            actions_at=(0, HEADER_SIZE),
-            on_fsync=fsyncs.append,
-        )
+        j = journal(tmp_path, fsyncs, ack_fsync="never")
         j.start()
         writers = writers_of(j)
         j.append_action(b"an ack", relaxed=True)
