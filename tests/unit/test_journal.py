@@ -135,6 +135,15 @@ def writers_of(j: Journal) -> list[str]:
     return names
 
 
+def started_and_spied(
+    data_dir: Path, fsyncs: list[float], *, ack_fsync: str = "always"
+) -> tuple[Journal, list[str]]:
+    """A started ``journal`` (on the running loop) and ``writers_of`` it."""
+    j = journal(data_dir, fsyncs, ack_fsync=ack_fsync)
+    j.start()
+    return j, writers_of(j)
+
+
 def append_message(j: Journal, seq: int, size: int = 100) -> None:
     j.append_messages(
         [frame(b"m" * size)], subject="s", first_seq=seq, stored_at_us=1, hashed_ids=[seq]
@@ -147,9 +156,7 @@ def test_a_small_batch_of_messages_is_written_on_the_loop_others_by_the_writer_t
     fsyncs: list[float] = []
 
     async def main() -> None:
-        j = journal(tmp_path, fsyncs)
-        j.start()
-        writers = writers_of(j)
+        j, writers = started_and_spied(tmp_path, fsyncs)
         loop_thread = threading.current_thread().name
         append_message(j, 0)  # a single produce
         await j.commit_point()
@@ -173,9 +180,7 @@ def test_actions_to_fsync_go_to_the_writer_thread_unless_relaxed(tmp_path: Path)
     fsyncs: list[float] = []
 
     async def main() -> None:
-        j = journal(tmp_path, fsyncs, ack_fsync="never")
-        j.start()
-        writers = writers_of(j)
+        j, writers = started_and_spied(tmp_path, fsyncs, ack_fsync="never")
         j.append_action(b"an ack", relaxed=True)
         await j.commit_point()
         j.append_action(b"a dead-lettering")  # never relaxed
@@ -193,9 +198,7 @@ def test_while_fsyncs_are_slow_even_small_batches_go_to_the_writer_thread(
     fsyncs: list[float] = []
 
     async def main() -> None:
-        j = journal(tmp_path, fsyncs)
-        j.start()
-        writers = writers_of(j)
+        j, writers = started_and_spied(tmp_path, fsyncs)
         append_message(j, 0)
         await j.commit_point()
         assert 0 < j.fsync_average_s < INLINE_FSYNC_S  # this disk: quick
