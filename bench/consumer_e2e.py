@@ -9,9 +9,9 @@ fresh PostgreSQL database (dropped afterwards); the consumer runs in its own pro
 1. Latency at 1,000 msgs/s offered: open loop, transaction i (one business row + one
    ``outbox.publish``) starts at ``t0 + i/1000`` on one of 16 producer threads. The
    publishing service runs in ``--publishers`` processes (the threads shared among them),
-   as a service behind several workers would: one Python process of 16 threads spends
-   most of its time waiting for its own GIL at this rate (its ORM transactions take about
-   a millisecond of CPU each), which is not the SDK's cost to measure. Commit
+   as a service behind several workers would, so that one process's GIL need not cap the
+   rate offered (its ORM transactions take about a millisecond of CPU each); on a 2-core
+   box a second process only adds to what the cores carry. Commit
    time = wall clock in SQLAlchemy's ``after_commit`` (COMMIT returned; the outbox has not
    handed the message over yet). A message cannot carry a time that exists only once its
    transaction has committed, so the producer keeps it by message id and the consumer
