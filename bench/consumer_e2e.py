@@ -225,7 +225,8 @@ def publisher_main(
 ) -> None:
     """One process of the publishing service: ``threads`` threads commit the transactions of
     ``slots`` (transaction i at ``start + i / rate`` on the monotonic clock, which every
-    process shares); sends back (commit time by message id, sends started late)."""
+    process shares); sends back (commit time by message id, sends started late, when the
+    last transaction had committed)."""
     engine = sa.create_engine(db_url, pool_size=threads + 2)
     maker = sessionmaker(engine)
     outbox = Outbox(broker_url=broker_url, app="bench")
@@ -261,9 +262,10 @@ def publisher_main(
         worker.start()
     for worker in workers:
         worker.join()
+    finished = time.monotonic()
     outbox.close()
     engine.dispose()
-    results.put((commits, late[0]))
+    results.put((commits, late[0], finished))
 
 
 def latency(
@@ -311,11 +313,13 @@ def latency(
             proc.start()
         commits: dict[str, float] = {}
         late = 0
+        finished = start
         for _ in procs:
-            part, part_late = results.get(timeout=seconds + 600)
+            part, part_late, part_finished = results.get(timeout=seconds + 600)
             commits.update(part)
             late += part_late
-        offered_for = time.monotonic() - start
+            finished = max(finished, part_finished)
+        offered_for = finished - start
         for proc in procs:
             proc.join(60)
         with BrokerClient(broker_url) as client:
