@@ -13,9 +13,12 @@ timed) against four servers, in rounds with the order rotated:
 ``broker-never``   ``qmq broker --fsync never``: the broker's own work on top of uvicorn
 ``broker-always``  ``qmq broker --fsync always`` (the default): and the fdatasync
 
-It prints per server and client the p50 / p99, the client's CPU and the server process's CPU per
-request (psutil, so approximate), and the per-round differences that isolate the broker's
-work (``broker-never`` - ``uvicorn``) and the fsync (``broker-always`` - ``broker-never``).
+It prints per server and client the p50 / p99, the client's CPU and the server process's
+CPU per request (psutil, so approximate), and the per-round differences that isolate the
+broker's work (``broker-never`` - ``uvicorn``) and the fsync (``broker-always`` -
+``broker-never``). The bare uvicorn app's answer goes out in two writes (head, body), as
+uvicorn sends it; the broker joins them into one, so its difference to it is, if anything,
+understated.
 
     .venv/bin/python bench/single_floor.py [--rounds 3] [--requests 5000] [--clients async,sync]
 """
