@@ -42,6 +42,8 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._broker import BenchBroker, free_port
+from bench._peers.meter import Cost, Window
+from bench._peers.workloads import percentiles_ms
 from qmq_outbox.client import AsyncBrokerClient, BrokerClient
 from qmq_outbox.envelope import OutgoingMessage
 
@@ -49,6 +51,7 @@ SERVERS = ("httptools", "uvicorn", "broker-never", "broker-always")
 CLIENTS = ("async", "sync")
 ANSWER = b'{"results":[{"id":"x","subject":"floor","status":"stored","seq":1}]}'
 WARM_UP = 50
+BODY = b"x" * 1024
 
 
 def serve_bare(kind: str, port: int) -> None:
@@ -142,51 +145,45 @@ class Server:
             self._bare = None
 
 
+def message(n: int, prefix: str) -> list[OutgoingMessage]:
+    return [OutgoingMessage(id=f"{prefix}-{n}", subject="floor", body=BODY)]
+
+
 async def time_async(url: str, requests: int, server: psutil.Process) -> dict[str, float]:
     latencies: list[float] = []
-    body = b"x" * 1024
     async with AsyncBrokerClient(url, max_connections=1) as client:
         for n in range(WARM_UP):
-            await client.produce([OutgoingMessage(id=f"aw-{n}", subject="floor", body=body)])
-        server_cpu0 = sum(server.cpu_times()[:2])
-        client_cpu0 = time.process_time()
-        for n in range(requests):
-            message = [OutgoingMessage(id=f"a-{n}", subject="floor", body=body)]
-            began = time.perf_counter()
-            await client.produce(message)
-            latencies.append(time.perf_counter() - began)
-        client_cpu = time.process_time() - client_cpu0
-        server_cpu = sum(server.cpu_times()[:2]) - server_cpu0
-    return summary(latencies, requests, client_cpu, server_cpu)
+            await client.produce(message(n, "async-warm"))
+        with Window(lambda: [server]) as window:
+            for n in range(requests):
+                request = message(n, "async")
+                began = time.perf_counter()
+                await client.produce(request)
+                latencies.append(time.perf_counter() - began)
+    return summary(latencies, window.cost)
 
 
 def time_sync(url: str, requests: int, server: psutil.Process) -> dict[str, float]:
     latencies: list[float] = []
-    body = b"x" * 1024
     with BrokerClient(url, max_connections=1) as client:
         for n in range(WARM_UP):
-            client.produce([OutgoingMessage(id=f"sw-{n}", subject="floor", body=body)])
-        server_cpu0 = sum(server.cpu_times()[:2])
-        client_cpu0 = time.process_time()
-        for n in range(requests):
-            message = [OutgoingMessage(id=f"s-{n}", subject="floor", body=body)]
-            began = time.perf_counter()
-            client.produce(message)
-            latencies.append(time.perf_counter() - began)
-        client_cpu = time.process_time() - client_cpu0
-        server_cpu = sum(server.cpu_times()[:2]) - server_cpu0
-    return summary(latencies, requests, client_cpu, server_cpu)
+            client.produce(message(n, "sync-warm"))
+        with Window(lambda: [server]) as window:
+            for n in range(requests):
+                request = message(n, "sync")
+                began = time.perf_counter()
+                client.produce(request)
+                latencies.append(time.perf_counter() - began)
+    return summary(latencies, window.cost)
 
 
-def summary(
-    latencies: list[float], requests: int, client_cpu: float, server_cpu: float
-) -> dict[str, float]:
-    latencies.sort()
+def summary(latencies: list[float], cost: Cost) -> dict[str, float]:
+    p50_ms, p99_ms = percentiles_ms(latencies)
     return {
-        "p50_ms": latencies[len(latencies) // 2] * 1e3,
-        "p99_ms": latencies[int(len(latencies) * 0.99)] * 1e3,
-        "client_us": client_cpu / requests * 1e6,
-        "server_us": server_cpu / requests * 1e6,
+        "p50_ms": p50_ms,
+        "p99_ms": p99_ms,
+        "client_us": cost.client_cpu / len(latencies) * 1e6,
+        "server_us": cost.server_cpu / len(latencies) * 1e6,
     }
 
 
