@@ -40,7 +40,7 @@ from bench._speed import python_speed
 
 T = TypeVar("T")
 
-SYSTEMS = ("qmq", "postgres", "rabbitmq-classic", "rabbitmq-quorum", "nats")
+SYSTEMS = ("qmq", "qmq-pair", "postgres", "rabbitmq-classic", "rabbitmq-quorum", "nats")
 
 
 def positive(text: str) -> int:
@@ -92,8 +92,9 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument(
         "--systems",
-        default=",".join(SYSTEMS),
-        help=f"comma-separated subset of {','.join(SYSTEMS)}",
+        default=",".join(name for name in SYSTEMS if name != "qmq-pair"),
+        help=f"comma-separated subset of {','.join(SYSTEMS)} (qmq-pair: two independent"
+        " brokers sharing the load, the ceiling of splitting one over both cores)",
     )
     parser.add_argument(
         "--workloads",
@@ -123,10 +124,10 @@ def build_peers(args: argparse.Namespace, data_root: Path) -> list[Peer]:
     for name in SYSTEMS:
         if name not in chosen:
             continue
-        if name == "qmq":
+        if name.startswith("qmq"):
             from bench._peers.qmq import QmqPeer
 
-            peers.append(QmqPeer(data_root=data_root))
+            peers.append(QmqPeer(data_root=data_root, brokers=2 if name == "qmq-pair" else 1))
         elif name == "postgres":
             from bench._peers.postgres import PostgresPeer
 

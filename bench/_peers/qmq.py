@@ -71,59 +71,81 @@ class QmqConsumer:
 
 
 class QmqPeer:
-    """A broker subprocess on a temporary data directory, one client per connection.
+    """Broker subprocesses on temporary data directories, one client per connection.
 
-    The broker cannot purge a subject, so each workload gets a fresh one.
+    ``brokers`` 2 runs two independent brokers and deals the producers and consumers out
+    between them in turn (system ``qmq-pair``): each does every part of the work for half
+    of the messages, with nothing to coordinate, so it bounds from above what any split of
+    one broker over the box's two cores could store and serve with today's per-message
+    costs. The broker cannot purge a subject, so each workload gets a fresh one.
     """
 
-    name = "qmq"
-    title = "qmq broker"
-
-    def __init__(self, *, data_root: Path) -> None:
-        self._broker = BenchBroker(data_root / "qmq-data", "--fsync", "always")
+    def __init__(self, *, data_root: Path, brokers: int = 1) -> None:
+        self.name = "qmq" if brokers == 1 else "qmq-pair"
+        self.title = "qmq broker" if brokers == 1 else "two qmq brokers"
+        self._brokers = [
+            BenchBroker(data_root / f"{self.name}-data-{n}", "--fsync", "always")
+            for n in range(brokers)
+        ]
         self._subject = "peers.s0"
         self._subjects = itertools.count(1)
         self._clients = itertools.count()
-        self._process: psutil.Process | None = None
+        self._processes: list[psutil.Process] = []
 
     @property
     def log(self) -> Path:
-        return self._broker.log
+        return self._brokers[0].log
 
     async def start(self) -> None:
-        await asyncio.to_thread(self._broker.start)
-        assert self._broker.proc is not None
-        self._process = psutil.Process(self._broker.proc.pid)
+        for broker in self._brokers:
+            await asyncio.to_thread(broker.start)
+            assert broker.proc is not None
+            self._processes.append(psutil.Process(broker.proc.pid))
 
     async def stop(self) -> None:
-        await asyncio.to_thread(self._broker.stop)
+        for broker in self._brokers:
+            await asyncio.to_thread(broker.stop)
 
     async def reset(self) -> None:
         self._subject = f"peers.s{next(self._subjects)}"
 
+    def _next_url(self) -> tuple[int, str]:
+        number = next(self._clients)
+        return number, self._brokers[number % len(self._brokers)].url
+
     @asynccontextmanager
     async def producer(self) -> AsyncIterator[QmqProducer]:
-        async with AsyncBrokerClient(self._broker.url, max_connections=1) as client:
-            yield QmqProducer(client, self._subject, f"{self._subject}-p{next(self._clients)}")
+        number, url = self._next_url()
+        async with AsyncBrokerClient(url, max_connections=1) as client:
+            yield QmqProducer(client, self._subject, f"{self._subject}-p{number}")
 
     @asynccontextmanager
     async def consumer(self, *, prefetch: int, streaming: bool) -> AsyncIterator[QmqConsumer]:
-        async with AsyncBrokerClient(self._broker.url, max_connections=1) as client:
-            yield QmqConsumer(client, self._subject, f"c{next(self._clients)}")
+        number, url = self._next_url()
+        async with AsyncBrokerClient(url, max_connections=1) as client:
+            yield QmqConsumer(client, self._subject, f"c{number}")
 
     def server_processes(self) -> list[psutil.Process]:
-        if self._process is None:
-            return []
-        try:
-            return [self._process, *self._process.children(recursive=True)]
-        except psutil.Error:
-            return []
+        found: list[psutil.Process] = []
+        for process in self._processes:
+            try:
+                found += [process, *process.children(recursive=True)]
+            except psutil.Error:
+                pass
+        return found
 
     def notes(self) -> list[str]:
-        return [
+        note = (
             "qmq broker: this checkout, `qmq broker --fsync always` on a temporary data"
             " directory, driven by the project's `AsyncBrokerClient` (one client of one"
             " connection per producer or consumer; a batch is one `produce`; a pull carries"
             " the acks of the batch before it (`ack_and_pull`), so a pull + ack is one"
             " request)"
-        ]
+        )
+        if len(self._brokers) > 1:
+            note = (
+                f"two qmq brokers: {len(self._brokers)} of the above, each on its own data"
+                " directory and port, the producers and consumers dealt out between them in"
+                " turn; an upper bound for a front-end / storage-owner split of one broker"
+            )
+        return [note]
