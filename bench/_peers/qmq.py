@@ -144,8 +144,8 @@ class QmqPeer:
         )
         if len(self._brokers) > 1:
             note = (
-                f"two qmq brokers: {len(self._brokers)} of the above, each on its own data"
-                " directory and port, the producers and consumers dealt out between them in"
-                " turn; an upper bound for a front-end / storage-owner split of one broker"
+                f"two qmq brokers: {len(self._brokers)} brokers as above, each on its own"
+                " data directory and port, the producers and consumers dealt out between them"
+                " in turn; an upper bound for a front-end / storage-owner split of one broker"
             )
         return [note]
