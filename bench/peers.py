@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._peers.common import Peer
+from bench._peers.common import Peer, rotated
 from bench._peers.report import Report, Sample
 from bench._peers.workloads import WORKLOADS, Result, Settings
 from bench._speed import python_speed
@@ -141,11 +141,6 @@ def build_peers(args: argparse.Namespace, data_root: Path) -> list[Peer]:
 
             peers.append(NatsPeer(url=args.nats_url))
     return peers
-
-
-def rotated(peers: list[Peer], by: int) -> list[Peer]:
-    shift = by % len(peers)
-    return peers[shift:] + peers[:shift]
 
 
 async def run_rounds(

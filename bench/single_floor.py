@@ -42,6 +42,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._broker import BenchBroker, free_port
+from bench._peers.common import rotated
 from bench._peers.meter import Cost, Window
 from bench._peers.workloads import percentiles_ms
 from qmq_outbox.client import AsyncBrokerClient, BrokerClient
@@ -205,8 +206,7 @@ def main() -> None:
     results: dict[tuple[str, str], list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory() as root:
         for round_no in range(args.rounds):
-            order = SERVERS[round_no % len(SERVERS) :] + SERVERS[: round_no % len(SERVERS)]
-            for kind in order:
+            for kind in rotated(SERVERS, round_no):
                 server = Server(kind, Path(root))
                 process = server.start()
                 try:

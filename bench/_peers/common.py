@@ -25,6 +25,13 @@ def index_of(message_body: bytes) -> int:
     return int(message_body[:_INDEX_DIGITS])
 
 
+def rotated(items: Sequence[T], by: int) -> list[T]:
+    """``items`` rotated left by ``by``: round n runs the systems in the order rotated by n,
+    so that drift hits each of them in every place."""
+    shift = by % len(items)
+    return [*items[shift:], *items[:shift]]
+
+
 class Producer(Protocol):
     """One connection that stores messages."""
 
