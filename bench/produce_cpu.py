@@ -41,12 +41,12 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from broker.config import BrokerConfig, FsyncPolicy
-from broker.engine import Broker
-from broker.http import bodies
-from broker.http.app import Api, create_app
-from broker.messages import IncomingMessage
-from broker.metrics import BrokerMetrics
+from qmq_broker.config import BrokerConfig, FsyncPolicy
+from qmq_broker.engine import Broker
+from qmq_broker.http import bodies
+from qmq_broker.http.app import Api, create_app
+from qmq_broker.messages import IncomingMessage
+from qmq_broker.metrics import BrokerMetrics
 
 SUBJECT = "bench.produce"
 STAMP = "2026-11-22T10:00:00.123456Z"

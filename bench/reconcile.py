@@ -10,7 +10,7 @@ Set-up (not part of the timed run):
    bulk-loaded with ``COPY``, then vacuumed and checkpointed (as a service's table would
    be; otherwise the first timed run's scan writes every page of it back);
 2. a broker data directory written in-process by the broker's own engine and storage code
-   (``broker.engine.Broker``: journal, segments, subject index, action log), over 4
+   (``qmq_broker.engine.Broker``: journal, segments, subject index, action log), over 4
    subjects; one shared group pulls and acks every message (lease + ack records).
 Planted: 100 pending rows whose message is stored, 100 sent rows never stored, 100 broker
 messages without a row (fewer when ``--rows`` is small); everything else is delivered.
@@ -23,7 +23,7 @@ seconds of its process tree. The 1-minute load average is printed before each ru
 figures only mean something when it is low.
 
 The first run with a given Java and Spark writes the JVM's class-data archive
-(``spark_reconcile.jvm_archive``), which costs seconds once; when there is none yet, one
+(``qmq_reconcile.jvm_archive``), which costs seconds once; when there is none yet, one
 unmeasured warm-up run writes it first.
 """
 
@@ -53,11 +53,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from bench._speed import python_speed
-from broker.clock import SystemClock
-from broker.config import BrokerConfig, FsyncPolicy
-from broker.engine import Broker
-from broker.messages import IncomingMessage
-from broker.metrics import BrokerMetrics
+from qmq_broker.clock import SystemClock
+from qmq_broker.config import BrokerConfig, FsyncPolicy
+from qmq_broker.engine import Broker
+from qmq_broker.messages import IncomingMessage
+from qmq_broker.metrics import BrokerMetrics
 from qmq_outbox.schema import metadata, outbox_table
 from tests.support.postgres import fresh_database
 
@@ -310,7 +310,7 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    from spark_reconcile.session import class_archive, default_jvm_cache
+    from qmq_reconcile.session import class_archive, default_jvm_cache
 
     work = Path(tempfile.mkdtemp(prefix="qmq-bench-reconcile-"))
     created = datetime.now(UTC) - timedelta(hours=1)

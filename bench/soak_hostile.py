@@ -46,7 +46,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._broker import BenchBroker
-from broker.http.connections import FD_RESERVE
+from qmq_broker.http.connections import FD_RESERVE
 from qmq_outbox.client import AsyncBrokerClient
 from qmq_outbox.envelope import OutgoingMessage
 

@@ -1,4 +1,4 @@
-"""Run the SDK's Alembic migrations (``migrations/``) from Python.
+"""Run the SDK's Alembic migrations (``qmq_outbox/migrations/``) from Python.
 
 ``upgrade(url)`` / ``downgrade(url, revision)`` take a database URL or an open
 ``Connection`` (then they run inside the caller's transaction and leave committing to it).
@@ -7,7 +7,6 @@ History is kept in ``qmq_alembic_version``, apart from the application's own.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +23,10 @@ _MARKER = "env.py"
 
 
 def script_location() -> Path:
-    """The installed ``migrations/`` directory (a sibling of the ``qmq_outbox`` package)."""
-    sibling = Path(__file__).resolve().parent.parent / "migrations"
-    if (sibling / _MARKER).is_file():
-        return sibling
-    spec = importlib.util.find_spec("migrations")
-    if spec is not None and spec.submodule_search_locations:
-        for location in spec.submodule_search_locations:
-            if (Path(location) / _MARKER).is_file():
-                return Path(location)
+    """The Alembic script directory shipped inside the package (``qmq_outbox/migrations/``)."""
+    location = Path(__file__).resolve().parent / "migrations"
+    if (location / _MARKER).is_file():
+        return location
     raise ConfigurationError("the qmq-outbox migrations directory is not installed")
 
 

@@ -1,6 +1,7 @@
 """SQLAlchemy metadata of the SDK's tables (docs/architecture.md, section 4 and 5).
 
-The Alembic revisions in ``migrations/`` create exactly this schema; a test compares them.
+The Alembic revisions in ``qmq_outbox/migrations/`` create exactly this schema; a test
+compares them.
 Constraint names are fixed by the naming convention so that adapters can map a unique
 violation to a domain outcome by name.
 """

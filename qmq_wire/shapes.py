@@ -1,7 +1,7 @@
 """The JSON documents of API v1 as ``TypedDict`` s: what travels, not how it is checked.
 
 ``docs/architecture.md`` section 3.1 is their prose. The broker's pydantic answer models
-(``broker.http.answers``) mirror these field for field, and a unit test keeps them in step.
+(``qmq_broker.http.answers``) mirror these field for field, and a unit test keeps them in step.
 Timestamps are RFC 3339 strings in UTC.
 """
 

@@ -30,7 +30,7 @@ class Subcommand:
 
 
 SUBCOMMANDS = {
-    "broker": Subcommand(module="broker.cli", extra="broker", help="Run the broker."),
+    "broker": Subcommand(module="qmq_broker.cli", extra="broker", help="Run the broker."),
     "compensator": Subcommand(
         module="qmq_outbox.compensator_cli", extra=None, help="Resend unconfirmed outbox rows."
     ),
@@ -43,7 +43,7 @@ SUBCOMMANDS = {
         help="Declare ordered subjects; split, merge or move partitions.",
     ),
     "reconcile": Subcommand(
-        module="spark_reconcile.cli",
+        module="qmq_reconcile.cli",
         extra="spark",
         help="Reconcile outboxes with broker logs (Spark).",
     ),

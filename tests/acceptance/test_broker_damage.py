@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.format import SegmentKind, segment_header
+from qmq_broker.format import SegmentKind, segment_header
 from qmq_outbox.client import BrokerClient
 from qmq_outbox.envelope import OutgoingMessage
 from tests.support.broker_process import BrokerProcess, free_port

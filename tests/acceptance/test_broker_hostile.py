@@ -20,8 +20,8 @@ import orjson
 import pytest
 
 import qmq_wire
-from broker.engine import Broker
-from broker.messages import IncomingMessage
+from qmq_broker.engine import Broker
+from qmq_broker.messages import IncomingMessage
 from tests.support.broker_process import BrokerProcess
 from tests.support.engine import run_broker
 

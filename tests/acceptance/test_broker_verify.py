@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.format import (
+from qmq_broker.format import (
     FRAME_SIZE,
     INDEX_ENTRY_SIZE,
     INDEX_HEADER,
@@ -23,7 +23,7 @@ from broker.format import (
     iter_frames,
     list_segments,
 )
-from broker.storage.checkpoint import CHECKPOINT_FILE
+from qmq_broker.storage.checkpoint import CHECKPOINT_FILE
 from qmq_outbox.client import BrokerClient
 from qmq_outbox.envelope import OutgoingMessage
 from tests.support.broker_process import BrokerProcess

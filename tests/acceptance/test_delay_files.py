@@ -18,14 +18,14 @@ from typing import Any
 import httpx
 import pytest
 
-from broker.delayed.tiers import Tiers
-from broker.format import (
+from qmq_broker.delayed.tiers import Tiers
+from qmq_broker.format import (
     COARSE_SCHEDULE_KINDS,
     SegmentKind,
     iter_message_records,
     list_segments,
 )
-from broker.storage.segments import segment_path
+from qmq_broker.storage.segments import segment_path
 from qmq_outbox.client import BrokerClient
 from qmq_outbox.envelope import Message, OutgoingMessage
 from tests.support.broker_process import BrokerProcess

@@ -21,7 +21,7 @@ import pytest
 import schemathesis
 from schemathesis.engine import Status, StopReason, events
 
-from broker.http.openapi import openapi_document
+from qmq_broker.http.openapi import openapi_document
 from tests.support.broker_process import BrokerProcess
 
 EXAMPLES_PER_OPERATION = 50

@@ -1,7 +1,7 @@
 """One suite, two brokers: each contract test runs against ``InMemoryBroker`` and a real one.
 
 Every answer either gives is validated against the broker's answer models
-(``broker.http.answers``) when the test ends, so the fake, the real broker and the OpenAPI
+(``qmq_broker.http.answers``) when the test ends, so the fake, the real broker and the OpenAPI
 document cannot drift apart unnoticed.
 """
 
@@ -20,7 +20,7 @@ import orjson
 import pytest
 from pydantic import BaseModel
 
-from broker.http import answers
+from qmq_broker.http import answers
 from qmq_outbox.client import AsyncBrokerClient, BrokerClient
 from qmq_outbox.testing import BASE_URL, InMemoryBroker, StepClock
 from tests.support.broker_process import BrokerProcess

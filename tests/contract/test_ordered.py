@@ -17,7 +17,7 @@ import httpx
 import orjson
 import pytest
 
-from broker.http import answers
+from qmq_broker.http import answers
 from qmq_outbox.envelope import OutgoingMessage
 from qmq_outbox.errors import BrokerRejected
 from qmq_wire.ordered import logic_partition

@@ -10,7 +10,7 @@ pyspark = pytest.importorskip("pyspark")
 
 from pyspark.sql import SparkSession  # noqa: E402
 
-from spark_reconcile.session import build_session, default_jars, register  # noqa: E402
+from qmq_reconcile.session import build_session, default_jars, register  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from spark_reconcile.datasource import ACTION_SCHEMA, MESSAGE_SCHEMA
+from qmq_reconcile.datasource import ACTION_SCHEMA, MESSAGE_SCHEMA
 
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 OLD = NOW - timedelta(hours=1)

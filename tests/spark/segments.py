@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from broker.format import (
+from qmq_broker.format import (
     FRAME_SIZE,
     HEADER_SIZE,
     ActionRecord,

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from broker.format import ActionRecord, ActionType, SegmentKind
-from spark_reconcile import readers
-from spark_reconcile.datasource import (
+from qmq_broker.format import ActionRecord, ActionType, SegmentKind
+from qmq_reconcile import readers
+from qmq_reconcile.datasource import (
     ACTION_SCHEMA,
     MESSAGE_SCHEMA,
     action_batches,

@@ -7,7 +7,7 @@ import os
 import time
 from pathlib import Path
 
-from spark_reconcile.jvm_archive import STALE_AFTER_S, Archive, fingerprint, prepare
+from qmq_reconcile.jvm_archive import STALE_AFTER_S, Archive, fingerprint, prepare
 
 
 def fake_install(tmp_path: Path) -> tuple[Path, Path]:

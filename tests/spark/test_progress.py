@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from spark_reconcile.progress import PlainProgress, for_stream, stage
+from qmq_reconcile.progress import PlainProgress, for_stream, stage
 
 
 class Recorder:

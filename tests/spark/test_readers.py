@@ -12,15 +12,15 @@ import pytest
 import sqlalchemy as sa
 from pyspark.sql import SparkSession
 
-from broker.format import SegmentKind
+from qmq_broker.format import SegmentKind
 from qmq_outbox.schema import metadata, outbox_table
-from spark_reconcile.errors import (
+from qmq_reconcile.errors import (
     BadOutboxUrl,
     BrokerDataUnreadable,
     OutboxUnreadable,
     UnreadablePath,
 )
-from spark_reconcile.readers import (
+from qmq_reconcile.readers import (
     OUTBOX_COLUMNS,
     check_broker_dir,
     jdbc_source,

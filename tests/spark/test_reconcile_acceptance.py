@@ -38,7 +38,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from qmq_outbox.client import BrokerClient
-from spark_reconcile import CATEGORIES, reconcile
+from qmq_reconcile import CATEGORIES, reconcile
 from tests.spark.worlds import drain, insert, produce, row
 from tests.support.broker_process import BrokerProcess
 from tests.support.postgres import fresh_database

@@ -28,7 +28,7 @@ from qmq_outbox import Consumer, IdempotentStore, Message, Outbox
 from qmq_outbox.schema import consumed_table, metadata, outbox_table
 from qmq_outbox.transports import RabbitMqTransport
 from qmq_outbox.transports.base import ConsumerSpec
-from spark_reconcile import reconcile
+from qmq_reconcile import reconcile
 from tests.integration.consumer_support import count, running, wait_for
 from tests.spark.worlds import row
 from tests.support.postgres import fresh_database

@@ -20,7 +20,7 @@ import orjson
 import pytest
 from pyspark.sql import SparkSession
 
-from broker.format import (
+from qmq_broker.format import (
     FRAME_SIZE,
     MessageRecord,
     SegmentKind,
@@ -30,7 +30,7 @@ from broker.format import (
     segment_number,
 )
 from qmq_outbox.client import BrokerClient
-from spark_reconcile import CATEGORIES, reconcile
+from qmq_reconcile import CATEGORIES, reconcile
 from tests.spark.segments import flip_byte
 from tests.spark.worlds import insert, produce, row
 from tests.support.broker_process import BrokerProcess

@@ -30,7 +30,7 @@ from qmq_outbox.envelope import OutgoingMessage, ProduceResult, format_timestamp
 from qmq_outbox.schema import metadata, outbox_table
 from qmq_outbox.transports import JetStreamTransport
 from qmq_outbox.transports import headers as envelope
-from spark_reconcile import CATEGORIES, reconcile
+from qmq_reconcile import CATEGORIES, reconcile
 from tests.spark.worlds import row
 from tests.support.postgres import fresh_database
 

@@ -1,7 +1,7 @@
 """An ordered subject end to end: partitions summed under their subject, command messages
 left out, messages stored out of their outbox order found.
 
-The broker data is written in-process by the broker's own engine (``broker.engine.Broker``,
+The broker data is written in-process by the broker's own engine (``qmq_broker.engine.Broker``,
 as ``bench/reconcile.py`` does); the outbox is a fresh PostgreSQL database whose rows are
 inserted in outbox-id order a1, a2, a3, b1, b2, b3, c1, c2 (one key per letter), plus an
 unkeyed row on a plain subject. ``ledger`` is ordered with two partitions; the broker is
@@ -36,13 +36,13 @@ import orjson
 import pytest
 from pyspark.sql import SparkSession
 
-from broker.config import BrokerConfig, FsyncPolicy
-from broker.engine import Broker
-from broker.messages import IncomingMessage
-from broker.metrics import BrokerMetrics
+from qmq_broker.config import BrokerConfig, FsyncPolicy
+from qmq_broker.engine import Broker
+from qmq_broker.messages import IncomingMessage
+from qmq_broker.metrics import BrokerMetrics
+from qmq_reconcile import CATEGORIES, reconcile
+from qmq_reconcile.readers import read_broker
 from qmq_wire.ordered import COMMAND_PRODUCER, command_id, logic_partition
-from spark_reconcile import CATEGORIES, reconcile
-from spark_reconcile.readers import read_broker
 from tests.spark.worlds import body, insert, row
 from tests.support.postgres import fresh_database
 

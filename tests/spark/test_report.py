@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from spark_reconcile.report import (
+from qmq_reconcile.report import (
     LISTED_OUT_OF_ORDER,
     LISTED_REGIONS,
     RunInfo,
@@ -20,7 +20,7 @@ from spark_reconcile.report import (
     summary,
     unreadable_entry,
 )
-from spark_reconcile.transforms import CATEGORIES
+from qmq_reconcile.transforms import CATEGORIES
 
 pytestmark = pytest.mark.spark
 

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from pyspark.sql import SparkSession
 
-from spark_reconcile.transforms import (
+from qmq_reconcile.transforms import (
     CATEGORIES,
     HISTOGRAM_BOUNDS_MS,
     OUT_OF_ORDER_COLUMNS,

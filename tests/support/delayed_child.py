@@ -18,12 +18,12 @@ import asyncio
 import sys
 from pathlib import Path
 
-from broker.clock import SystemClock
-from broker.config import BrokerConfig, FsyncPolicy
-from broker.engine import Broker
-from broker.format import HOUR_US
-from broker.messages import IncomingMessage
-from broker.metrics import BrokerMetrics
+from qmq_broker.clock import SystemClock
+from qmq_broker.config import BrokerConfig, FsyncPolicy
+from qmq_broker.engine import Broker
+from qmq_broker.format import HOUR_US
+from qmq_broker.messages import IncomingMessage
+from qmq_broker.metrics import BrokerMetrics
 
 DAY_US = 24 * HOUR_US
 

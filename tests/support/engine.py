@@ -7,10 +7,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from broker.config import BrokerConfig, FsyncPolicy
-from broker.engine import Broker
-from broker.messages import IncomingMessage
-from broker.metrics import BrokerMetrics
+from qmq_broker.config import BrokerConfig, FsyncPolicy
+from qmq_broker.engine import Broker
+from qmq_broker.messages import IncomingMessage
+from qmq_broker.metrics import BrokerMetrics
 
 T = TypeVar("T")
 

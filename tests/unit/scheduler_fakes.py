@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from broker.pulls import ManualClock, PullOutcome, PullScheduler, QueuedPull, Served
+from qmq_broker.pulls import ManualClock, PullOutcome, PullScheduler, QueuedPull, Served
 
 
 class ScriptedProcessor:

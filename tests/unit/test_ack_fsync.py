@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import FsyncPolicy
-from broker.format import HEADER_SIZE
-from broker.storage.journal import Journal
+from qmq_broker.config import FsyncPolicy
+from qmq_broker.format import HEADER_SIZE
+from qmq_broker.storage.journal import Journal
 
 ALWAYS = FsyncPolicy(mode="always")
 

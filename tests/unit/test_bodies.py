@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 import qmq_wire as wire
-from broker.errors import RequestError
-from broker.http import bodies, schemas
-from broker.http.errors import from_validation
+from qmq_broker.errors import RequestError
+from qmq_broker.http import bodies, schemas
+from qmq_broker.http.errors import from_validation
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 US = timedelta(microseconds=1)

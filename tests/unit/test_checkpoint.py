@@ -7,12 +7,12 @@ from pathlib import Path
 import orjson
 import pytest
 
-from broker.engine import Broker
-from broker.errors import StorageError
-from broker.format import FORMAT_VERSION
-from broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE, Checkpoint
-from broker.storage.migrate import migrate
-from broker.storage.recovery import recover
+from qmq_broker.engine import Broker
+from qmq_broker.errors import StorageError
+from qmq_broker.format import FORMAT_VERSION
+from qmq_broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE, Checkpoint
+from qmq_broker.storage.migrate import migrate
+from qmq_broker.storage.recovery import recover
 from tests.support.engine import incoming, run_broker
 
 GROUPS = {"orders": {"g": {"mode": "shared", "states": {"": {"cursor": 7}}}}}

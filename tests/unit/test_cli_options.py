@@ -11,9 +11,9 @@ from typing import Any
 import click
 import pytest
 
-from broker.cli import BrokerListener
-from broker.cli import broker as broker_command
-from broker.config import BrokerConfig, FsyncPolicy
+from qmq_broker.cli import BrokerListener
+from qmq_broker.cli import broker as broker_command
+from qmq_broker.config import BrokerConfig, FsyncPolicy
 from qmq_outbox.cli.options import (
     envvar_name,
     format_duration,
@@ -25,8 +25,8 @@ from qmq_outbox.cli.options import (
 from qmq_outbox.compensator_cli import CompensatorService
 from qmq_outbox.compensator_cli import compensator as compensator_command
 from qmq_outbox.compensator_config import CompensatorConfig
-from spark_reconcile.cli import ReconcileArgs
-from spark_reconcile.cli import reconcile as reconcile_command
+from qmq_reconcile.cli import ReconcileArgs
+from qmq_reconcile.cli import reconcile as reconcile_command
 
 REQUIRED = {
     "broker": ["--data-dir", "/tmp/qmq-data"],

@@ -10,15 +10,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from broker.config import BrokerConfig
-from broker.console.history import History
-from broker.console.http import CONTENT_SECURITY_POLICY, load_assets
-from broker.console.sightings import ConsumerSightings
-from broker.engine import Broker
-from broker.http.app import create_app
-from broker.http.guard import GuardPolicy
-from broker.http.hot import HotRoutes
-from broker.metrics import BrokerMetrics
+from qmq_broker.config import BrokerConfig
+from qmq_broker.console.history import History
+from qmq_broker.console.http import CONTENT_SECURITY_POLICY, load_assets
+from qmq_broker.console.sightings import ConsumerSightings
+from qmq_broker.engine import Broker
+from qmq_broker.http.app import create_app
+from qmq_broker.http.guard import GuardPolicy
+from qmq_broker.http.hot import HotRoutes
+from qmq_broker.metrics import BrokerMetrics
 from tests.support.engine import incoming, run_broker
 
 

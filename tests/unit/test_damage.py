@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from broker.engine import Broker
-from broker.errors import StorageError
-from broker.format import (
+from qmq_broker.engine import Broker
+from qmq_broker.errors import StorageError
+from qmq_broker.format import (
     ActionType,
     SegmentKind,
     index_chunk_path,
@@ -27,9 +27,9 @@ from broker.format import (
     list_segments,
     segment_number,
 )
-from broker.messages import IncomingMessage
-from broker.storage.recovery import recover
-from broker.storage.segments import segment_path
+from qmq_broker.messages import IncomingMessage
+from qmq_broker.storage.recovery import recover
+from qmq_broker.storage.segments import segment_path
 from tests.support.engine import incoming
 from tests.support.engine import run_broker as engine_run
 

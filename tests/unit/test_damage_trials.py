@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from broker.engine import Broker
-from broker.format import (
+from qmq_broker.engine import Broker
+from qmq_broker.format import (
     FRAME_SIZE,
     HEADER_SIZE,
     ActionRecord,
@@ -34,8 +34,8 @@ from broker.format import (
     list_segments,
     segment_number,
 )
-from broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE
-from broker.storage.recovery import recover
+from qmq_broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE
+from qmq_broker.storage.recovery import recover
 from tests.unit.test_damage import BATCH, drain, flip, message, pull, run_broker
 
 KINDS = (

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from broker.dedup import DedupStats, DedupStore
-from broker.dedup.filter import FILTER_FILE, MIN_FILTER_IDS, BloomFilter
-from broker.dedup.runs import RUN_HEADER_SIZE, RUN_SUFFIX, parse_run_name, read_run_header
-from broker.errors import StorageError
+from qmq_broker.dedup import DedupStats, DedupStore
+from qmq_broker.dedup.filter import FILTER_FILE, MIN_FILTER_IDS, BloomFilter
+from qmq_broker.dedup.runs import RUN_HEADER_SIZE, RUN_SUFFIX, parse_run_name, read_run_header
+from qmq_broker.errors import StorageError
 
 FLUSH_AT = 1000
 FAN_IN = 4
 
 
 def random_hashes(count: int, *, seed: int) -> list[int]:
-    """Uniform 64-bit hashes, like ``broker.format.id_hash`` gives (distinct in practice)."""
+    """Uniform 64-bit hashes, like ``qmq_broker.format.id_hash`` gives (distinct in practice)."""
     rng = random.Random(seed)
     return [rng.getrandbits(64) for _ in range(count)]
 

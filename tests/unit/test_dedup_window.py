@@ -11,9 +11,9 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from broker.config import BrokerConfig
-from broker.engine import Broker
-from broker.metrics import BrokerMetrics
+from qmq_broker.config import BrokerConfig
+from qmq_broker.engine import Broker
+from qmq_broker.metrics import BrokerMetrics
 from tests.support.engine import incoming
 from tests.unit.test_retention import SkewedClock
 

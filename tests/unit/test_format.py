@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker import format as format_module
-from broker.errors import CorruptRecord
-from broker.format import (
+from qmq_broker import format as format_module
+from qmq_broker.errors import CorruptRecord
+from qmq_broker.format import (
     FRAME,
     FRAME_SIZE,
     HEADER_SIZE,
@@ -31,7 +31,7 @@ from broker.format import (
     segment_header,
     walk_frames,
 )
-from broker.messages import IncomingMessage, rfc3339
+from qmq_broker.messages import IncomingMessage, rfc3339
 
 texts = st.text(min_size=0, max_size=50)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.format import ActionRecord, ActionType
-from broker.groups import DeliveryState, Policy
+from qmq_broker.format import ActionRecord, ActionType
+from qmq_broker.groups import DeliveryState, Policy
 
 POLICY = Policy(ack_timeout_us=30_000_000, max_attempts=3, backoff_s=(1, 5, 10))
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import httpx
 
-from broker.config import BrokerConfig
-from broker.server import build
+from qmq_broker.config import BrokerConfig
+from qmq_broker.server import build
 
 
 async def test_health_is_503_until_recovery_finishes(tmp_path: Path) -> None:

@@ -17,10 +17,10 @@ import pytest
 from starlette.requests import Request
 from starlette.responses import Response
 
-from broker.engine import Broker
-from broker.http.app import create_app
-from broker.http.guard import GuardPolicy
-from broker.http.hot import HotRoutes
+from qmq_broker.engine import Broker
+from qmq_broker.http.app import create_app
+from qmq_broker.http.guard import GuardPolicy
+from qmq_broker.http.hot import HotRoutes
 from tests.support.engine import run_broker
 
 JSON = {"content-type": "application/json"}

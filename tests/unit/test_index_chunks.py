@@ -15,10 +15,10 @@ from typing import Any
 import orjson
 import pytest
 
-from broker.config import BrokerConfig
-from broker.engine import Broker
-from broker.errors import StorageError
-from broker.format import (
+from qmq_broker.config import BrokerConfig
+from qmq_broker.engine import Broker
+from qmq_broker.errors import StorageError
+from qmq_broker.format import (
     FORMAT_VERSION,
     INDEX_CHUNK_ENTRIES,
     INDEX_ENTRY,
@@ -30,13 +30,13 @@ from broker.format import (
     index_chunk_path,
     list_index_chunks,
 )
-from broker.metrics import BrokerMetrics
-from broker.pulls.reads import read_message
-from broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE
-from broker.storage.index_files import ChunkReader, read_chunk
-from broker.storage.recovery import recover
-from broker.storage.segments import SegmentReader
-from broker.subjects import SubjectStats, SubjectTable
+from qmq_broker.metrics import BrokerMetrics
+from qmq_broker.pulls.reads import read_message
+from qmq_broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE
+from qmq_broker.storage.index_files import ChunkReader, read_chunk
+from qmq_broker.storage.recovery import recover
+from qmq_broker.storage.segments import SegmentReader
+from qmq_broker.subjects import SubjectStats, SubjectTable
 from tests.support.engine import incoming, run_broker
 from tests.unit.test_retention import SkewedClock
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from broker.config import FsyncPolicy
-from broker.errors import StorageError
-from broker.format import HEADER_SIZE, INDEX_ENTRY, SegmentKind, frame, segment_header
-from broker.storage.journal import INLINE_BYTES, INLINE_FSYNC_S, Journal
+from qmq_broker.config import FsyncPolicy
+from qmq_broker.errors import StorageError
+from qmq_broker.format import HEADER_SIZE, INDEX_ENTRY, SegmentKind, frame, segment_header
+from qmq_broker.storage.journal import INLINE_BYTES, INLINE_FSYNC_S, Journal
 
 
 def journal(

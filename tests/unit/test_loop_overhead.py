@@ -1,10 +1,10 @@
-"""The estimate of the event loop's unmeasured CPU per request (``broker.http.overhead``)."""
+"""The estimate of the event loop's unmeasured CPU per request (``qmq_broker.http.overhead``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from broker.http.overhead import SAMPLE_REQUESTS, SMOOTHING, LoopOverhead
+from qmq_broker.http.overhead import SAMPLE_REQUESTS, SMOOTHING, LoopOverhead
 
 
 class Meter:

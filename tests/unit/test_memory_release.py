@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from broker.memory import AfterBurst, malloc_trim, rss_mb
+from qmq_broker.memory import AfterBurst, malloc_trim, rss_mb
 
 
 async def test_memory_is_released_once_after_a_burst_has_settled() -> None:

@@ -19,9 +19,9 @@ import numpy as np
 import orjson
 import pytest
 
-from broker.dedup.runs import write_run
-from broker.errors import StorageError
-from broker.format import (
+from qmq_broker.dedup.runs import write_run
+from qmq_broker.errors import StorageError
+from qmq_broker.format import (
     FORMAT_FILE,
     FORMAT_VERSION,
     INDEX_CHUNK_ENTRIES,
@@ -34,12 +34,12 @@ from broker.format import (
     list_index_chunks,
     peek_message,
 )
-from broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE
-from broker.storage.index_files import read_chunk, write_chunk
-from broker.storage.migrate import migrate
-from broker.storage.recovery import check_format, recover
-from broker.storage.segments import SegmentReader
-from broker.verify import verify
+from qmq_broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE
+from qmq_broker.storage.index_files import read_chunk, write_chunk
+from qmq_broker.storage.migrate import migrate
+from qmq_broker.storage.recovery import check_format, recover
+from qmq_broker.storage.segments import SegmentReader
+from qmq_broker.verify import verify
 from tests.support.engine import run_broker
 from tests.unit.test_index_chunks import EXPECTED, TOTAL, fill, resend_and_read
 

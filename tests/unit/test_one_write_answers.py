@@ -10,7 +10,7 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any, cast
 
-from broker.http.connections import _OneWriteAnswers
+from qmq_broker.http.connections import _OneWriteAnswers
 
 
 class Recording:

@@ -11,9 +11,9 @@ import jsonschema_rs
 import pytest
 
 import qmq_wire as wire
-from broker.http import app
-from broker.http.openapi import MAX_SCHEDULE_HOURS, openapi_document
-from broker.http.schemas import AckRequest
+from qmq_broker.http import app
+from qmq_broker.http.openapi import MAX_SCHEDULE_HOURS, openapi_document
+from qmq_broker.http.schemas import AckRequest
 
 
 def _validator(model: str) -> Any:

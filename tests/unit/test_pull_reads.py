@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.format import HEADER_SIZE, MessageRecord, SegmentKind, frame, segment_header
-from broker.pulls.reads import Batch, read_ahead, read_batches, read_cached
-from broker.storage.segments import NotCached, SegmentReader, segment_path
+from qmq_broker.format import HEADER_SIZE, MessageRecord, SegmentKind, frame, segment_header
+from qmq_broker.pulls.reads import Batch, read_ahead, read_batches, read_cached
+from qmq_broker.storage.segments import NotCached, SegmentReader, segment_path
 from tests.unit.page_cache import evict
 
 

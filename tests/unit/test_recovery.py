@@ -5,10 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from broker.engine import Broker
-from broker.format import HEADER_SIZE, SegmentKind, frame, id_hash, index_chunk_path, list_segments
-from broker.messages import IncomingMessage
-from broker.storage.recovery import recover
+from qmq_broker.engine import Broker
+from qmq_broker.format import (
+    HEADER_SIZE,
+    SegmentKind,
+    frame,
+    id_hash,
+    index_chunk_path,
+    list_segments,
+)
+from qmq_broker.messages import IncomingMessage
+from qmq_broker.storage.recovery import recover
 from tests.support.engine import run_broker as engine_run
 
 

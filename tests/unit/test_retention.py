@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from broker.clock import SystemClock
-from broker.config import BrokerConfig
-from broker.engine import Broker
-from broker.format import SegmentKind, list_segments
-from broker.messages import IncomingMessage
-from broker.metrics import BrokerMetrics
+from qmq_broker.clock import SystemClock
+from qmq_broker.config import BrokerConfig
+from qmq_broker.engine import Broker
+from qmq_broker.format import SegmentKind, list_segments
+from qmq_broker.messages import IncomingMessage
+from qmq_broker.metrics import BrokerMetrics
 
 
 def message(i: int) -> IncomingMessage:

@@ -12,12 +12,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from broker.clock import SystemClock
-from broker.config import BrokerConfig, FsyncPolicy
-from broker.delayed.recovery import recover_schedule
-from broker.delayed.service import ScheduledCount
-from broker.engine import Broker
-from broker.format import (
+from qmq_broker.clock import SystemClock
+from qmq_broker.config import BrokerConfig, FsyncPolicy
+from qmq_broker.delayed.recovery import recover_schedule
+from qmq_broker.delayed.service import ScheduledCount
+from qmq_broker.engine import Broker
+from qmq_broker.format import (
     HEADER_SIZE,
     HOUR_US,
     SegmentKind,
@@ -28,9 +28,9 @@ from broker.format import (
     list_segments,
     segment_number,
 )
-from broker.messages import IncomingMessage
-from broker.metrics import BrokerMetrics
-from broker.storage.segments import segment_path
+from qmq_broker.messages import IncomingMessage
+from qmq_broker.metrics import BrokerMetrics
+from qmq_broker.storage.segments import segment_path
 
 T = TypeVar("T")
 T0 = int(datetime(2030, 1, 1, 10, 30, tzinfo=UTC).timestamp()) * 1_000_000

@@ -10,10 +10,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from broker.delayed.recovery import recover_schedule
-from broker.delayed.tiers import Tiers
-from broker.engine import Broker
-from broker.format import (
+from qmq_broker.delayed.recovery import recover_schedule
+from qmq_broker.delayed.tiers import Tiers
+from qmq_broker.engine import Broker
+from qmq_broker.format import (
     COARSE_SCHEDULE_KINDS,
     HOUR_US,
     SCHEDULE_KINDS,
@@ -28,8 +28,8 @@ from broker.format import (
     segment_header,
     segment_number,
 )
-from broker.messages import rfc3339
-from broker.storage.segments import segment_path
+from qmq_broker.messages import rfc3339
+from qmq_broker.storage.segments import segment_path
 from tests.unit.test_schedule_broker import (
     MINUTE,
     SECOND,

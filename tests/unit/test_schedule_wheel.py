@@ -7,10 +7,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from broker.delayed.idset import HashSet64
-from broker.delayed.wheel import TimingWheel, WheelEntry
-from broker.errors import CorruptRecord
-from broker.format import (
+from qmq_broker.delayed.idset import HashSet64
+from qmq_broker.delayed.wheel import TimingWheel, WheelEntry
+from qmq_broker.errors import CorruptRecord
+from qmq_broker.format import (
     HOUR_US,
     DispatchRecord,
     MessageRecord,

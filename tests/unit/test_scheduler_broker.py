@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-import broker.pulls.reads
-import broker.pulls.service
-from broker.config import BrokerConfig, FsyncPolicy
-from broker.engine import Broker
-from broker.messages import IncomingMessage
-from broker.metrics import BrokerMetrics
-from broker.pulls import MailboxFull
-from broker.storage.segments import NotCached
+import qmq_broker.pulls.reads
+import qmq_broker.pulls.service
+from qmq_broker.config import BrokerConfig, FsyncPolicy
+from qmq_broker.engine import Broker
+from qmq_broker.messages import IncomingMessage
+from qmq_broker.metrics import BrokerMetrics
+from qmq_broker.pulls import MailboxFull
+from qmq_broker.storage.segments import NotCached
 from tests.unit.page_cache import evict
 
 
@@ -74,14 +74,14 @@ async def pull(instance: Broker, group: str, *, wait_ms: int = 0, consumer: str 
 def spy_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The threads that read a batch (a cached-only attempt that gave up is not counted)."""
     threads: list[str] = []
-    read = broker.pulls.reads._read_batch
+    read = qmq_broker.pulls.reads._read_batch
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         result = read(*args, **kwargs)
         threads.append(threading.current_thread().name)
         return result
 
-    monkeypatch.setattr(broker.pulls.reads, "_read_batch", spy)
+    monkeypatch.setattr(qmq_broker.pulls.reads, "_read_batch", spy)
     return threads
 
 
@@ -98,7 +98,7 @@ def spy_read_aheads(monkeypatch: pytest.MonkeyPatch, *, arrive: bool = True) -> 
     """How many batches each read-ahead asked for. ``arrive`` False: a disk that never
     delivers (every cached read on the loop misses, whatever the kernel reads)."""
     asked: list[int] = []
-    read_ahead = broker.pulls.service.read_ahead
+    read_ahead = qmq_broker.pulls.service.read_ahead
 
     def spy(reader: Any, batches: list[Any]) -> None:
         asked.append(len(batches))
@@ -107,9 +107,9 @@ def spy_read_aheads(monkeypatch: pytest.MonkeyPatch, *, arrive: bool = True) -> 
     def never_cached(reader: Any, batches: list[Any]) -> Any:
         raise NotCached
 
-    monkeypatch.setattr(broker.pulls.service, "read_ahead", spy)
+    monkeypatch.setattr(qmq_broker.pulls.service, "read_ahead", spy)
     if not arrive:
-        monkeypatch.setattr(broker.pulls.service, "read_cached", never_cached)
+        monkeypatch.setattr(qmq_broker.pulls.service, "read_cached", never_cached)
     return asked
 
 

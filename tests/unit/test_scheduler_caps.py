@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from broker.errors import Overloaded
-from broker.pulls import (
+from qmq_broker.errors import Overloaded
+from qmq_broker.pulls import (
     ActorMetrics,
     FairScheduler,
     FifoScheduler,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from broker.pulls import (
+from qmq_broker.pulls import (
     FairScheduler,
     FifoScheduler,
     ManualClock,
@@ -20,7 +20,7 @@ from broker.pulls import (
     QueuedPull,
     Served,
 )
-from broker.pulls.scheduler import LONG_RUN_DECAY
+from qmq_broker.pulls.scheduler import LONG_RUN_DECAY
 from tests.unit.scheduler_fakes import ScriptedProcessor, pull, run_next, run_until_idle
 
 

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import pytest
 from prometheus_client import CollectorRegistry
 
-from broker.errors import Overloaded, Unavailable
-from broker.pulls import (
+from qmq_broker.errors import Overloaded, Unavailable
+from qmq_broker.pulls import (
     ActorMetrics,
     DeadlineExceeded,
     FairScheduler,

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from broker.errors import Unavailable
-from broker.pulls import FairScheduler, FifoScheduler, ManualClock, PullScheduler
-from broker.pulls.request import PullStatus
+from qmq_broker.errors import Unavailable
+from qmq_broker.pulls import FairScheduler, FifoScheduler, ManualClock, PullScheduler
+from qmq_broker.pulls.request import PullStatus
 from tests.unit.scheduler_fakes import ScriptedProcessor, pull, run_next, run_until_idle
 
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from broker import upkeep
-from broker.dedup import DedupStore
-from broker.dedup.runs import RUN_SUFFIX
+from qmq_broker import upkeep
+from qmq_broker.dedup import DedupStore
+from qmq_broker.dedup.runs import RUN_SUFFIX
 
 
 class OneStore:

@@ -9,8 +9,8 @@ import pytest
 from pydantic import BaseModel
 
 import qmq_wire as wire
-from broker.http import answers
-from broker.http.openapi import openapi_document
+from qmq_broker.http import answers
+from qmq_broker.http.openapi import openapi_document
 
 MIRRORS: list[tuple[type[Any], type[BaseModel]]] = [
     (wire.ProduceAnswerJson, answers.ProduceResponse),

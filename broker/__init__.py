@@ -1,5 +1,0 @@
-"""qmq broker: durable append-only logs served over HTTP.
-
-Importing this package pulls in nothing of the server; ``broker.format`` reads the data
-directory on its own (the Spark reconciliation uses it).
-"""

@@ -1,0 +1,162 @@
+"""Reading bucket segments without decoding whole messages (recovery and bucket loads).
+
+Runs on worker threads. Files are memory-mapped and walked frame by frame. After a frame
+that is cut short or fails its CRC the walk resynchronises on the next valid record, as the
+message log's does (``qmq_broker.format.next_valid_frame``): corrupt bytes in the middle cost the
+records in them, and only bad bytes with nothing valid after them are a torn tail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import zlib
+from array import array
+from collections.abc import Iterator
+from pathlib import Path
+
+from qmq_broker.errors import StorageError
+from qmq_broker.format import (
+    FRAME,
+    FRAME_SIZE,
+    HEADER_SIZE,
+    MAX_PAYLOAD,
+    DispatchRecord,
+    FrameCheck,
+    ScheduleRecord,
+    SegmentKind,
+    is_dispatch_record,
+    is_schedule_record,
+    next_valid_frame,
+    read_segment_header,
+)
+from qmq_broker.storage.segments import segment_path
+
+
+class FrameWalk:
+    """Iterates ``(offset, body_at, length)`` of whole frames of ``buf``.
+
+    Afterwards ``valid_end`` and ``problem`` say where the readable part ended and why (a
+    torn tail), and ``skipped`` lists the ``(start, end)`` of corrupt bytes walked past.
+    Yields positions, not slices, so no view of a mapped file outlives the mapping.
+    """
+
+    def __init__(
+        self,
+        buf: bytes | mmap.mmap,
+        *,
+        start: int = HEADER_SIZE,
+        end: int | None = None,
+        check: FrameCheck | None = None,
+    ) -> None:
+        self._buf = buf
+        self._start = start
+        self._end = len(buf) if end is None else min(end, len(buf))
+        self._check = check
+        self.valid_end = start
+        self.problem: str | None = None
+        self.skipped: list[tuple[int, int]] = []
+
+    def __iter__(self) -> Iterator[tuple[int, int, int]]:
+        buf = self._buf
+        offset, end = self._start, self._end
+        while offset < end:
+            length = self._whole_frame(offset, end)
+            if length is None:
+                following = next_valid_frame(buf, offset + 1, end, self._check)
+                if following is None:
+                    self.problem = f"torn or corrupt frame at offset {offset}"
+                    return
+                self.skipped.append((offset, following))
+                offset = following
+                continue
+            yield offset, offset + FRAME_SIZE, length
+            offset += FRAME_SIZE + length
+            self.valid_end = offset
+
+    def _whole_frame(self, offset: int, end: int) -> int | None:
+        """The payload length of a whole, CRC-valid frame at ``offset``, else None."""
+        if offset + FRAME_SIZE > end:
+            return None
+        length, crc = FRAME.unpack_from(self._buf, offset)
+        body = offset + FRAME_SIZE
+        if length == 0 or length > MAX_PAYLOAD or body + length > end:
+            return None
+        if zlib.crc32(self._buf[body : body + length]) != crc:  # a bytes copy: no view escapes
+            return None
+        return int(length)
+
+
+@contextlib.contextmanager
+def mapped(path: Path, kind: SegmentKind) -> Iterator[bytes | mmap.mmap]:
+    """A segment's bytes, memory-mapped, after checking its header names ``kind``."""
+    with open(path, "rb") as handle:
+        head = handle.read(HEADER_SIZE)
+        found = read_segment_header(head, path=str(path))
+        if found is not kind:
+            raise StorageError(f"{path} is a {found.name} segment, not a {kind.name} one")
+        if handle.seek(0, 2) == HEADER_SIZE:
+            yield head
+            return
+        buf = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            yield buf
+        finally:
+            buf.close()
+
+
+def dispatched_offsets(data_dir: Path, bucket: int, *, end: int | None = None) -> set[int]:
+    """Offsets of the bucket's schedule records that its dispatch segment lists."""
+    path = segment_path(data_dir, SegmentKind.DISPATCH, bucket)
+    if not path.exists():
+        return set()
+    done: set[int] = set()
+    with mapped(path, SegmentKind.DISPATCH) as buf:
+        for offset, body, length in FrameWalk(buf, end=end, check=is_dispatch_record):
+            payload = bytes(buf[body : body + length])
+            done.update(DispatchRecord.decode(payload, path=str(path), offset=offset).offsets)
+    return done
+
+
+def pending_entries(data_dir: Path, bucket: int, *, end: int, dispatched: set[int]) -> array[int]:
+    """Packed ``(deliver_at_us, offset, length)`` of the bucket's undispatched records
+    before ``end``."""
+    out = array("q")
+    path = segment_path(data_dir, SegmentKind.SCHEDULE, bucket)
+    if not path.exists():
+        return out
+    with mapped(path, SegmentKind.SCHEDULE) as buf:
+        for offset, body, length in FrameWalk(buf, end=end, check=is_schedule_record):
+            if offset in dispatched:
+                continue
+            deliver, _ = ScheduleRecord.peek(buf, body, path=str(path), offset=offset)
+            out.extend((deliver, offset, FRAME_SIZE + length))
+    return out
+
+
+def read_payloads(
+    data_dir: Path,
+    kind: SegmentKind,
+    bucket: int,
+    *,
+    start: int,
+    end: int,
+    skip: set[int],
+    max_bytes: int,
+) -> tuple[list[bytes], int]:
+    """Payloads of a coarse bucket's schedule records from ``start`` (those at offsets in
+    ``skip`` left out), about ``max_bytes`` of them, and where the next chunk starts
+    (``end`` once the segment is read)."""
+    path = segment_path(data_dir, kind, bucket)
+    out: list[bytes] = []
+    if not path.exists():
+        return out, end
+    size = 0
+    with mapped(path, kind) as buf:
+        for offset, body, length in FrameWalk(buf, start=start, end=end, check=is_schedule_record):
+            if offset not in skip:
+                out.append(bytes(buf[body : body + length]))
+                size += length
+            if size >= max_bytes:
+                return out, offset + FRAME_SIZE + length
+    return out, end

@@ -1,0 +1,527 @@
+"""Routes of API v1 over the broker's services: size limits, validation, auth, JSON."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import orjson
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, TypeAdapter, ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+import qmq_wire
+from qmq_broker.console.http import ConsoleAssets
+from qmq_broker.engine import Broker
+from qmq_broker.errors import Denied, Invalid, NotFound, RequestError
+from qmq_broker.http import bodies
+from qmq_broker.http.auth import Authorizer, Grant, Right
+from qmq_broker.http.errors import error_response, from_validation, internal_error_response
+from qmq_broker.http.guard import GuardPolicy, RequestGuard, content_type_error
+from qmq_broker.http.hot import HotRoutes
+from qmq_broker.http.openapi import openapi_document
+from qmq_broker.http.overhead import LoopOverhead
+from qmq_broker.http.schemas import (
+    DeclareRequest,
+    MergeRequest,
+    MoveRequest,
+    RedriveRequest,
+    SplitRequest,
+)
+from qmq_broker.messages import IncomingMessage
+
+M = TypeVar("M", bound=BaseModel)
+Handler = Callable[[Request], Awaitable[Response]]
+_ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}
+MAX_SCHEDULE_HOURS = 20_000
+
+
+def _json(doc: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(doc), status_code=status, media_type="application/json")
+
+
+def _out_of_range(index: int, name: str) -> Invalid:
+    """A timestamp the wire admits but no answer could carry (outside the range in UTC)."""
+    return Invalid(
+        code=f"invalid_{name}",
+        message=f"{name} must lie between {qmq_wire.MIN_TIME} and {qmq_wire.MAX_TIME} in UTC",
+        field=f"messages[{index}].{name}",
+    )
+
+
+def _span(seconds: float) -> str:
+    days = seconds / 86400
+    return f"{days:g} days" if days >= 1 else f"{seconds:g} s"
+
+
+class Api:
+    """Binds HTTP requests to a ``Broker``: size limits, validation, auth, error mapping."""
+
+    def __init__(self, broker: Broker, *, authorizer: Authorizer | None = None) -> None:
+        self.broker = broker
+        self.authorizer = authorizer
+        self.overhead = LoopOverhead(broker.measured_pull_work_s)
+
+    async def _body(self, request: Request) -> bytes:
+        refusal = content_type_error(request.headers.get("content-type"))
+        if refusal is not None:
+            raise refusal
+        limit = self.broker.config.max_request_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise Invalid(code="request_too_large", message=f"request body over {limit} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise Invalid(code="request_too_large", message=f"request body over {limit} bytes")
+            chunks.append(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)  # most come in one piece
+
+    async def _parse(self, request: Request, model: type[M]) -> M:
+        raw = await self._body(request)
+        adapter = _ADAPTERS.get(model)
+        if adapter is None:
+            adapter = _ADAPTERS[model] = TypeAdapter(model)
+        try:
+            parsed: M = adapter.validate_json(raw)
+        except ValidationError as exc:
+            raise from_validation(exc) from None
+        return parsed
+
+    def _grant(self, request: Request) -> Grant | None:
+        """The caller's grant, checked from the headers alone: before any body is read, a
+        request without a valid token costs nothing more. ``None`` when auth is off."""
+        if self.authorizer is None:
+            return None
+        return self.authorizer.grant_for(request.headers.get("authorization"))
+
+    @staticmethod
+    def _require(
+        grant: Grant | None, right: Right, subject: str, *, group: str | None = None, field: str
+    ) -> None:
+        if grant is not None:
+            Authorizer.require(grant, right, subject, group=group, field=field)
+
+    # --- endpoints ------------------------------------------------------------------------
+
+    async def produce(self, request: Request) -> Response:
+        grant = self._grant(request)
+        envelopes = bodies.decode(await self._body(request), bodies.ProduceBody).messages
+        if grant is not None:
+            allowed: set[str] = set()  # a batch mostly names one subject: check each once
+            for i, envelope in enumerate(envelopes):
+                if envelope.subject not in allowed:
+                    field = f"messages[{i}].subject"
+                    Authorizer.require(grant, Right.PRODUCE, envelope.subject, field=field)
+                    allowed.add(envelope.subject)
+        messages = self._incoming(envelopes, self.broker.clock.wall_us())
+        results = await self.broker.producer.produce(messages)
+        return _json({"results": results})
+
+    def _incoming(self, envelopes: list[bodies.Envelope], now_us: int) -> list[IncomingMessage]:
+        """The core's messages; the checks the wire leaves to the broker, in envelope order
+        (base64, body size, due time, created_at range)."""
+        body_limit = self.broker.config.max_body_bytes
+        low, high = qmq_wire.MIN_TIME_US, qmq_wire.MAX_TIME_US
+        messages: list[IncomingMessage] = []
+        for index, envelope in enumerate(envelopes):
+            base64_body = envelope.body_encoding == "base64"
+            body = _base64(envelope.body, index) if base64_body else envelope.body.encode()
+            if len(body) > body_limit:
+                raise Invalid(
+                    code="body_too_large",
+                    message=f"body is {len(body)} bytes; the limit is {body_limit}",
+                    field=f"messages[{index}].body",
+                )
+            deliver_at = envelope.deliver_at
+            deliver_at_us = 0 if deliver_at is None else self._due(deliver_at, now_us, index)
+            created_at_us = envelope.created_at
+            if created_at_us is not None and not low <= created_at_us <= high:
+                raise _out_of_range(index, "created_at")
+            messages.append(
+                IncomingMessage(
+                    id=envelope.id,
+                    subject=envelope.subject,
+                    key=envelope.key,
+                    headers=envelope.headers,
+                    body=body,
+                    body_base64=base64_body,
+                    producer=envelope.producer,
+                    created_at_us=created_at_us,
+                    deliver_at_us=deliver_at_us,
+                )
+            )
+        return messages
+
+    def _due(self, due_us: int, now_us: int, index: int) -> int:
+        """A future due time in microseconds, or 0 (deliver now) for one in the past."""
+        if not qmq_wire.MIN_TIME_US <= due_us <= qmq_wire.MAX_TIME_US:
+            raise _out_of_range(index, "deliver_at")
+        if due_us <= now_us:
+            return 0
+        limit_s = self.broker.config.max_delay_s
+        if due_us - now_us > limit_s * 1_000_000:
+            raise Invalid(
+                code="delay_too_long",
+                message=f"deliver_at is more than {_span(limit_s)} ahead (--max-delay)",
+                field=f"messages[{index}].deliver_at",
+            )
+        return due_us
+
+    async def pull(self, request: Request) -> Response:
+        grant = self._grant(request)
+        body = await self._body(request)
+        began = time.thread_time()  # CPU, as the actors' work is counted (``Served``)
+        parsed = bodies.decode(body, bodies.PullBody)
+        self._require(grant, Right.CONSUME, parsed.subject, group=parsed.group, field="group")
+        self.broker.sightings.saw(parsed.subject, parsed.group, parsed.consumer)
+        wait_ms = min(parsed.wait_ms, self.broker.config.max_wait_ms)
+        decoded = time.thread_time()
+        messages, acked = await self.broker.delivery.ack_and_pull(
+            subject=parsed.subject,
+            group=parsed.group,
+            consumer=parsed.consumer,
+            max_messages=parsed.max,
+            wait_ms=wait_ms,
+            mode=parsed.mode,
+            start=parsed.start,
+            ack=parsed.ack,
+            min_messages=min(parsed.min, parsed.max),  # a larger min asks for a full batch
+            linger_ms=parsed.linger_ms,
+        )
+        answered = time.thread_time()
+        if acked is None:
+            response = _json({"messages": messages})
+        else:
+            doc = {"messages": messages, "acked": acked.acked, "unknown": acked.unknown}
+            response = _json(doc)
+        # The request's own work outside the pull scheduler counts toward its group's share.
+        spent = decoded - began + time.thread_time() - answered
+        self.broker.delivery.charge(
+            subject=parsed.subject,
+            group=parsed.group,
+            measured=spent,
+            estimated=self.overhead.per_request,
+        )
+        return response
+
+    async def ack(self, request: Request) -> Response:
+        grant = self._grant(request)
+        parsed = bodies.decode(await self._body(request), bodies.AckBody)
+        self._require(grant, Right.CONSUME, parsed.subject, group=parsed.group, field="group")
+        self.broker.sightings.saw(parsed.subject, parsed.group, parsed.consumer)
+        result = await self.broker.delivery.ack(
+            subject=parsed.subject,
+            group=parsed.group,
+            consumer=parsed.consumer,
+            seqs=parsed.seqs,
+            partition=parsed.partition,
+        )
+        return _json(result)
+
+    async def nack(self, request: Request) -> Response:
+        grant = self._grant(request)
+        parsed = bodies.decode(await self._body(request), bodies.NackBody)
+        self._require(grant, Right.CONSUME, parsed.subject, group=parsed.group, field="group")
+        self.broker.sightings.saw(parsed.subject, parsed.group, parsed.consumer)
+        result = await self.broker.delivery.nack(
+            subject=parsed.subject,
+            group=parsed.group,
+            consumer=parsed.consumer,
+            seqs=parsed.seqs,
+            delay_ms=parsed.delay_ms,
+            error=parsed.error,
+            partition=parsed.partition,
+        )
+        return _json(result)
+
+    def _path_name(self, request: Request, name: str) -> str:
+        """A subject or group name from the path, checked against the naming rules."""
+        value = str(request.path_params[name])
+        if not qmq_wire.valid_name(value):
+            raise Invalid(
+                code=f"invalid_{name}",
+                message=f"{name} does not match the naming rules",
+                field=name,
+            )
+        return value
+
+    async def subjects(self, request: Request) -> Response:
+        grant = self._grant(request)
+        listed = self.broker.stats.subjects()
+        if grant is not None:
+            listed = [stats for stats in listed if grant.sees(stats.subject)]
+        return _json({"subjects": listed})
+
+    async def subject(self, request: Request) -> Response:
+        grant = self._grant(request)
+        subject = self._path_name(request, "subject")
+        _require_sight(grant, subject)
+        detail = self.broker.stats.subject(subject)
+        if grant is not None:
+            shown = [g for g in detail.groups if grant.sees(subject, g.group)]
+            detail = dataclasses.replace(detail, groups=shown)
+        return _json(detail)
+
+    async def dead(self, request: Request) -> Response:
+        grant = self._grant(request)
+        subject = self._path_name(request, "subject")
+        group = self._path_name(request, "group")
+        self._require(grant, Right.MANAGE, subject, group=group, field="group")
+        limit = _int_param(
+            request, "limit", default=qmq_wire.DEFAULT_DEAD_PAGE, high=qmq_wire.MAX_DEAD_PAGE
+        )
+        after = _int_param(request, "after_seq", default=None, low=0, high=qmq_wire.MAX_SEQ)
+        partition = _int_param(
+            request, "partition", default=None, low=0, high=qmq_wire.MAX_PARTITION_NUMBER
+        )
+        return _json(
+            self.broker.delivery.dead_letters(
+                subject=subject, group=group, limit=limit, after_seq=after, partition=partition
+            )
+        )
+
+    async def redrive(self, request: Request) -> Response:
+        grant = self._grant(request)
+        subject = self._path_name(request, "subject")
+        group = self._path_name(request, "group")
+        self._require(grant, Right.MANAGE, subject, group=group, field="group")
+        parsed = await self._parse(request, RedriveRequest)
+        if (parsed.seqs is None) == (parsed.all is not True):
+            raise Invalid(
+                code="invalid_redrive",
+                message='give either "seqs" or "all": true',
+                field="seqs",
+            )
+        redriven = await self.broker.delivery.redrive(
+            subject=subject, group=group, seqs=parsed.seqs, partition=parsed.partition
+        )
+        return _json({"redriven": redriven})
+
+    # --- ordered subjects -------------------------------------------------------------------
+
+    def _require_admin(self, request: Request, subject: str) -> None:
+        """Declaring a subject and changing its routes concern every group: admin only."""
+        grant = self._grant(request)
+        if grant is not None and not grant.admin:
+            raise Denied(
+                code="forbidden",
+                message=f"token {grant.name!r} may not change {subject!r}: it needs admin",
+                field="subject",
+            )
+
+    async def subject_or_declare(self, request: Request) -> Response:
+        """One route per path, so that a 405 names every method the path allows."""
+        if request.method == "PUT":
+            return await self.declare(request)
+        return await self.subject(request)
+
+    async def declare(self, request: Request) -> Response:
+        subject = self._path_name(request, "subject")
+        self._require_admin(request, subject)
+        parsed = await self._parse(request, DeclareRequest)
+        routes = await self.broker.routes.declare(
+            subject, partitions=parsed.partitions, on_dead=parsed.on_dead
+        )
+        return _json(routes)
+
+    async def routes(self, request: Request) -> Response:
+        grant = self._grant(request)
+        subject = self._path_name(request, "subject")
+        _require_sight(grant, subject)
+        return _json(self.broker.routes.document(subject))
+
+    async def split(self, request: Request) -> Response:
+        subject = self._path_name(request, "subject")
+        self._require_admin(request, subject)
+        parsed = await self._parse(request, SplitRequest)
+        return _json(
+            await self.broker.routes.split(subject, partition=parsed.partition, at=parsed.at)
+        )
+
+    async def merge(self, request: Request) -> Response:
+        subject = self._path_name(request, "subject")
+        self._require_admin(request, subject)
+        parsed = await self._parse(request, MergeRequest)
+        return _json(await self.broker.routes.merge(subject, partitions=parsed.partitions))
+
+    async def move(self, request: Request) -> Response:
+        subject = self._path_name(request, "subject")
+        self._require_admin(request, subject)
+        parsed = await self._parse(request, MoveRequest)
+        return _json(await self.broker.routes.move(subject, partition=parsed.partition))
+
+    async def schedule(self, request: Request) -> Response:
+        grant = self._grant(request)
+        if grant is not None and not grant.manages_all:
+            raise Denied(
+                code="forbidden",
+                message=f"token {grant.name!r} may not see the schedule: it needs manage on '*'",
+            )
+        limit = _int_param(request, "limit", default=48, high=MAX_SCHEDULE_HOURS)
+        return _json(self.broker.stats.schedule(limit=limit))
+
+    # --- the console's views (docs/console.md) -----------------------------------------------
+
+    async def console_overview(self, request: Request) -> Response:
+        """Any valid token; it sees the subjects and groups it has a right on."""
+        grant = self._grant(request)
+        if grant is None:
+            return _json(self.broker.console.overview())
+        return _json(self.broker.console.overview(sees=grant.sees))
+
+    async def console_subject(self, request: Request) -> Response:
+        grant = self._grant(request)
+        subject = self._path_name(request, "subject")
+        _require_sight(grant, subject)
+        if grant is None:
+            return _json(self.broker.console.subject(subject))
+        return _json(self.broker.console.subject(subject, sees=grant.sees))
+
+    async def healthz(self, request: Request) -> Response:
+        status = self.broker.status
+        if status == "ready":
+            return _json({"status": "ok"})
+        return _json({"status": status}, status=503)
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(
+            generate_latest(self.broker.metrics.registry), media_type=CONTENT_TYPE_LATEST
+        )
+
+    async def openapi(self, request: Request) -> Response:
+        return _json(openapi_document(auth=self.authorizer is not None))
+
+
+def _require_sight(grant: Grant | None, subject: str) -> None:
+    """A subject's details are shown to a token with any right on it."""
+    if grant is not None and not grant.sees(subject):
+        raise Denied(
+            code="forbidden",
+            message=f"token {grant.name!r} has no right on {subject!r}",
+            field="subject",
+        )
+
+
+def _base64(text: str, index: int) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise Invalid(
+            code="invalid_body",
+            message="body is not valid base64",
+            field=f"messages[{index}].body",
+        ) from None
+
+
+def _int_param(request: Request, name: str, *, default: int | None, low: int = 1, high: int) -> Any:
+    """A query parameter of ASCII digits within ``[low, high]`` (``str.isdigit`` alone would
+    take ``²``); given twice, or with anything else, it is a 400 naming it."""
+    values = request.query_params.getlist(name)
+    if not values:
+        return default
+    raw = values[0]
+    if (
+        len(values) > 1
+        or not raw.isascii()
+        or not raw.isdigit()
+        or len(raw) > 19
+        or not low <= int(raw) <= high
+    ):
+        raise Invalid(
+            code=f"invalid_{name}",
+            message=f"{name} must be one integer in [{low}, {high}]",
+            field=name,
+        )
+    return int(raw)
+
+
+def _endpoint(api: Api, name: str, handler: Handler) -> Handler:
+    histogram = api.broker.metrics.requests
+
+    async def endpoint(request: Request) -> Response:
+        api.overhead.request()
+        began = time.perf_counter()
+        try:
+            response = await handler(request)
+        except RequestError as exc:
+            response = error_response(exc)
+        histogram.labels(name, str(response.status_code)).observe(time.perf_counter() - began)
+        return response
+
+    return endpoint
+
+
+def create_app(
+    broker: Broker,
+    *,
+    authorizer: Authorizer | None = None,
+    guard: GuardPolicy | None = None,
+    lifespan: Any = None,
+) -> HotRoutes:
+    """The broker's HTTP app; ``guard`` defaults to a broker bound to 127.0.0.1."""
+    api = Api(broker, authorizer=authorizer)
+    console = ConsoleAssets()
+    routes = [
+        ("/v1/messages", "produce", api.produce, ["POST"]),
+        ("/v1/pull", "pull", api.pull, ["POST"]),
+        ("/v1/ack", "ack", api.ack, ["POST"]),
+        ("/v1/nack", "nack", api.nack, ["POST"]),
+        ("/v1/subjects", "subjects", api.subjects, ["GET"]),
+        ("/v1/subjects/{subject}", "subject", api.subject_or_declare, ["GET", "PUT"]),
+        ("/v1/subjects/{subject}/routes", "routes", api.routes, ["GET"]),
+        ("/v1/subjects/{subject}/partitions/split", "split", api.split, ["POST"]),
+        ("/v1/subjects/{subject}/partitions/merge", "merge", api.merge, ["POST"]),
+        ("/v1/subjects/{subject}/partitions/move", "move", api.move, ["POST"]),
+        ("/v1/subjects/{subject}/groups/{group}/dead", "dead", api.dead, ["GET"]),
+        ("/v1/subjects/{subject}/groups/{group}/dead/redrive", "redrive", api.redrive, ["POST"]),
+        ("/v1/schedule", "schedule", api.schedule, ["GET"]),
+        ("/healthz", "healthz", api.healthz, ["GET"]),
+        ("/metrics", "metrics", api.metrics, ["GET"]),
+        ("/openapi.json", "openapi", api.openapi, ["GET"]),
+        ("/v1/console/overview", "console_overview", api.console_overview, ["GET"]),
+        ("/v1/console/subjects/{subject}", "console_subject", api.console_subject, ["GET"]),
+        ("/console", "console", console.index, ["GET"]),
+        ("/console/{name}", "console", console.asset, ["GET"]),
+    ]
+    endpoints = [(path, _endpoint(api, name, fn), methods) for path, name, fn, methods in routes]
+    policy = guard or GuardPolicy.for_bind("127.0.0.1", allow_origins=())
+    app = Starlette(
+        routes=[Route(path, endpoint, methods=methods) for path, endpoint, methods in endpoints],
+        lifespan=lifespan,
+        exception_handlers={404: _not_found, 405: _not_allowed, 500: _internal},
+    )
+    app.add_middleware(RequestGuard, policy=policy)
+    # the requests a busy broker serves all but go around Starlette's layers
+    hot = {path: endpoint for path, endpoint, methods in endpoints if path in HOT_PATHS}
+    return HotRoutes(app, routes=hot, guard=policy)
+
+
+HOT_PATHS = frozenset({"/v1/messages", "/v1/pull", "/v1/ack", "/v1/nack"})
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    return error_response(NotFound(code="not_found", message=f"no route {request.url.path}"))
+
+
+async def _not_allowed(request: Request, exc: Exception) -> Response:
+    response = error_response(
+        Invalid(code="method_not_allowed", message=f"{request.method} is not allowed here")
+    )
+    allow = getattr(exc, "headers", None) or {}
+    if "Allow" in allow:  # Starlette names the route's methods
+        response.headers["Allow"] = allow["Allow"]
+    return response
+
+
+async def _internal(request: Request, exc: Exception) -> Response:
+    return internal_error_response()

@@ -1,0 +1,240 @@
+"""Request models of API v1 (pydantic, strict); the rules themselves come from ``qmq_wire``.
+
+They are the OpenAPI document's request schemas too (``qmq_broker.http.openapi``), so a rule the
+broker checks elsewhere (a base64 body, ``seqs`` or ``all`` in a redrive, the timestamp
+range) is stated here as JSON Schema beside the field it governs: a client that follows the
+document is never refused with a 400.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    WithJsonSchema,
+)
+
+import qmq_wire as wire
+
+
+def _json_integer(value: object) -> object:
+    """JSON Schema counts ``104.0`` as an integer, so the broker does too (``104.5`` stays
+    invalid, and so do ``true`` and ``"104"``)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+_AS_JSON_INTEGER = BeforeValidator(_json_integer)
+Subject = Annotated[str, StringConstraints(pattern=wire.NAME_PATTERN)]
+GroupName = Annotated[str, StringConstraints(pattern=wire.NAME_PATTERN)]
+MessageId = Annotated[str, StringConstraints(pattern=wire.MESSAGE_ID_PATTERN)]
+ConsumerId = Annotated[str, StringConstraints(pattern=wire.CONSUMER_ID_PATTERN)]
+HeaderName = Annotated[str, StringConstraints(min_length=1, max_length=wire.MAX_HEADER_NAME)]
+HeaderValue = Annotated[str, StringConstraints(max_length=wire.MAX_HEADER_VALUE)]
+Seq = Annotated[int, Field(ge=0, le=wire.MAX_SEQ), _AS_JSON_INTEGER]
+Seqs = Annotated[list[Seq], Field(min_length=1, max_length=wire.MAX_SEQS)]
+Partition = Annotated[
+    int,
+    Field(ge=0, le=wire.MAX_PARTITION_NUMBER, description="an ordered subject's partition"),
+    _AS_JSON_INTEGER,
+]
+
+BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+"""Standard base64 with its padding: what ``body_encoding: "base64"`` bodies must be."""
+_OUT_OF_RANGE = r"^(?:0001-01-01T[^+]*\+(?!00:00)|9999-12-31T.*-(?!00:00)\d\d:\d\d$)"
+"""RFC 3339 times on the range's first day with a positive offset or its last day with a
+negative one: some of them fall outside ``wire.MIN_TIME``..``wire.MAX_TIME`` in UTC, so the
+document refuses the lot (UTC or the other sign is always fine there)."""
+
+Timestamp = Annotated[
+    AwareDatetime,
+    WithJsonSchema(
+        {
+            "type": "string",
+            "format": "date-time",
+            "not": {"pattern": _OUT_OF_RANGE},
+            "description": (
+                f"RFC 3339 with an offset, between {wire.MIN_TIME} and {wire.MAX_TIME} in UTC"
+            ),
+        }
+    ),
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+def _base64_body(schema: dict[str, Any]) -> None:
+    schema["if"] = {
+        "properties": {"body_encoding": {"const": "base64"}},
+        "required": ["body_encoding"],
+    }
+    schema["then"] = {"properties": {"body": {"pattern": BASE64_PATTERN}}}
+
+
+class Envelope(_Strict):
+    model_config = ConfigDict(json_schema_extra=_base64_body)
+
+    id: MessageId
+    subject: Subject
+    key: Annotated[str, StringConstraints(max_length=wire.MAX_KEY)] | None = None
+    headers: Annotated[dict[HeaderName, HeaderValue], Field(max_length=wire.MAX_HEADERS)] = Field(
+        default_factory=dict
+    )
+    body: str = Field(
+        description=(
+            f"UTF-8 text, or base64 with body_encoding base64; at most {wire.MAX_BODY_BYTES} "
+            "bytes once decoded by default (--max-body-size; 413 beyond)"
+        )
+    )
+    body_encoding: Literal["utf-8", "base64"] = "utf-8"
+    producer: (
+        Annotated[str, StringConstraints(min_length=1, max_length=wire.MAX_PRODUCER)] | None
+    ) = None
+    created_at: Timestamp | None = None
+    deliver_at: Timestamp | None = Field(
+        default=None,
+        description=(
+            "delayed delivery; null or a past time delivers now, and at most --max-delay "
+            "(2 years by default) ahead (400 delay_too_long beyond)"
+        ),
+    )
+
+
+class ProduceRequest(_Strict):
+    messages: Annotated[list[Envelope], Field(min_length=1, max_length=wire.MAX_PRODUCE_BATCH)]
+
+
+class PullRequest(_Strict):
+    subject: Subject
+    group: GroupName
+    consumer: ConsumerId
+    max: Annotated[int, Field(ge=1, le=wire.MAX_PULL), _AS_JSON_INTEGER] = wire.DEFAULT_PULL
+    wait_ms: Annotated[int, Field(ge=0, le=wire.MAX_WAIT_MS), _AS_JSON_INTEGER] = 0
+    mode: Literal["shared", "broadcast", "ordered"] = Field(
+        default="shared", description="ordered: the only mode of an ordered subject"
+    )
+    start: Literal["earliest", "latest"] = "earliest"
+    ack: Annotated[
+        Seqs | None,
+        Field(
+            description=(
+                "Seqs this consumer acks with the pull, as POST /v1/ack would "
+                "(not in ordered mode: acks name their partition there)."
+            )
+        ),
+    ] = None
+    min: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=wire.MAX_PULL,
+            description="During linger_ms, answer only with at least this many (above max: max).",
+        ),
+        _AS_JSON_INTEGER,
+    ] = 1
+    linger_ms: Annotated[
+        int,
+        Field(
+            ge=0,
+            le=wire.MAX_WAIT_MS,
+            description="How long the pull may wait for min messages (within wait_ms).",
+        ),
+        _AS_JSON_INTEGER,
+    ] = 0
+
+
+class AckRequest(_Strict):
+    subject: Subject
+    group: GroupName
+    consumer: ConsumerId
+    seqs: Seqs
+    partition: Partition | None = Field(
+        default=None, description="required for an ordered subject, refused for a plain one"
+    )
+
+
+class NackRequest(AckRequest):
+    delay_ms: Annotated[int, Field(ge=0, le=wire.MAX_NACK_DELAY_MS), _AS_JSON_INTEGER] | None = None
+    error: Annotated[str, StringConstraints(max_length=wire.MAX_ERROR_TEXT)] | None = None
+
+
+def _seqs_or_all(schema: dict[str, Any]) -> None:
+    # The broker redrives the seqs given or, with "all": true, every dead letter; not both.
+    schema["anyOf"] = [
+        {
+            "required": ["seqs"],
+            "properties": {"seqs": {"type": "array"}, "all": {"enum": [False, None]}},
+        },
+        {"required": ["all"], "properties": {"all": {"const": True}, "seqs": {"type": "null"}}},
+    ]
+
+
+class RedriveRequest(_Strict):
+    model_config = ConfigDict(json_schema_extra=_seqs_or_all)
+
+    seqs: Seqs | None = None
+    all: bool | None = None
+    partition: Partition | None = Field(
+        default=None, description="required for an ordered subject, refused for a plain one"
+    )
+
+
+class DeclareRequest(_Strict):
+    ordered: Literal[True] = Field(description="only ordered subjects are declared")
+    partitions: Annotated[
+        int,
+        Field(ge=1, le=wire.MAX_PARTITIONS, description="physical partitions"),
+        _AS_JSON_INTEGER,
+    ] = 1
+    on_dead: Literal["skip", "block"] = Field(
+        default="skip",
+        description="block: a partition waits while it has dead letters, until redriven",
+    )
+
+
+class SplitRequest(_Strict):
+    partition: Partition
+    at: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=wire.LOGIC_PARTITIONS - 1,
+            description="the first logic partition of the second half (inside the range)",
+        ),
+        _AS_JSON_INTEGER,
+    ]
+
+
+class MergeRequest(_Strict):
+    partitions: Annotated[
+        list[Partition],
+        Field(min_length=2, max_length=2, description="two partitions with adjacent ranges"),
+    ]
+
+
+class MoveRequest(_Strict):
+    partition: Partition
+
+
+REQUEST_MODELS: tuple[type[BaseModel], ...] = (
+    Envelope,
+    ProduceRequest,
+    PullRequest,
+    AckRequest,
+    NackRequest,
+    RedriveRequest,
+    DeclareRequest,
+    SplitRequest,
+    MergeRequest,
+    MoveRequest,
+)
+"""Every request model (error codes name their fields; the OpenAPI document lists them)."""

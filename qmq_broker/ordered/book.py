@@ -1,0 +1,73 @@
+"""The broker's route tables in memory, and where each closed partition's command sits.
+
+``RouteBook`` is the only writer of both; produce asks it where a message goes, pulls
+which partitions a version has. No I/O: ``RouteService`` writes the tables to disk before
+it installs them here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from qmq_broker.errors import Conflict
+from qmq_wire.ordered import logic_partition, partition_log
+from qmq_wire.routes import Routes
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Target:
+    """Where one message of an ordered subject is stored, and where its id may already be."""
+
+    log: str  # the partition's log name
+    partition: int
+    earlier: tuple[str, ...]  # logs of partitions that held its logic partition before
+
+
+class RouteBook:
+    def __init__(self, routes: dict[str, Routes] | None = None) -> None:
+        self._routes = dict(routes or {})
+        self._commands: dict[tuple[str, int], int] = {}  # (subject, partition) -> seq
+
+    def get(self, subject: str) -> Routes | None:
+        return self._routes.get(subject)
+
+    def is_ordered(self, subject: str) -> bool:
+        return subject in self._routes
+
+    def __bool__(self) -> bool:
+        """Whether any subject is ordered (produce skips routing when none is)."""
+        return bool(self._routes)
+
+    def subjects(self) -> list[str]:
+        return sorted(self._routes)
+
+    def target(self, subject: str, key: str | None, *, index: int) -> Target:
+        """Where message ``index`` of a produce request (of ordered ``subject``) goes."""
+        if key is None:
+            raise Conflict(
+                code="key_required",
+                message=f"{subject!r} is ordered: every message needs a key",
+                field=f"messages[{index}].key",
+            )
+        routes = self._routes[subject]
+        logic = logic_partition(key)
+        holders = routes.holders(logic)
+        return Target(
+            log=partition_log(subject, holders[0]),
+            partition=holders[0],
+            earlier=tuple(partition_log(subject, p) for p in holders[1:]),
+        )
+
+    def command_seq(self, subject: str, partition: int) -> int | None:
+        """The seq of the command message that closed a partition, once it is stored."""
+        return self._commands.get((subject, partition))
+
+    # --- changes (RouteService only) -------------------------------------------------------
+
+    def install(self, routes: Routes) -> None:
+        """Route by ``routes`` from now on (already durable on disk)."""
+        self._routes[routes.subject] = routes
+
+    def commanded(self, subject: str, partition: int, seq: int) -> None:
+        """The command that closed ``partition`` is stored at ``seq``, its last."""
+        self._commands[(subject, partition)] = seq

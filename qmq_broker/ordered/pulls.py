@@ -1,0 +1,391 @@
+"""Ordered pulls: which partitions a group sees, who holds each, what a pull may lease.
+
+Runs on the event loop inside the group's actor, like ``PullService._decide``: every group
+state change is an action record on the partition's log (state key ``""``, shared), so a
+restart rebuilds the same states, and the group's route version is derived from them:
+version v + 1 once every partition closed by that change was consumed up to its command.
+
+Partition leases (which consumer holds which partition) live only in memory: after a
+restart consumers take partitions anew, and the message leases, which are durable, keep
+a partition's order meanwhile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from qmq_broker.actions import ActionLog, action
+from qmq_broker.clock import Clock
+from qmq_broker.format import ActionType
+from qmq_broker.groups import DeliveryState, GroupTable, Policy
+from qmq_broker.ordered.book import RouteBook
+from qmq_broker.pulls.reads import Batch
+from qmq_broker.pulls.request import QueuedPull
+from qmq_broker.subjects import SubjectTable
+from qmq_wire.ordered import COMMAND_PRODUCER, partition_log
+from qmq_wire.routes import Routes
+
+SHARED = ""
+REBALANCE_CHECK_S = 0.1  # a consumer short of its share looks again this soon
+
+
+@dataclasses.dataclass(slots=True)
+class _Lease:
+    consumer: str
+    until: float  # scheduler clock
+
+
+@dataclasses.dataclass(slots=True)
+class _GroupView:
+    leases: dict[int, _Lease] = dataclasses.field(default_factory=dict)
+    seen: dict[str, float] = dataclasses.field(default_factory=dict)  # consumer -> last call
+    turn: int = 0  # rotates which held partition a pull serves first
+
+
+class OrderedPulls:
+    """Decisions for ``"mode": "ordered"`` pulls; the only owner of partition leases."""
+
+    def __init__(
+        self,
+        *,
+        book: RouteBook,
+        subjects: SubjectTable,
+        groups: GroupTable,
+        actions: ActionLog,
+        policy: Policy,
+        clock: Clock,
+        lease_s: float,
+    ) -> None:
+        self._book = book
+        self._subjects = subjects
+        self._groups = groups
+        self._record = actions.record
+        self._policy = policy
+        self._clock = clock
+        self._lease_s = lease_s
+        self._views: dict[tuple[str, str], _GroupView] = {}
+
+    def ordered(self, subject: str) -> bool:
+        return self._book.is_ordered(subject)
+
+    def has_partition(self, subject: str, partition: int) -> bool:
+        return partition in self._routes(subject).every_partition()
+
+    # --- joining ---------------------------------------------------------------------------
+
+    def join(self, subject: str, group: str, start: str) -> bool:
+        """Make the group's first states if it has none; True when this call made them.
+
+        ``earliest``: the partitions of route version 1, from their first seqs. ``latest``:
+        every partition at its end, so the group starts at the current version.
+        """
+        routes = self._routes(subject)
+        first = partition_log(subject, routes.at(1).partitions[0])
+        if (first, group) in self._groups:
+            return False
+        partitions = routes.at(1).partitions if start == "earliest" else routes.every_partition()
+        for partition in partitions:
+            self._state(subject, partition, group, latest=start == "latest")
+        return True
+
+    def renew(self, subject: str, group: str, consumer: str) -> None:
+        """An ack or nack from ``consumer``: it is alive, its partitions stay its own."""
+        view = self._views.get((subject, group))
+        if view is None:
+            return
+        now = self._clock.now()
+        view.seen[consumer] = now
+        for lease in view.leases.values():
+            if lease.consumer == consumer:
+                lease.until = now + self._lease_s
+
+    # --- deciding a pull --------------------------------------------------------------------
+
+    def decide(self, request: QueuedPull) -> tuple[list[Batch], float | None]:
+        """What to lease for ``request`` now (batches of one partition each, in the order to
+        serve them), and when to look again if nothing (scheduler clock)."""
+        subject, group, consumer = request.subject, request.group, request.consumer
+        routes = self._routes(subject)
+        now, now_us = self._clock.now(), self._clock.wall_us()
+        view = self._views.setdefault((subject, group), _GroupView())
+        view.seen[consumer] = now
+        _, visible = self._visible(routes, group, now_us)
+        held = self._assign(routes, group, visible, consumer, now)
+        batches: list[Batch] = []
+        if held:
+            view.turn += 1
+            start = view.turn % len(held)
+            limit = request.max_messages
+            ready = [
+                (partition, found)
+                for partition in held[start:] + held[:start]
+                if (found := self._next_seqs(routes, partition, group, limit, now_us))
+            ]
+            shares = share_out(limit, [len(found[0]) for _, found in ready])
+            for (partition, (seqs, attempts)), share in zip(ready, shares, strict=True):
+                if share:
+                    taken = seqs[:share], attempts[:share]
+                    batches.append(self._lease(routes, partition, group, consumer, *taken, now_us))
+        if batches:
+            return batches, None
+        short = len(held) < math.ceil(len(visible) / max(len(view.seen), 1))
+        return [], self._wake_at(routes, group, held, view, consumer, short, now, now_us)
+
+    def group_version(self, subject: str, group: str) -> int:
+        """The route version whose partitions ``group`` consumes (1 before it pulled)."""
+        routes = self._routes(subject)
+        first = partition_log(subject, routes.at(1).partitions[0])
+        if (first, group) not in self._groups:
+            return 1
+        return routes.group_version(lambda p: self._finished(routes, p, group))
+
+    def groups_of(self, subject: str) -> list[str]:
+        """The groups that ever pulled from ``subject``."""
+        routes = self._routes(subject)
+        logs = {partition_log(subject, p) for p in routes.every_partition()}
+        return sorted({group for (log, group) in self._groups if log in logs})
+
+    def partition_owners(self, subject: str) -> dict[str, dict[int, tuple[str, float]]]:
+        """Read-only, for operators: per group, each partition whose lease is live now, with
+        its consumer and the seconds left on the lease (renewed by that consumer's calls)."""
+        now = self._clock.now()
+        return {
+            group: {
+                partition: (lease.consumer, lease.until - now)
+                for partition, lease in sorted(view.leases.items())
+                if lease.until > now
+            }
+            for (name, group), view in sorted(self._views.items())
+            if name == subject
+        }
+
+    # --- the group's partitions -------------------------------------------------------------
+
+    def _visible(self, routes: Routes, group: str, now_us: int) -> tuple[int, list[int]]:
+        """The group's route version and its unfinished partitions, after expiring message
+        leases and consuming every command whose turn has come."""
+        version = 1
+        while True:
+            unfinished = []
+            for partition in routes.at(version).partitions:
+                state = self._state(routes.subject, partition, group)
+                self._expire(routes.subject, partition, group, state, now_us)
+                self._consume_command(routes, partition, group, state, now_us)
+                if not self._finished(routes, partition, group):
+                    unfinished.append(partition)
+            if not routes.advances(version, lambda p: self._finished(routes, p, group)):
+                return version, unfinished
+            version += 1
+
+    def _finished(self, routes: Routes, partition: int, group: str) -> bool:
+        """Whether ``group`` consumed ``partition`` up to and including its command."""
+        command = self._book.command_seq(routes.subject, partition)
+        if command is None:
+            return False
+        found = self._groups.get((partition_log(routes.subject, partition), group))
+        if found is None:
+            return False
+        state = found.states[SHARED]
+        return (
+            state.cursor > command
+            and not state.leases
+            and not state.retries
+            and (routes.on_dead == "skip" or not state.dead)
+        )
+
+    def _consume_command(
+        self, routes: Routes, partition: int, group: str, state: DeliveryState, now_us: int
+    ) -> None:
+        """Lease and ack a partition's command for the group once everything before it is
+        acked: the partition is finished for the group."""
+        command = self._book.command_seq(routes.subject, partition)
+        if (
+            command is None
+            or state.cursor != command
+            or state.retries
+            or self._blocked(routes, state)
+        ):
+            return
+        log = partition_log(routes.subject, partition)
+        fields = {"consumer": COMMAND_PRODUCER, "deadline": now_us, "attempts": [1]}
+        self._record(_action(ActionType.LEASE, now_us, log, group, [command], fields), relaxed=True)
+        self._record(_action(ActionType.ACK, now_us, log, group, [command], {}), relaxed=True)
+
+    def _assign(
+        self, routes: Routes, group: str, visible: list[int], consumer: str, now: float
+    ) -> list[int]:
+        """The partitions ``consumer`` holds after this pull: its own, renewed; beyond its
+        share, those with nothing in flight given back; free ones taken up to its share."""
+        view = self._views[(routes.subject, group)]
+        for partition, lease in list(view.leases.items()):
+            if lease.until <= now or partition not in visible:
+                del view.leases[partition]
+        for name, seen in list(view.seen.items()):
+            if seen + self._lease_s <= now:
+                del view.seen[name]
+        share = math.ceil(len(visible) / max(len(view.seen), 1))
+        held = [p for p in visible if p in view.leases and view.leases[p].consumer == consumer]
+        kept: list[int] = []
+        for partition in held:
+            in_flight = self._state(routes.subject, partition, group).leases
+            if len(kept) < share or in_flight:
+                view.leases[partition].until = now + self._lease_s
+                kept.append(partition)
+            else:
+                del view.leases[partition]  # beyond its share: another consumer's turn
+        for partition in visible:
+            if len(kept) >= share:
+                break
+            if partition not in view.leases:
+                view.leases[partition] = _Lease(consumer, now + self._lease_s)
+                kept.append(partition)
+        return sorted(kept)
+
+    # --- one partition ----------------------------------------------------------------------
+
+    def _blocked(self, routes: Routes, state: DeliveryState) -> bool:
+        return bool(state.leases) or (routes.on_dead == "block" and bool(state.dead))
+
+    def _next_seqs(
+        self, routes: Routes, partition: int, group: str, limit: int, now_us: int
+    ) -> tuple[list[int], list[int]] | None:
+        """The partition's next batch, up to ``limit``, and each one's attempt: its due
+        retries in seq order if it has retries, else new messages up to its command;
+        nothing while anything is leased."""
+        subject = routes.subject
+        log_name = partition_log(subject, partition)
+        log = self._subjects[log_name]
+        state = self._state(subject, partition, group)
+        state.skip_below(log.first_seq)
+        if self._blocked(routes, state):
+            return None
+        seqs: list[int] = []
+        attempts: list[int] = []
+        if state.retries:
+            for seq in sorted(state.retries):
+                retry = state.retries[seq]
+                if retry.due_us > now_us or len(seqs) >= limit:
+                    break  # the oldest retry not due yet holds back everything after it
+                seqs.append(seq)
+                attempts.append(retry.attempts + 1)
+            gone = [seq for seq in seqs if seq < log.first_seq]
+            if gone:
+                error = "removed by retention before it was acknowledged"
+                self._record(
+                    _action(ActionType.DEAD, now_us, log_name, group, gone, {"error": error})
+                )
+                return None  # chosen again at the next pull, without them
+        else:
+            command = self._book.command_seq(subject, partition)
+            end = log.end_seq if command is None else min(log.end_seq, command)
+            seqs = list(range(state.cursor, min(end, state.cursor + limit)))
+            attempts = [1] * len(seqs)
+        return (seqs, attempts) if seqs else None
+
+    def _lease(
+        self,
+        routes: Routes,
+        partition: int,
+        group: str,
+        consumer: str,
+        seqs: list[int],
+        attempts: list[int],
+        now_us: int,
+    ) -> Batch:
+        """Lease ``seqs`` of the partition to ``consumer``: a batch to serve."""
+        subject = routes.subject
+        log_name = partition_log(subject, partition)
+        log = self._subjects[log_name]
+        positions = []
+        for seq in seqs:
+            segment, length, offset, _, _ = log.raw(seq)
+            positions.append((segment, offset, length))
+        fields = {
+            "consumer": consumer,
+            "deadline": now_us + self._policy.ack_timeout_us,
+            "attempts": attempts,
+        }
+        self._record(_action(ActionType.LEASE, now_us, log_name, group, seqs, fields), relaxed=True)
+        return Batch(
+            subject=log_name,
+            seqs=seqs,
+            attempts=attempts,
+            positions=positions,
+            now_us=now_us,
+            shown_as=(subject, partition),
+        )
+
+    def _expire(
+        self, subject: str, partition: int, group: str, state: DeliveryState, now_us: int
+    ) -> None:
+        log = partition_log(subject, partition)
+        for kind, seqs, fields in state.expire(now_us=now_us, policy=self._policy):
+            self._record(_action(kind, now_us, log, group, seqs, fields))
+
+    def _state(
+        self, subject: str, partition: int, group: str, *, latest: bool = False
+    ) -> DeliveryState:
+        """The group's state on a partition, made (durably recorded) when first needed."""
+        log_name = partition_log(subject, partition)
+        found = self._groups.get((log_name, group))
+        if found is None:
+            log = self._subjects.ensure(log_name)
+            cursor = log.end_seq if latest else log.first_seq
+            fields = {"mode": "shared", "cursor": cursor}
+            self._record(
+                _action(ActionType.GROUP, self._clock.wall_us(), log_name, group, [], fields)
+            )
+            found = self._groups[(log_name, group)]
+        return found.states[SHARED]
+
+    def _wake_at(
+        self,
+        routes: Routes,
+        group: str,
+        held: list[int],
+        view: _GroupView,
+        consumer: str,
+        short: bool,
+        now: float,
+        now_us: int,
+    ) -> float | None:
+        """When a parked pull of ``consumer`` should look again without new data: a retry
+        of a held partition coming due, a message lease expiring, another consumer's
+        partition lease running out, and soon when it holds less than its share (the others
+        give back what they hold beyond theirs at their next pull)."""
+        times: list[float] = []
+        for partition in held:
+            wakeup = self._state(routes.subject, partition, group).next_wakeup_us()
+            if wakeup is not None:
+                times.append(now + max((wakeup - now_us) / 1_000_000, 0.001))
+        others = [lease.until for lease in view.leases.values() if lease.consumer != consumer]
+        times.extend(others)
+        if others and short:
+            times.append(now + REBALANCE_CHECK_S)
+        return min(times) if times else None
+
+    def _routes(self, subject: str) -> Routes:
+        routes = self._book.get(subject)
+        assert routes is not None, f"{subject!r} is not ordered"
+        return routes
+
+
+def _action(
+    kind: ActionType, now: int, log: str, group: str, seqs: list[int], fields: dict[str, Any]
+) -> Any:
+    return action(kind, at_us=now, subject=log, group=group, state=SHARED, seqs=seqs, fields=fields)
+
+
+def share_out(limit: int, wants: list[int]) -> list[int]:
+    """Split ``limit`` messages over partitions that have ``wants`` each: as evenly as
+    their wants allow (what one cannot use goes to the others), earlier ones first on a
+    remainder. One pull then starts every partition a consumer holds, each on a worker of
+    its own, rather than the first alone."""
+    shares = [0] * len(wants)
+    left = limit
+    for place, n in enumerate(sorted(range(len(wants)), key=lambda i: (wants[i], i))):
+        shares[n] = min(wants[n], math.ceil(left / (len(wants) - place)))
+        left -= shares[n]
+    return shares

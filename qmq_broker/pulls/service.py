@@ -1,0 +1,257 @@
+"""Serving one pull for the scheduler: decide on the event loop, then read.
+
+The decision (expire leases, choose seqs, append the LEASE record) runs on the loop with
+no await inside, so group state changes only on the loop thread and in log order, exactly
+as replay will rebuild it; the seqs are leased before they are read, so nothing else can
+choose them meanwhile. The reads (``qmq_broker.pulls.reads``) touch only immutable inputs:
+records in the page cache are read on the loop; records on disk are read ahead by the
+kernel while the pull waits on the loop, and read there once they have arrived; what has
+not arrived after ``readahead_wait_s`` is read on the read pool. Unreadable records go to
+the dead letters, on the loop.
+
+Why not hand every cold read to a thread: a read thread must take the GIL to start, and
+again after its system call, and on a loop busy serving other groups each take waits up to
+the interpreter's switch interval (5 ms). A group whose records are on disk then got a
+fraction of its reads' speed; waiting on the loop costs it nothing of the kind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Executor
+from typing import Any
+
+from qmq_broker.actions import ActionLog, action
+from qmq_broker.clock import Clock
+from qmq_broker.format import ActionRecord, ActionType
+from qmq_broker.groups import DeliveryState, GroupTable, Policy
+from qmq_broker.metrics import BrokerMetrics
+from qmq_broker.ordered.pulls import OrderedPulls
+from qmq_broker.pulls.reads import Batch, Read, read_ahead, read_batches, read_cached
+from qmq_broker.pulls.request import TIMER_SLACK_S, PullOutcome, QueuedPull, Served
+from qmq_broker.storage.segments import CACHED_READS, NotCached, SegmentReader
+from qmq_broker.subjects import SubjectTable
+
+logger = logging.getLogger(__name__)
+
+
+class _Linger:
+    """What ``_decide`` returns for a pull that found fewer messages than its ``min``
+    while it may still wait for more (its ``linger_until``)."""
+
+
+LINGER = _Linger()
+
+# How often a pull waiting for read-ahead records looks again: soon (an SSD delivers in
+# well under a millisecond), then less and less often.
+FIRST_LOOK_S = 0.0005
+LONGEST_LOOK_S = 0.008
+
+
+class PullService:
+    """The scheduler's processor for ``POST /v1/pull``."""
+
+    def __init__(
+        self,
+        *,
+        groups: GroupTable,
+        subjects: SubjectTable,
+        actions: ActionLog,
+        reader: SegmentReader,
+        policy: Policy,
+        clock: Clock,
+        executor: Executor,
+        metrics: BrokerMetrics,
+        read_delays: Mapping[tuple[str, str], float] | None = None,
+        ordered: OrderedPulls | None = None,
+        readahead_wait_s: float = 0.05,
+    ) -> None:
+        self._groups = groups
+        self._subjects = subjects
+        self._record = actions.record
+        self._reader = reader
+        self._policy = policy
+        self._clock = clock
+        self._executor = executor
+        self._metrics = metrics
+        self._read_delays = dict(read_delays or {})
+        self._ordered = ordered
+        self._readahead_wait_s = readahead_wait_s if CACHED_READS else 0.0
+
+    async def __call__(self, requests: Sequence[QueuedPull]) -> Served:
+        """Decide every request in order, read all their records in one go; the work is
+        this thread's CPU time outside the awaits plus the reads'."""
+        work = 0.0
+        began = time.thread_time()
+        outcomes: list[PullOutcome | None] = [None] * len(requests)
+        todo = list(range(len(requests)))
+        while todo:
+            reads: list[tuple[int, Batch, float]] = []
+            for index in todo:
+                request = requests[index]
+                delay = self._read_delays.get((request.subject, request.group), 0.0)
+                if self._ordered is not None and self._ordered.ordered(request.subject):
+                    batches, wake_at = self._ordered.decide(request)
+                    if not batches:
+                        outcomes[index] = PullOutcome(None, wake_at=wake_at)
+                    reads.extend((index, batch, delay) for batch in batches)
+                    continue
+                state = self._groups[(request.subject, request.group)].states[request.key]
+                batch = self._decide(request, state)
+                if isinstance(batch, _Linger):
+                    # fewer than its min: back when the linger ends, or with new data
+                    wake_at = min(self._wake_at(state) or math.inf, request.linger_until)
+                    outcomes[index] = PullOutcome(None, wake_at=wake_at, lingering=True)
+                elif batch is None:
+                    outcomes[index] = PullOutcome(None, wake_at=self._wake_at(state))
+                else:
+                    reads.append((index, batch, delay))
+            if not reads:
+                break
+            work += time.thread_time() - began
+            results, read_work = await self._read([(batch, delay) for _, batch, delay in reads])
+            began = time.thread_time()
+            work += read_work
+            served: dict[int, list[Any]] = {}
+            for (index, batch, _), (messages, unreadable) in zip(reads, results, strict=True):
+                if unreadable:
+                    self._bury(requests[index], batch, unreadable)
+                served.setdefault(index, []).extend(messages)
+            todo = []
+            for index, messages in served.items():
+                if messages:
+                    self._metrics.pulled.inc(len(messages))
+                    outcomes[index] = PullOutcome(messages)
+                else:
+                    todo.append(index)  # all it chose was unreadable (now dead): choose again
+        work += time.thread_time() - began
+        return Served([o if o is not None else PullOutcome(None) for o in outcomes], work)
+
+    async def _read(self, batches: list[tuple[Batch, float]]) -> tuple[list[Read], float]:
+        """The batches' records, and the CPU seconds reading them took: on the loop when
+        they are in the page cache or arrive there within ``readahead_wait_s`` of asking
+        the kernel for them, else on a read thread (a cold record there blocks only that
+        thread). A read delay (``--debug-read-delay-ms``) stands in for the disk: waited
+        on the loop before the read when reading ahead, slept on the read thread when not.
+        """
+        plain = [batch for batch, _ in batches]
+        delay = max(d for _, d in batches)
+        work = 0.0
+        if self._readahead_wait_s > 0 or not delay:
+            if delay:
+                await asyncio.sleep(delay)
+                batches = [(batch, 0.0) for batch in plain]  # waited: not again on a thread
+            cached, work = await self._read_on_loop(plain)
+            if cached is not None:
+                return cached, work
+        results, read_work = await asyncio.get_running_loop().run_in_executor(
+            self._executor, read_batches, self._reader, batches
+        )
+        return results, work + read_work
+
+    async def _read_on_loop(self, batches: list[Batch]) -> tuple[list[Read] | None, float]:
+        """The batches' records from the page cache, and the CPU seconds it took; after a
+        miss, the kernel is asked to read them ahead and the cache is looked at again
+        until ``readahead_wait_s`` has passed (the last look at that deadline); ``None``
+        if they are still not all there."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._readahead_wait_s
+        work = 0.0
+        looks = 0
+        while True:
+            began = time.thread_time()
+            try:
+                return read_cached(self._reader, batches), work + time.thread_time() - began
+            except NotCached:
+                if looks == 0 and self._readahead_wait_s > 0:
+                    read_ahead(self._reader, batches)
+            work += time.thread_time() - began
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return None, work  # not there (yet): a read thread waits for the disk
+            await asyncio.sleep(min(FIRST_LOOK_S * 2**looks, LONGEST_LOOK_S, remaining))
+            looks += 1
+
+    def _decide(self, request: QueuedPull, state: DeliveryState) -> Batch | _Linger | None:
+        now = self._clock.wall_us()
+        for kind, seqs, fields in state.expire(now_us=now, policy=self._policy):
+            self._record(_action(kind, now, request, seqs, fields))
+        log = self._subjects[request.subject]
+        state.skip_below(log.first_seq)
+        while True:
+            seqs, attempts = state.choose(
+                limit=request.max_messages, now_us=now, end_seq=log.end_seq
+            )
+            gone = [seq for seq in seqs if seq < log.first_seq]
+            if not gone:
+                break
+            # Retries of messages that retention deleted: dead, saying why, then choose again.
+            error = "removed by retention before it was acknowledged"
+            self._record(_action(ActionType.DEAD, now, request, gone, {"error": error}))
+        if not seqs:
+            return None
+        lingering = self._clock.now() + TIMER_SLACK_S < request.linger_until
+        if len(seqs) < request.min_messages and lingering:
+            return LINGER  # chooses nothing yet: waits for a fuller batch
+        positions = []
+        for seq in seqs:
+            segment, length, offset, _, _ = log.raw(seq)
+            positions.append((segment, offset, length))
+        deadline = now + self._policy.ack_timeout_us
+        fields = {"consumer": request.consumer, "deadline": deadline, "attempts": attempts}
+        self._record(_action(ActionType.LEASE, now, request, seqs, fields), relaxed=True)
+        return Batch(
+            subject=request.subject, seqs=seqs, attempts=attempts, positions=positions, now_us=now
+        )
+
+    def _bury(self, request: QueuedPull, batch: Batch, unreadable: list[tuple[int, str]]) -> None:
+        for seq, error in unreadable:
+            logger.error(
+                "unreadable message not served",
+                extra={
+                    "action": "broker.unreadable",
+                    "subject": batch.subject,
+                    "seq": seq,
+                    "error": error,
+                },
+            )
+        self._metrics.unreadable.inc(len(unreadable))
+        seqs = [seq for seq, _ in unreadable]
+        fields = {"error": "unreadable record"}
+        dead = action(
+            ActionType.DEAD,
+            at_us=batch.now_us,
+            subject=batch.subject,
+            group=request.group,
+            # an ordered partition's state is the group's (its pulls are keyed by consumer)
+            state=request.key if batch.shown_as is None else "",
+            seqs=seqs,
+            fields=fields,
+        )
+        self._record(dead)
+
+    def _wake_at(self, state: DeliveryState) -> float | None:
+        """The scheduler-clock time of the group's next retry or lease expiry, if any."""
+        wakeup = state.next_wakeup_us()
+        if wakeup is None:
+            return None
+        delay = max((wakeup - self._clock.wall_us()) / 1_000_000, 0.001)
+        return self._clock.now() + delay
+
+
+def _action(
+    kind: ActionType, now: int, request: QueuedPull, seqs: list[int], fields: dict[str, Any]
+) -> ActionRecord:
+    return action(
+        kind,
+        at_us=now,
+        subject=request.subject,
+        group=request.group,
+        state=request.key,
+        seqs=seqs,
+        fields=fields,
+    )
