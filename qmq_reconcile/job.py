@@ -30,7 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Required, TypedDict, TypeVar, Unpack
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
@@ -83,26 +83,29 @@ class Result:
         return code
 
 
-def reconcile(
-    *,
-    outboxes: Sequence[str],
-    broker_dirs: Sequence[str],
-    out: str | Path,
-    master: str = "local[*]",
-    grace: timedelta = DEFAULT_GRACE,
-    since: datetime | None = None,
-    until: datetime | None = None,
-    producers: Sequence[str] | None = None,
-    ack_threshold: timedelta = DEFAULT_ACK_THRESHOLD,
-    jars: Sequence[str] | None = None,
-    conf: Mapping[str, str] | None = None,
-    spark: SparkSession | None = None,
-    jetstream: str | None = None,
-    streams: Sequence[str] = (),
-    consumed: str | None = None,
-    group: str | None = None,
-    subjects: Sequence[str] = (),
-) -> dict[str, Any]:
+class ReconcileOptions(TypedDict, total=False):
+    """What ``reconcile`` takes: the inputs and the options of ``run`` users set."""
+
+    outboxes: Required[Sequence[str]]
+    broker_dirs: Required[Sequence[str]]
+    out: Required[str | Path]
+    master: str
+    grace: timedelta
+    since: datetime | None
+    until: datetime | None
+    producers: Sequence[str] | None
+    ack_threshold: timedelta
+    jars: Sequence[str] | None
+    conf: Mapping[str, str] | None
+    spark: SparkSession | None
+    jetstream: str | None
+    streams: Sequence[str]
+    consumed: str | None
+    group: str | None
+    subjects: Sequence[str]
+
+
+def reconcile(**options: Unpack[ReconcileOptions]) -> dict[str, Any]:
     """Reconcile outbox tables (SQLAlchemy URLs) with broker data directories and/or the
     ``streams`` of the NATS JetStream server at ``jetstream`` (``nats://host:port``); with
     ``consumed`` (the SQLAlchemy URL of a consumer's database), also which of the outbox's
@@ -114,26 +117,9 @@ def reconcile(
     the summary. Raises ``BadInput`` for an unreadable path or a bad URL. Runs in
     ``spark`` when given (left running), else in a new session on ``master`` with the JDBC
     driver ``jars`` (default: Debian's) and extra Spark ``conf`` (stopped at the end).
+    Defaults are ``run``'s.
     """
-    return run(
-        outboxes=outboxes,
-        broker_dirs=broker_dirs,
-        out=out,
-        master=master,
-        grace=grace,
-        since=since,
-        until=until,
-        producers=producers,
-        ack_threshold=ack_threshold,
-        jars=jars,
-        conf=conf,
-        spark=spark,
-        jetstream=jetstream,
-        streams=streams,
-        consumed=consumed,
-        group=group,
-        subjects=subjects,
-    ).summary
+    return run(**options).summary
 
 
 def run(

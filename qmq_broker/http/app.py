@@ -38,6 +38,7 @@ from qmq_broker.http.schemas import (
 from qmq_broker.messages import IncomingMessage
 
 M = TypeVar("M", bound=BaseModel)
+Settle = TypeVar("Settle", bodies.AckBody, bodies.NackBody)
 Handler = Callable[[Request], Awaitable[Response]]
 _ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}
 MAX_SCHEDULE_HOURS = 20_000
@@ -214,11 +215,16 @@ class Api:
         )
         return response
 
-    async def ack(self, request: Request) -> Response:
+    async def _settling(self, request: Request, body: type[Settle]) -> Settle:
+        """An ack or nack body, decoded, its consumer allowed on its group and seen."""
         grant = self._grant(request)
-        parsed = bodies.decode(await self._body(request), bodies.AckBody)
+        parsed = bodies.decode(await self._body(request), body)
         self._require(grant, Right.CONSUME, parsed.subject, group=parsed.group, field="group")
         self.broker.sightings.saw(parsed.subject, parsed.group, parsed.consumer)
+        return parsed
+
+    async def ack(self, request: Request) -> Response:
+        parsed = await self._settling(request, bodies.AckBody)
         result = await self.broker.delivery.ack(
             subject=parsed.subject,
             group=parsed.group,
@@ -229,10 +235,7 @@ class Api:
         return _json(result)
 
     async def nack(self, request: Request) -> Response:
-        grant = self._grant(request)
-        parsed = bodies.decode(await self._body(request), bodies.NackBody)
-        self._require(grant, Right.CONSUME, parsed.subject, group=parsed.group, field="group")
-        self.broker.sightings.saw(parsed.subject, parsed.group, parsed.consumer)
+        parsed = await self._settling(request, bodies.NackBody)
         result = await self.broker.delivery.nack(
             subject=parsed.subject,
             group=parsed.group,

@@ -194,13 +194,7 @@ class PullActor:
         heap = self._timeouts
         while heap and heap[0][0] <= now:
             request = heapq.heappop(heap)[2]
-            if request.status is PullStatus.PARKED:
-                self._unpark_one()
-                request.status = PullStatus.QUEUED
-                request.timed_out = True
-                request.queued_at = now
-                self.mailbox.appendleft(request)
-                moved += 1
+            moved += self._requeue_parked(request, now)
         self._forget_answered()
         return moved
 
@@ -209,16 +203,21 @@ class PullActor:
         moved = 0
         for parked in self._parked.values():
             for request in reversed(parked):
-                if request.status is PullStatus.PARKED:
-                    self._unpark_one()
-                    request.status = PullStatus.QUEUED
-                    request.timed_out = True
-                    request.queued_at = now
-                    self.mailbox.appendleft(request)
-                    moved += 1
+                moved += self._requeue_parked(request, now)
             parked.clear()
         self._forget_answered()
         return moved
+
+    def _requeue_parked(self, request: QueuedPull, now: float) -> int:
+        """A still parked request to the front of the mailbox, its wait over; 1 if moved."""
+        if request.status is not PullStatus.PARKED:
+            return 0
+        self._unpark_one()
+        request.status = PullStatus.QUEUED
+        request.timed_out = True
+        request.queued_at = now
+        self.mailbox.appendleft(request)
+        return 1
 
     def _unpark_one(self) -> None:
         self.parked_count -= 1
