@@ -2,8 +2,11 @@
 
 Each pass claims due ``pending`` rows in batches (older than ``grace`` on their first
 attempt), produces them, and then, fenced by the batch's claim token, marks them ``sent``,
-schedules a retry with exponential backoff and jitter, or marks them ``dead`` (a permanent
-broker rejection, or ``max_attempts`` used up). Resends are harmless: the qmq broker and
+schedules a retry with exponential backoff and jitter, or marks them ``dead``: only a
+rejection of the message itself, ``max_attempts`` (if set) used up while the broker is
+unavailable, or no queue taking it by ``unroutable_dead_after``. A refusal of the request as
+such (401, 403, 404, 405, 415: a configuration error) retries without limit, so fixing the
+configuration sends every row. Resends are harmless: the qmq broker and
 JetStream deduplicate by message id; on RabbitMQ, which cannot, the consumer's
 ``IdempotentStore`` drops the second copy (docs/transports.md). Passes run on an
 APScheduler ``BackgroundScheduler`` with a fixed delay between them; sent rows older than
@@ -40,12 +43,18 @@ from qmq_outbox import tracing
 from qmq_outbox.backoff import backoff_delay
 from qmq_outbox.compensator_config import CompensatorConfig, CompensatorSettings
 from qmq_outbox.compensator_metrics import CompensatorMetrics
-from qmq_outbox.errors import BrokerUnavailable, ConfigurationError, OutboxStoreError
+from qmq_outbox.errors import (
+    BrokerRejected,
+    BrokerUnavailable,
+    ConfigurationError,
+    OutboxStoreError,
+)
 from qmq_outbox.failure_log import FailureLog, client_url
 from qmq_outbox.sending import SendReport, send
 from qmq_outbox.store import ClaimedRow, OutboxStore, Retry, utcnow
 from qmq_outbox.transports.base import ClosingProducer, Producer, Transport
 from qmq_outbox.transports.urls import from_url
+from qmq_outbox.unroutable import SubjectWarnings
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +75,8 @@ class PassResult:
     dead: int = 0
     lost: int = 0
     purged: int = 0
-    unavailable: int = 0  # batches that found the broker unavailable
+    unavailable: int = 0  # batches that found the broker unavailable (or refusing)
+    unroutable: int = 0  # rows no queue took (retried, or dead past unroutable_dead_after)
 
     def add(self, other: PassResult) -> None:
         for field in dataclasses.fields(self):
@@ -134,8 +144,11 @@ class Compensator:
             target=client_url(client),
             action="outbox.compensator.broker",
             logger=logger,
-            expected=(BrokerUnavailable,),
+            expected=(BrokerUnavailable, BrokerRejected),
             summary_interval=every,
+        )
+        self._unroutable_log = SubjectWarnings(
+            logger=logger, action="outbox.unroutable", interval=every
         )
 
     @property
@@ -196,15 +209,22 @@ class Compensator:
                 ids=[by_message[message.id].id], token=token, error=str(error)
             )
             _log_dead(by_message[message.id], str(error))
+        if report.unroutable:
+            retried, dead = self._unroutable(report, by_message, token)
+            result.unroutable = len(report.unroutable)
+            result.retried += retried
+            result.dead += dead
         if report.unsent:
             assert report.error is not None
             self._broker.failed(report.error)
             result.unavailable = 1
-            result.retried, dead = self._reschedule(
-                [by_message[m.id] for m in report.unsent], token, str(report.error)
-            )
+            unsent = [by_message[m.id] for m in report.unsent]
+            # A refused configuration (token, right, URL) is no fault of the rows: never dead.
+            limit = self.config.max_attempts if report.configured else None
+            retried, dead = self._reschedule(unsent, token, str(report.error), limit)
+            result.retried += retried
             result.dead += dead
-        elif report.results or report.rejected:
+        elif report.results or report.rejected or report.unroutable:
             self._broker.succeeded()
         self._count(result)
         if result.lost:
@@ -222,16 +242,49 @@ class Compensator:
             )
         return result
 
-    def _reschedule(self, rows: list[ClaimedRow], token: str, error: str) -> tuple[int, int]:
-        out_of_attempts = [row for row in rows if row.attempts >= self.config.max_attempts]
-        retries = self._retries([row for row in rows if row.attempts < self.config.max_attempts])
+    def _unroutable(
+        self, report: SendReport, by_message: dict[str, ClaimedRow], token: str
+    ) -> tuple[int, int]:
+        """Rows no queue took: retried with backoff until ``unroutable_dead_after``, then
+        dead; a warning per subject per ``outage_summary``."""
+        now = utcnow()
+        limit = self.config.unroutable_dead_after
+        retry: list[ClaimedRow] = []
+        dead = 0
+        subjects: dict[str, tuple[int, str]] = {}
+        for message, error in report.unroutable:
+            row = by_message[message.id]
+            count, _ = subjects.get(message.subject, (0, ""))
+            subjects[message.subject] = (count + 1, str(error))
+            created = message.created_at
+            if created is not None and now - created >= limit:
+                reason = f"unroutable for longer than {limit}: {error}"
+                dead += self.store.mark_dead(ids=[row.id], token=token, error=reason)
+                _log_dead(row, reason)
+            else:
+                retry.append(row)
+        for subject, (count, reason) in subjects.items():
+            self._unroutable_log.note(
+                subject, count, reason, f"retrying with backoff, dead after {limit}"
+            )
+        retried, _ = self._reschedule(retry, token, str(report.unroutable[0][1]), None)
+        return retried, dead
+
+    def _reschedule(
+        self, rows: list[ClaimedRow], token: str, error: str, max_attempts: int | None
+    ) -> tuple[int, int]:
+        """Retry ``rows`` after their backoff; those past ``max_attempts`` (None: no limit)
+        are marked dead instead."""
+        limit = max_attempts if max_attempts is not None else float("inf")
+        out_of_attempts = [row for row in rows if row.attempts >= limit]
+        retries = self._retries([row for row in rows if row.attempts < limit])
         self.store.mark_retry(retries=retries, token=token, error=error)
         dead = self.store.mark_dead(ids=[r.id for r in out_of_attempts], token=token, error=error)
         for row in out_of_attempts:
             _log_dead(row, error)
         if retries:  # the outage itself is logged by self._broker
             logger.debug(
-                "broker unavailable, %d row(s) rescheduled: %s",
+                "%d row(s) rescheduled: %s",
                 len(retries),
                 error,
                 extra={"action": "outbox.retry_scheduled", "count": len(retries)},
@@ -283,12 +336,7 @@ class Compensator:
         return purged
 
     def update_gauges(self) -> None:
-        stats = self.store.pending_stats()
-        self.metrics.pending.set(stats.count)
-        age = 0.0
-        if stats.oldest_created_at is not None:
-            age = max(0.0, (utcnow() - stats.oldest_created_at).total_seconds())
-        self.metrics.oldest_pending_age.set(age)
+        self.metrics.refresh(self.store.backlog(), utcnow())
 
     # -- lifecycle ------------------------------------------------------------------------------
 

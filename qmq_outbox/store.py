@@ -61,6 +61,17 @@ class PendingStats:
     oldest_created_at: datetime | None
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class SubjectBacklog:
+    """A subject's rows that still need someone: pending (and the oldest one's creation
+    time) and dead (``OutboxStore.backlog``)."""
+
+    subject: str
+    pending: int
+    oldest_pending_at: datetime | None
+    dead: int
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -450,6 +461,33 @@ class OutboxStore:
         with _translated("stats"), self.engine.connect() as conn:
             count, oldest = conn.execute(stmt).one()
         return PendingStats(count=int(count), oldest_created_at=as_utc(oldest))
+
+    def backlog(self) -> list[SubjectBacklog]:
+        """Pending and dead rows per subject, in one aggregate over those two statuses
+        (sent rows, the bulk of the table, are not read): the compensator's gauges."""
+        pending = t.c.status == "pending"
+        stmt = (
+            sa.select(
+                t.c.subject,
+                sa.func.count().filter(pending),
+                sa.func.min(t.c.created_at).filter(pending),
+                sa.func.count().filter(t.c.status == "dead"),
+            )
+            .where(t.c.status.in_(("pending", "dead")))
+            .group_by(t.c.subject)
+            .order_by(t.c.subject)
+        )
+        with _translated("backlog"), self.engine.connect() as conn:
+            rows = conn.execute(stmt).all()
+        return [
+            SubjectBacklog(
+                subject=subject,
+                pending=int(count),
+                oldest_pending_at=as_utc(oldest),
+                dead=int(dead),
+            )
+            for subject, count, oldest, dead in rows
+        ]
 
 
 class AsyncOutboxStore:

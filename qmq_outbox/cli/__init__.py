@@ -37,6 +37,11 @@ SUBCOMMANDS = {
     "db": Subcommand(
         module="qmq_outbox.cli.db", extra=None, help="Migrate the SDK's tables (Alembic)."
     ),
+    "outbox": Subcommand(
+        module="qmq_outbox.cli.outbox",
+        extra=None,
+        help="Outbox rows per app and subject; list, retry or purge them.",
+    ),
     "subject": Subcommand(
         module="qmq_outbox.cli.subject",
         extra=None,
