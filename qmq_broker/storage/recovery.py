@@ -5,10 +5,13 @@
    the last segment, are a torn tail and are truncated. Bad bytes followed by valid frames
    (or in a segment that is not the last) are corruption: they stay where they are, every
    valid frame after them is kept, and the problem is logged.
-2. Subject indexes are loaded, trimmed of entries that point past valid data, and extended
-   from the message log past the checkpoint. A seq whose record sits in corrupt bytes gets
-   an index entry pointing at them: it reads as unreadable, so pulls dead-letter it
-   (``unreadable record``) and serve the rest; seqs are not reused.
+2. Subject indexes are loaded and extended from the message log past the checkpoint. A seq
+   is never handed out again once any durable evidence shows it: an index entry, the
+   checkpoint, a group's cursor, lease or ack, a later record. Its record may be gone (a
+   segment cut below what the index holds) or sit in corrupt bytes: then its entry reads
+   as unreadable, pulls dead-letter it (``unreadable record``) and serve the rest, and a
+   record that is gone is counted and reported with its seqs (``Recovered.lost``). Bytes
+   past every indexed record (a torn tail, never acknowledged) are cut without a count.
 3. Each subject's dedup store (``qmq_broker.dedup``) is opened from its files, and the ids of
    the index entries its runs do not cover yet (the last few thousand) are added to it:
    ids are hashed in the index, so the log is not re-read.
@@ -73,6 +76,7 @@ class Recovered:
     oldest_segment: int
     problems: list[str]
     seconds: float = 0.0
+    lost: dict[str, int] = dataclasses.field(default_factory=dict)  # per subject: records gone
 
 
 def check_format(data_dir: Path) -> list[str]:
@@ -134,12 +138,13 @@ def recover(
         data_dir, checkpoint.indexes, hold_from_segment=scan_from[0], problems=problems
     )
     indexes, rebuild = loaded.indexes, loaded.rebuild
-    _trim_past_valid_data(indexes, segments, valid_ends, checkpoint, problems)
+    gone = _mark_records_gone(indexes, segments, valid_ends)
     if rebuild:
         scan_from = (oldest, HEADER_SIZE)
-    _index_tail(segments, scan_from, valid_ends, indexes, rebuild, problems, data_dir)
-    _keep_checkpointed_seqs(indexes, checkpoint.indexes, newest, rebuild)
-    _keep_seqs_groups_saw(indexes, groups, newest, problems, data_dir)
+    _index_tail(segments, scan_from, valid_ends, indexes, rebuild, gone, problems, data_dir)
+    _keep_checkpointed_seqs(indexes, checkpoint.indexes, newest, rebuild, gone)
+    _keep_seqs_groups_saw(indexes, groups, newest, gone, data_dir)
+    lost = _report_lost(indexes, gone, problems)
     for subject, _ in groups:  # a subject its groups pulled from before anything was stored
         indexes.setdefault(subject, WorkingIndex(data_dir=data_dir, name=subject))
     for index in indexes.values():
@@ -171,6 +176,7 @@ def recover(
         oldest_segment=oldest,
         problems=problems,
         seconds=time.perf_counter() - began,
+        lost=lost,
     )
     for problem in problems:
         logger.warning(problem, extra={"action": "broker.recovery_problem"})
@@ -205,7 +211,10 @@ def _check_contiguous(
     where = segments[0].parent
     what = f"{where}: segment(s) {', '.join(map(str, missing))} missing between others"
     if on_damage != "skip":
-        raise StorageError(f"{what}; restore them, or start with --on-damage skip")
+        raise StorageError(
+            f"{what}; restore them, or start serving around them: "
+            f"qmq broker --data-dir {where.parent} --on-damage skip"
+        )
     problems.append(f"{what}; skipped: {_cost(kind)}")
 
 
@@ -263,7 +272,11 @@ def _check_header(
             raise StorageError(f"{path} is not a {kind.name} segment")
     except (CorruptRecord, StorageError) as exc:
         if on_damage != "skip":
-            raise StorageError(f"{exc}; fix or remove it, or start with --on-damage skip") from exc
+            raise StorageError(
+                f"{exc}; restore it from a backup, or start with --on-damage skip (its frames "
+                f"are read past the header): qmq broker --data-dir {path.parent.parent} "
+                "--on-damage skip"
+            ) from exc
         problems.append(f"{exc}; skipped: its frames are read as {kind.name.lower()} records")
 
 
@@ -273,42 +286,88 @@ def _cost(kind: SegmentKind) -> str:
     return "the group changes in them are lost (their messages may be delivered again)"
 
 
-def _trim_past_valid_data(
-    indexes: dict[str, WorkingIndex],
-    segments: list[Path],
-    valid_ends: dict[int, int],
-    checkpoint: Checkpoint,
-    problems: list[str],
-) -> None:
-    """Entries past valid data and past the checkpoint are a torn batch (never
-    acknowledged): they are trimmed. Entries past valid data but covered by the checkpoint
-    were durable (their log was cut or replaced since): they keep their seqs, so no seq is
-    reused, and point at the segment header, where no frame can ever be, so they read as
-    unreadable."""
-    checkpointed = checkpoint.messages_at
+def _mark(segment: int, stored_us: int = 0) -> bytes:
+    """An entry for a seq whose record is gone: it points at a segment header, where no
+    frame can be, so it reads as unreadable; the seq stays allocated."""
+    return INDEX_ENTRY.pack(segment, FRAME_SIZE, 0, stored_us, 0)
+
+
+def _is_mark(entry: tuple[int, int, int, int, int]) -> bool:
+    return entry[2] == 0 and entry[1] == FRAME_SIZE
+
+
+Gone = dict[str, set[int]]  # per subject: seqs recovery marked because their record is gone
+
+
+def _mark_records_gone(
+    indexes: dict[str, WorkingIndex], segments: list[Path], valid_ends: dict[int, int]
+) -> Gone:
+    """Entries whose record lies past the valid data of a scanned segment, or in a segment
+    past the newest, keep their seqs and are marked (``_mark``).
+
+    An index entry is written only after its record was, so an entry without its record
+    means the log lost bytes it had held: below acknowledged data, never a torn tail. (After
+    a power cut during a batch's fsync its producer may have had no answer; it resends, and
+    the message is stored again under a new seq.) ``_index_tail`` then corrects the entries
+    whose record it finds elsewhere in the log.
+    """
     last_segment = segment_number(segments[-1]) if segments else -1
-
-    def gone(index: WorkingIndex, seq: int) -> tuple[bool, bool]:
-        segment, length, offset, _, _ = index.entry(seq)
-        end = valid_ends.get(segment)
-        lost = segment > last_segment or (end is not None and offset + length > end)
-        return lost, (segment, offset + length) <= checkpointed
-
+    gone: Gone = {}
     for name, index in indexes.items():
-        keep = index.count
-        while keep > index.first_chunk and gone(index, keep - 1) == (True, False):
-            keep -= 1
-        index.truncate(keep)
-        seq = keep - 1
-        while seq >= index.first_chunk and gone(index, seq)[0]:
+        seqs = []
+        for seq, entry in index.entries_between(index.base, index.count):
+            segment, length, offset, _, _ = entry
+            end = valid_ends.get(segment)
+            past = segment > last_segment or (end is not None and offset + length > end)
+            if past and not _is_mark(entry):
+                seqs.append(seq)
+        for seq in seqs:
             segment, _, _, stored, _ = index.entry(seq)
-            index.set(seq, INDEX_ENTRY.pack(segment, FRAME_SIZE, 0, stored, 0))
-            seq -= 1
-        if seq < keep - 1:
-            problems.append(
-                f"index of {name}: seqs {seq + 1}..{keep - 1} were checkpointed but their "
-                "records are gone; they stay allocated and read as unreadable"
-            )
+            index.set(seq, _mark(segment, stored))
+        if seqs:
+            gone[name] = set(seqs)
+    return gone
+
+
+def _report_lost(
+    indexes: dict[str, WorkingIndex], gone: Gone, problems: list[str]
+) -> dict[str, int]:
+    """Count and report the seqs still marked as gone (a record found in the log replaced
+    its mark): one problem and one error line per subject, with the seq ranges."""
+    lost: dict[str, int] = {}
+    for name, seqs in sorted(gone.items()):
+        index = indexes[name]
+        still = sorted(seq for seq in seqs if seq < index.count and _is_mark(index.entry(seq)))
+        if not still:
+            continue
+        lost[name] = len(still)
+        ranges = _ranges(still)
+        problems.append(
+            f"{name}: {len(still)} stored messages lost, seqs {ranges}: their records are "
+            "gone from the log; the seqs stay allocated and are dead-lettered as unreadable "
+            "record when pulled"
+        )
+        logger.error(
+            "stored messages lost",
+            extra={
+                "action": "broker.messages_lost",
+                "subject": name,
+                "count": len(still),
+                "seqs": ranges,
+            },
+        )
+    return lost
+
+
+def _ranges(seqs: list[int]) -> str:
+    """``1..3, 7`` for sorted ``[1, 2, 3, 7]``."""
+    spans: list[list[int]] = []
+    for seq in seqs:
+        if spans and spans[-1][1] == seq - 1:
+            spans[-1][1] = seq
+        else:
+            spans.append([seq, seq])
+    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in spans)
 
 
 def _keep_checkpointed_seqs(
@@ -316,6 +375,7 @@ def _keep_checkpointed_seqs(
     digests: dict[str, IndexDigest],
     segment: int,
     rebuild: set[str],
+    gone: Gone,
 ) -> None:
     """A rebuilt index keeps every seq the checkpoint covered, found in the log or not:
     those were acknowledged, so they are never handed out again (unreadable if gone)."""
@@ -323,7 +383,8 @@ def _keep_checkpointed_seqs(
         count = digests[name].count if name in digests else 0
         index = indexes[name]
         if index.count < count:
-            index.entries += INDEX_ENTRY.pack(segment, FRAME_SIZE, 0, 0, 0) * (count - index.count)
+            gone.setdefault(name, set()).update(range(index.count, count))
+            index.entries += _mark(segment) * (count - index.count)
 
 
 def _index_tail(
@@ -332,6 +393,7 @@ def _index_tail(
     valid_ends: dict[int, int],
     indexes: dict[str, WorkingIndex],
     rebuild: set[str],
+    gone: Gone,
     problems: list[str],
     data_dir: Path,
 ) -> None:
@@ -372,7 +434,7 @@ def _index_tail(
             if seq < next_seq:
                 if seq < index.base and name not in rebuild:
                     continue  # in a sealed chunk: its CRC vouched for it
-                if index.set(seq, entry):
+                if index.set(seq, entry) and seq not in gone.get(name, ()):
                     problems.append(f"index of {name}: seq {seq} corrected from the log")
                 continue
             if seq > next_seq:
@@ -383,12 +445,14 @@ def _index_tail(
                     segment, region = damaged
                     length = region.end - region.start
                     entries += INDEX_ENTRY.pack(segment, length, region.start, 0, 0) * gap
-                elif name in rebuild:
-                    entries += INDEX_ENTRY.pack(number, FRAME_SIZE, 0, 0, 0) * gap
+                elif name in rebuild:  # records gone with no trace but their seqs
+                    gone.setdefault(name, set()).update(range(next_seq, seq))
+                    entries += _mark(number) * gap
                 else:
                     raise StorageError(
-                        f"{path} at {offset}: {name} seq {seq} follows "
-                        f"{next_seq - 1}; the index lost entries before the checkpoint"
+                        f"{path} at {offset}: {name} seq {seq} follows {next_seq - 1}; the "
+                        "index lost entries before the checkpoint; rebuild it from the log: "
+                        f"qmq broker verify --data-dir {data_dir} --repair"
                     )
             entries += entry
 
@@ -397,7 +461,7 @@ def _keep_seqs_groups_saw(
     indexes: dict[str, WorkingIndex],
     groups: GroupTable,
     segment: int,
-    problems: list[str],
+    gone: Gone,
     data_dir: Path,
 ) -> None:
     """Seqs a group already read must never be handed out again, even when the log lost them
@@ -414,11 +478,8 @@ def _keep_seqs_groups_saw(
             index = indexes[subject] = WorkingIndex(data_dir=data_dir, name=subject)
         count = index.count
         if top >= count:
-            index.entries += INDEX_ENTRY.pack(segment, FRAME_SIZE, 0, 0, 0) * (top + 1 - count)
-            problems.append(
-                f"{subject}: seqs {count}..{top} were read by a group but are gone from the "
-                "log; they stay allocated and read as unreadable"
-            )
+            gone.setdefault(subject, set()).update(range(count, top + 1))
+            index.entries += _mark(segment) * (top + 1 - count)
 
 
 def _recovered_subject(

@@ -84,14 +84,15 @@ def test_index_is_rebuilt_from_the_log_when_lost(tmp_path: Path) -> None:
     assert len(list_segments(tmp_path, SegmentKind.MESSAGES)) > 1  # rolled at 4 KiB
 
 
-def test_index_entries_past_the_log_are_trimmed(tmp_path: Path) -> None:
+def test_index_entries_past_the_log_keep_their_seqs_and_are_counted(tmp_path: Path) -> None:
     run_broker(tmp_path, produce_pull_ack)
     index = index_chunk_path(tmp_path, "payments", 0)
     data = index.read_bytes()
     index.write_bytes(data + data[-32:].replace(b"\x00", b"\x7f"))  # points past every segment
     recovered = recover(tmp_path, dedup_window_s=3600)
-    assert recovered.subjects["payments"].next_seq == 5
-    assert len(index.read_bytes()) == len(data)
+    assert recovered.subjects["payments"].next_seq == 6  # seq 5 is never handed out again
+    assert recovered.lost == {"payments": 1}
+    assert any("payments: 1 stored messages lost, seqs 5" in p for p in recovered.problems)
 
 
 def test_group_state_replays_from_the_action_log(tmp_path: Path) -> None:
