@@ -27,6 +27,7 @@ from qmq_outbox.compensator_config import CompensatorConfig
 from qmq_outbox.dburl import mask_url, sync_database_url
 from qmq_outbox.errors import ConfigurationError
 from qmq_outbox.schema import outbox_table
+from qmq_outbox.store import NotDue, utcnow
 from qmq_outbox.transports.urls import SCHEMES, from_url
 
 logger = logging.getLogger(__name__)
@@ -91,8 +92,9 @@ def compensator(**values: Any) -> None:
     """Claim pending outbox rows older than --grace, resend them, mark them sent or dead.
 
     Several compensators may run against one PostgreSQL database; on SQLite run one.
-    With --once: print the pass's counts; exit 1 when rows were rescheduled or marked dead,
-    3 when the database or the broker cannot be used.
+    With --once: print the pass's counts, then the pending rows it left (in_grace: younger
+    than --grace; retrying: waiting for a retry) and when the next falls due; exit 1 when
+    rows were rescheduled or marked dead, 3 when the database or the broker cannot be used.
     """
     service = take(CompensatorService, values)
     config = take(CompensatorConfig, values)
@@ -132,9 +134,12 @@ def _run_once(engine: sa.Engine, service: CompensatorService, config: Compensato
             worker.transport.check()
         with failures.using_database(service.database_url):
             result = worker.run_once()
+        with failures.using_database(service.database_url):
+            not_due = worker.store.not_due(now=utcnow(), grace=config.grace)
     finally:
         worker.stop(service.stop_timeout.total_seconds())
     click.echo(_counts(result))
+    click.echo(_not_due(not_due, config.grace))
     _judge(result, service.broker_url)
 
 
@@ -151,7 +156,8 @@ def _judge(result: PassResult, broker_url: str) -> None:
     """Raise the failure a pass with ``result`` is: the broker went away, or rows failed."""
     if result.unavailable:
         raise failures.Unavailable(
-            f"broker at {broker_url} became unavailable during the pass: "
+            f"broker at {broker_url} became unavailable (or refused the request) during the "
+            "pass: "
             f"{result.retried} row(s) rescheduled, {result.dead} dead"
         )
     failed = result.retried + result.dead
@@ -186,6 +192,17 @@ def _metrics_server(worker: Compensator, host: str, port: int) -> Any:
         reason = failures.reason(exc)
         raise failures.Unavailable(f"cannot serve metrics on {host}:{port}: {reason}") from exc
     return server
+
+
+def _not_due(rows: NotDue, grace: timedelta) -> str:
+    """What the pass left for later: rows in their grace (the dispatcher's turn) and rows
+    waiting for a retry, and when the first of them falls due."""
+    line = f"in_grace={rows.in_grace} retrying={rows.retrying}"
+    if rows.next_due_at is None:
+        return line
+    seconds = max(0.0, (rows.next_due_at - utcnow()).total_seconds())
+    due = rows.next_due_at.isoformat(timespec="seconds").replace("+00:00", "Z")
+    return f"{line} next_due={due} (in {seconds:.0f}s; --grace is {grace.total_seconds():g}s)"
 
 
 def _counts(result: PassResult) -> str:

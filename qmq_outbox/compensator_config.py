@@ -25,7 +25,19 @@ class CompensatorConfig:
     grace: timedelta = option_field(
         timedelta(seconds=30), "Leave rows this young to the dispatcher.", "duration"
     )
-    max_attempts: int = option_field(16, "Attempts before a row is marked dead.", "count", min=1)
+    max_attempts: int | None = option_field(
+        None,
+        "Attempts before a row the broker keeps failing (unavailable) is marked dead; "
+        "unset: never. A refused configuration (token, right, URL) never kills a row.",
+        "count",
+        min=1,
+    )
+    unroutable_dead_after: timedelta = option_field(
+        timedelta(days=1),
+        "Mark a row dead once no queue has taken it (RabbitMQ: no consumer group bound to "
+        "its subject) by this age; until then it is retried with backoff.",
+        "duration",
+    )
     retention: timedelta = option_field(
         timedelta(days=7), "Keep sent rows this long (for reconciliation).", "duration"
     )
@@ -55,7 +67,7 @@ class CompensatorConfig:
     )
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1 or self.batch_size < 1:
+        if (self.max_attempts is not None and self.max_attempts < 1) or self.batch_size < 1:
             raise ConfigurationError("max_attempts and batch_size must be at least 1")
 
 
@@ -65,7 +77,8 @@ class CompensatorSettings(TypedDict, total=False):
     interval: timedelta
     batch_size: int
     grace: timedelta
-    max_attempts: int
+    max_attempts: int | None
+    unroutable_dead_after: timedelta
     retention: timedelta
     lease: timedelta
     backoff_base: timedelta

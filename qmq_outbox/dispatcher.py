@@ -1,15 +1,22 @@
 """Send committed messages to the broker in the background and mark their rows ``sent``.
 
 ``Dispatch`` is the logic, without I/O (nor knowledge of the transport): a bounded backlog
-fed by ``submit()``, which never blocks (when the backlog is full, or the broker was just
-found unavailable, the messages are left to the compensator: their rows stay ``pending``),
-the batches to send, and what to do with each send's report. Two drivers run it:
+fed by ``submit()``, which never blocks (when the backlog is full the messages are left to
+the compensator: their rows stay ``pending``), the batches to send, and what to do with
+each send's report. Two drivers run it:
 ``ThreadDispatcher`` (named daemon threads) for sync engines and ``AsyncDispatcher`` (named
 tasks on the application's event loop) for asyncio engines. Rows are marked on the
 dispatcher's own connections, never the caller's. An unavailable broker, or a database
 where rows cannot be marked, is logged once when it starts failing, summarised while it
 lasts and logged once when it recovers (``FailureLog``); after each failed send the breaker
-stays open a little longer (jittered).
+stays open a little longer (jittered). A broker refusing the request as such (401, 403, a
+wrong route: a configuration error) counts as unavailable: no row goes ``dead`` for it.
+
+While the breaker is open the dispatcher keeps what it holds (the failed send's messages
+and those committed meanwhile) and sends them when it closes again, as long as they are
+younger than ``retry_for`` seconds: kept below the compensator's grace, the compensator
+never sends a row the dispatcher may still send. Older ones are left to the compensator.
+A message no queue takes (``unroutable``) is left to the compensator at once.
 
 Keyed messages keep their key's order (docs/outbox.md, "Per-key order"). Each sender owns
 a lane, and a (subject, key) always goes to the same lane (``KeyLanes``), so this
@@ -31,7 +38,8 @@ import threading
 import time
 import weakref
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
 from sqlalchemy.engine import Engine
@@ -40,11 +48,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from qmq_outbox import tracing
 from qmq_outbox.backoff import backoff_seconds
 from qmq_outbox.envelope import OutgoingMessage
-from qmq_outbox.errors import BrokerUnavailable, OutboxStoreError, QmqError
+from qmq_outbox.errors import BrokerRejected, BrokerUnavailable, OutboxStoreError, QmqError
 from qmq_outbox.failure_log import DEFAULT_SUMMARY_INTERVAL, FailureLog, client_url
 from qmq_outbox.sending import SendReport, send, send_async
 from qmq_outbox.store import AsyncOutboxStore, OrderCheck, OutboxStore, utcnow
 from qmq_outbox.transports.base import AsyncProducer, Producer
+from qmq_outbox.unroutable import SubjectWarnings
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +83,22 @@ class Backlog:
     def take(self, limit: int) -> list[Item]:
         count = min(limit, len(self._items))
         return [self._items.popleft() for _ in range(count)]
+
+    def put_back(self, engine: Engine, messages: Sequence[OutgoingMessage]) -> None:
+        """Messages of a failed send go back to the front (over ``capacity`` if need be:
+        they were in it moments ago)."""
+        self._items.extendleft((engine, m) for m in reversed(messages))
+
+    def drop(self, keep: Callable[[OutgoingMessage], bool]) -> int:
+        """Remove the messages ``keep`` refuses; returns how many."""
+        before = len(self._items)
+        self._items = collections.deque(item for item in self._items if keep(item[1]))
+        return before - len(self._items)
+
+    def clear(self) -> int:
+        count = len(self._items)
+        self._items.clear()
+        return count
 
 
 @dataclasses.dataclass(slots=True)
@@ -134,6 +159,15 @@ class KeyLanes:
         """Held messages go back to the front of their lane: they are older than the rest."""
         self._lanes[lane].extendleft(reversed(entries))
 
+    def drop(self, keep: Callable[[OutgoingMessage], bool]) -> int:
+        """Remove the messages ``keep`` refuses, from every lane; returns how many."""
+        dropped = 0
+        for index, lane in enumerate(self._lanes):
+            kept = collections.deque(entry for entry in lane if keep(entry.message))
+            dropped += len(lane) - len(kept)
+            self._lanes[index] = kept
+        return dropped
+
     def next_due(self, lane: int, now: float) -> float | None:
         """When the next held message of ``lane`` falls due; None if none waits. (One that
         is due but behind a held message of its key waits for that one's time.)"""
@@ -178,7 +212,7 @@ def _log_report(report: SendReport, marked: int) -> None:
             marked,
             extra={"action": "outbox.sent", "count": len(report.results), "marked": marked},
         )
-    for message, error in report.rejected:
+    for message, error in report.rejected:  # only rejections of the message itself
         logger.error(
             "broker rejected message %s: %s",
             message.id,
@@ -187,18 +221,19 @@ def _log_report(report: SendReport, marked: int) -> None:
         )
     if report.error is not None:  # the outage itself is logged by Dispatch.broker
         logger.debug(
-            "broker unavailable, %d message(s) left to the compensator: %s",
+            "broker unavailable or refusing, %d message(s) held for another try: %s",
             len(report.unsent),
             report.error,
             extra={"action": "outbox.dispatch_failed", "count": len(report.unsent)},
         )
 
 
-def _log_skipped(messages: Sequence[OutgoingMessage]) -> None:
+def _log_skipped(count: int, why: str) -> None:
     logger.debug(
-        "broker recently unavailable, %d message(s) left to the compensator",
-        len(messages),
-        extra={"action": "outbox.dispatch_skipped", "count": len(messages)},
+        "%s, %d message(s) left to the compensator",
+        why,
+        count,
+        extra={"action": "outbox.dispatch_skipped", "count": count},
     )
 
 
@@ -223,6 +258,10 @@ class _Breaker:
     def allows(self) -> bool:
         return time.monotonic() >= self._open_until
 
+    def remaining(self) -> float:
+        """Seconds until it closes again (0 when it is closed)."""
+        return max(0.0, self._open_until - time.monotonic())
+
     def open(self, failures: int) -> None:
         pause = backoff_seconds(failures, base=self.cooldown, cap=self.max_cooldown)
         self._open_until = time.monotonic() + max(pause, self.cooldown)
@@ -234,6 +273,9 @@ class Dispatch:
     ``broker`` follows the broker's outages (``target`` is its URL) and ``databases`` those
     of each engine's database. ``lanes``: one per sender, for keyed messages; a held-back
     keyed message is tried again after ``hold_delay`` seconds, doubling, ``max_holds`` times.
+    ``retry_for``: how long after its publish a message the broker could not take is kept
+    for another try (0: left to the compensator at once, and nothing is queued while the
+    breaker is open).
     """
 
     def __init__(
@@ -248,8 +290,10 @@ class Dispatch:
         lanes: int = 1,
         hold_delay: float = HOLD_DELAY,
         max_holds: int = MAX_HOLDS,
+        retry_for: float = 0.0,
     ) -> None:
         self.backlog = Backlog(capacity)
+        self.retry_for = retry_for
         self.keyed = KeyLanes(lanes)
         self.batch_size = batch_size
         self.hold_delay = hold_delay
@@ -262,14 +306,18 @@ class Dispatch:
             target=target,
             action="outbox.dispatcher.broker",
             logger=logger,
-            expected=(BrokerUnavailable,),
+            expected=(BrokerUnavailable, BrokerRejected),
             summary_interval=outage_summary_interval,
+        )
+        self.unroutable = SubjectWarnings(
+            logger=logger, action="outbox.unroutable", interval=outage_summary_interval
         )
         self.databases: dict[str, FailureLog] = {}
 
     @property
     def cooling_down(self) -> bool:
-        """A send failed moments ago: messages are left to the compensator for now."""
+        """A send failed moments ago: sends wait (or, without ``retry_for``, messages are
+        left to the compensator for now)."""
         return not self.breaker.allows()
 
     @property
@@ -277,8 +325,9 @@ class Dispatch:
         return len(self.backlog) + len(self.keyed)
 
     def offer(self, engine: Engine, messages: Sequence[OutgoingMessage]) -> bool:
-        """Queue committed messages; False (rows stay pending) if full, closed or cooling down."""
-        if self.closing or not self.breaker.allows():
+        """Queue committed messages; False (rows stay pending) if full or closed, or cooling
+        down without ``retry_for``."""
+        if self.closing or (not self.retry_for and not self.breaker.allows()):
             return False
         if self.queued + len(messages) > self.backlog.capacity:
             return False
@@ -290,26 +339,67 @@ class Dispatch:
         """Lane ``lane``'s next batch: its due keyed messages and unkeyed ones, each kind
         getting at least half of ``batch_size`` when both wait."""
         now = time.monotonic() if now is None else now
+        if not self.breaker.allows():  # wait for it to close; give up when closing
+            if self.closing:
+                self._give_up("broker unavailable at close")
+            return Batch(lane)
+        if self.broker.failing and self.retry_for:
+            self._expire()
         keyed_room = self.batch_size - min(len(self.backlog), self.batch_size // 2)
         keyed = self.keyed.take(lane, keyed_room, now)
         return Batch(lane, self.backlog.take(self.batch_size - len(keyed)), keyed)
+
+    def _expire(self) -> None:
+        """Leave to the compensator what is too old for the dispatcher to send safely."""
+        oldest = utcnow() - timedelta(seconds=self.retry_for)
+
+        def young(message: OutgoingMessage) -> bool:
+            return message.created_at is None or message.created_at >= oldest
+
+        dropped = self.backlog.drop(young) + self.keyed.drop(young)
+        if dropped:
+            _log_skipped(dropped, f"broker unavailable for over {self.retry_for:g}s")
+
+    def _give_up(self, why: str) -> None:
+        dropped = self.backlog.clear() + self.keyed.drop(lambda message: False)
+        if dropped:
+            _log_skipped(dropped, why)
+
+    def requeue(self, lane: int, engine: Engine, messages: Sequence[OutgoingMessage]) -> None:
+        """Keep a failed send's messages for the next try (with ``retry_for``, until closing),
+        ahead of the rest: they are older."""
+        if not messages or not self.retry_for or self.closing:
+            return
+        self.backlog.put_back(engine, [m for m in messages if m.key is None])
+        keyed = [Keyed(engine, m) for m in messages if m.key is not None]
+        if keyed:
+            self.keyed.put_back(lane, keyed)
 
     def drained(self, lane: int) -> bool:
         """Nothing left for lane ``lane``'s sender."""
         return not self.backlog and self.keyed.is_empty(lane)
 
     def wait_time(self, lane: int, now: float) -> float | None:
-        """Seconds until lane ``lane``'s next held message is due; None if none is held."""
+        """Seconds until lane ``lane`` may send again (its next held message is due, or the
+        breaker closes while messages wait); None if nothing waits."""
+        waits: list[float] = []
         due = self.keyed.next_due(lane, now)
-        return None if due is None else due - now
+        if due is not None:
+            waits.append(due - now)
+        if not self.breaker.allows() and not self.drained(lane):
+            waits.append(self.breaker.remaining())
+        return min(waits, default=None)
 
     def sends(self, batch: Batch) -> Iterator[Send]:
         """The batch's messages by engine, as long as the broker is not cooling down."""
         for part in by_engine(batch):
             if self.breaker.allows():
                 yield part
+            elif self.retry_for and not self.closing:
+                self.requeue(batch.lane, part.engine, part.plain)
+                self.keyed.put_back(batch.lane, part.keyed)
             else:
-                _log_skipped(part.plain + [entry.message for entry in part.keyed])
+                _log_skipped(len(part.plain) + len(part.keyed), "broker recently unavailable")
 
     def ordered(
         self, lane: int, engine: Engine, keyed: list[Keyed], check: OrderCheck | QmqError
@@ -340,11 +430,14 @@ class Dispatch:
 
     def completion(self, report: SendReport) -> dict[str, Any]:
         """Learn from a send (a failure opens the breaker); the store's ``mark_dispatched``
-        arguments for its rows: sent ones, and rejected ones dead."""
+        arguments for its rows: sent ones, and rejected ones dead. Unroutable ones stay
+        pending for the compensator."""
         if report.error is not None:
             self.breaker.open(self.broker.failed(report.error))
-        elif report.results or report.rejected:
+        elif report.results or report.rejected or report.unroutable:
             self.broker.succeeded()
+        for subject, count, reason in _by_subject(report):
+            self.unroutable.note(subject, count, reason, "left to the compensator")
         return {
             "sent_ids": [r.id for r in report.results],
             "dead": [(message.id, str(error)) for message, error in report.rejected],
@@ -384,6 +477,14 @@ class Dispatch:
         return log
 
 
+def _by_subject(report: SendReport) -> list[tuple[str, int, str]]:
+    found: dict[str, tuple[int, str]] = {}
+    for message, error in report.unroutable:
+        count, _ = found.get(message.subject, (0, ""))
+        found[message.subject] = (count + 1, str(error))
+    return [(subject, count, reason) for subject, (count, reason) in found.items()]
+
+
 def _count(report: SendReport) -> int:
     return len(report.results) + len(report.rejected) + len(report.unsent)
 
@@ -404,9 +505,10 @@ class _Driver(Generic[Client]):
     with its lane of keyed messages. ``client`` is a transport's producer (a
     ``BrokerClient`` or ``AsyncBrokerClient`` for the qmq broker).
 
-    After a failed send, messages go straight to the compensator for ``cooldown`` seconds,
-    doubling with each failure in a row up to ``max_cooldown``; an outage is summarised in
-    the log every ``outage_summary_interval`` seconds. A keyed message held back by an
+    After a failed send, nothing is sent for ``cooldown`` seconds, doubling with each failure
+    in a row up to ``max_cooldown``; meanwhile messages younger than ``retry_for`` seconds
+    wait for the next try (0: they go straight to the compensator). An outage is summarised
+    in the log every ``outage_summary_interval`` seconds. A keyed message held back by an
     earlier row of its key is tried again after ``hold_delay`` seconds, doubling, up to
     ``max_holds`` times.
     """
@@ -419,11 +521,12 @@ class _Driver(Generic[Client]):
         batch_size: int = 500,
         senders: int = 2,
         cooldown: float = 1.0,
-        max_cooldown: float = 15.0,
+        max_cooldown: float = 5.0,
         outage_summary_interval: float = DEFAULT_SUMMARY_INTERVAL,
         name: str = DEFAULT_NAME,
         hold_delay: float = HOLD_DELAY,
         max_holds: int = MAX_HOLDS,
+        retry_for: float = 0.0,
     ) -> None:
         self._client: Client = client
         self._senders = max(1, senders)
@@ -437,6 +540,7 @@ class _Driver(Generic[Client]):
             lanes=self._senders,
             hold_delay=hold_delay,
             max_holds=max_holds,
+            retry_for=retry_for,
         )
         self._name = name
         self._setup()
@@ -514,7 +618,7 @@ class ThreadDispatcher(_Driver[Producer]):
                             ready = self._dispatch.ordered(lane, part.engine, part.keyed, check)
                         messages = messages + ready
                     if messages:
-                        self._send(part.engine, messages)
+                        self._send(lane, part.engine, messages)
         except BaseException:
             logger.critical(
                 "dispatcher thread died; committed messages now wait for the compensator",
@@ -531,10 +635,12 @@ class ThreadDispatcher(_Driver[Producer]):
         except QmqError as exc:
             return exc
 
-    def _send(self, engine: Engine, messages: list[OutgoingMessage]) -> None:
+    def _send(self, lane: int, engine: Engine, messages: list[OutgoingMessage]) -> None:
         with tracing.sending("qmq send", messages) as traced:
             report = traced(send(self._client, messages))
-        completion = self._dispatch.completion(report)
+        with self._cond:
+            completion = self._dispatch.completion(report)
+            self._dispatch.requeue(lane, engine, report.unsent)
         try:
             marked: int | QmqError = self._store(engine).mark_dispatched(**completion)
         except QmqError as exc:
@@ -615,7 +721,7 @@ class AsyncDispatcher(_Driver[AsyncProducer]):
                         lane, part.engine, part.keyed, check
                     )
                 if messages:
-                    await self._send(part.engine, messages)
+                    await self._send(lane, part.engine, messages)
 
     async def _check(self, part: Send) -> OrderCheck | QmqError:
         try:
@@ -625,10 +731,11 @@ class AsyncDispatcher(_Driver[AsyncProducer]):
         except QmqError as exc:
             return exc
 
-    async def _send(self, engine: Engine, messages: list[OutgoingMessage]) -> None:
+    async def _send(self, lane: int, engine: Engine, messages: list[OutgoingMessage]) -> None:
         with tracing.sending("qmq send", messages) as traced:
             report = traced(await send_async(self._client, messages))
         completion = self._dispatch.completion(report)
+        self._dispatch.requeue(lane, engine, report.unsent)
         try:
             marked: int | QmqError = await self._store(engine).mark_dispatched(**completion)
         except QmqError as exc:

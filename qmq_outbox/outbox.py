@@ -5,6 +5,7 @@ on the session's current transaction. After the outermost commit the staged mess
 a background dispatcher (a thread for sync engines, a task on the running loop for asyncio
 engines) that sends them and marks their rows ``sent``; anything it cannot do is left to the
 compensator. The caller owns the transaction: nothing here begins, flushes or commits it.
+``run_compensator()`` runs that compensator inside the process, for apps of one process.
 """
 
 from __future__ import annotations
@@ -17,14 +18,17 @@ import threading
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from datetime import datetime, timedelta
-from typing import Any, Concatenate, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, Unpack, overload
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import UnboundExecutionError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
 from qmq_outbox import tracing
+from qmq_outbox.compensator_config import CompensatorConfig, CompensatorSettings
+from qmq_outbox.dburl import sync_database_url
 from qmq_outbox.dispatcher import AsyncDispatcher, ThreadDispatcher
 from qmq_outbox.envelope import OutgoingMessage
 from qmq_outbox.errors import ConfigurationError, UnsupportedByTransport
@@ -49,6 +53,11 @@ from qmq_outbox.validation import (
     check_subject,
     resolve_deliver_at,
 )
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+    from qmq_outbox.compensator import Compensator
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +85,10 @@ class Outbox:
     that the outbox does not close. ``app`` is the envelope's ``producer``.
     ``dispatch=False`` leaves every message to the compensator. ``queue_size`` bounds the
     messages waiting for the dispatcher (beyond it they are left to the compensator);
-    ``senders`` batches may be in flight at once.
+    ``senders`` batches may be in flight at once. ``retry_for``: seconds after its publish
+    during which the dispatcher keeps a message the broker could not take and sends it once
+    the broker is back; keep it below the compensator's ``grace`` (30 s by default), which
+    takes over after it (0 leaves such messages to the compensator at once).
     """
 
     def __init__(
@@ -95,6 +107,7 @@ class Outbox:
         senders: int = 2,
         dispatcher_name: str = "qmq-outbox-dispatcher",
         outage_summary: float = 60.0,
+        retry_for: float = 20.0,
     ) -> None:
         if transport is None and broker_url is not None:
             transport = from_url(broker_url, token=token)
@@ -114,6 +127,8 @@ class Outbox:
         self._batch_size = batch_size
         self._senders = senders
         self._name = dispatcher_name
+        self._retry_for = retry_for
+        self._compensators: list[tuple[Compensator, sa.Engine | None]] = []
         self._tracker: TransactionTracker[Staged] = TransactionTracker(self._on_commit)
         self._lock = threading.Lock()
         self._thread_dispatcher: ThreadDispatcher | None = None
@@ -290,6 +305,7 @@ class Outbox:
                     senders=self._senders,
                     name=self._name,
                     outage_summary_interval=self._outage_summary,
+                    retry_for=self._retry_for,
                 )
             return self._thread_dispatcher
 
@@ -308,6 +324,7 @@ class Outbox:
                 senders=self._senders,
                 name=self._name,
                 outage_summary_interval=self._outage_summary,
+                retry_for=self._retry_for,
             )
             entry = self._loop_dispatchers[loop] = (dispatcher, owned)
         return entry[0]
@@ -320,15 +337,68 @@ class Outbox:
             )
         return self.transport
 
+    # -- the in-process compensator --------------------------------------------------------
+
+    def run_compensator(
+        self,
+        engine: sa.Engine | AsyncEngine,
+        *,
+        config: CompensatorConfig | None = None,
+        **settings: Unpack[CompensatorSettings],
+    ) -> Compensator:
+        """Start a compensator for ``engine``'s outbox in this process; ``close()`` stops it.
+
+        For an app of one process: it resends what the dispatcher could not (a broker
+        outage longer than ``retry_for``, rows committed by a process that died), claimed
+        and fenced exactly as by ``qmq compensator``, on a named background thread
+        (``config.name``). It sends through this outbox's transport. Other processes may
+        run compensators on the same database (PostgreSQL).
+        """
+        from qmq_outbox.compensator import Compensator
+
+        settled = dataclasses.replace(config or CompensatorConfig(), **settings)
+        if settled.grace.total_seconds() <= self._retry_for:
+            raise ConfigurationError(
+                f"the compensator's grace ({settled.grace}) must exceed the outbox's "
+                f"retry_for ({self._retry_for:g}s): the dispatcher may still send such rows"
+            )
+        owned = None
+        sync_engine = engine
+        if not isinstance(engine, sa.Engine):  # an AsyncEngine: the compensator blocks
+            url = engine.url.render_as_string(hide_password=False)
+            sync_engine = owned = sa.create_engine(sync_database_url(url), pool_pre_ping=True)
+        assert isinstance(sync_engine, sa.Engine)
+        if self.transport is not None:
+            compensator = Compensator(engine=sync_engine, transport=self.transport, config=settled)
+        elif self._client is not None:
+            compensator = Compensator(engine=sync_engine, client=self._client, config=settled)
+        else:
+            raise ConfigurationError("run_compensator needs an outbox with transport= or client=")
+        compensator.start()
+        with self._lock:
+            self._compensators.append((compensator, owned))
+        return compensator
+
+    def _stop_compensators(self, timeout: float) -> bool:
+        with self._lock:
+            running, self._compensators = self._compensators, []
+        stopped = True
+        for compensator, owned in running:
+            stopped = compensator.stop(timeout) and stopped
+            if owned is not None:
+                owned.dispose()
+        return stopped
+
     def close(self, drain_timeout: float = 10.0) -> bool:
-        """Drain the thread dispatcher within ``drain_timeout``; True if nothing was left behind."""
+        """Drain the thread dispatcher within ``drain_timeout`` and stop the compensators
+        this outbox runs; True if nothing was left behind."""
         with self._lock:
             dispatcher, self._thread_dispatcher = self._thread_dispatcher, None
             client, self._owned_client = self._owned_client, None
         drained = dispatcher.close(drain_timeout) if dispatcher is not None else True
         if client is not None:
             client.close()
-        return drained
+        return self._stop_compensators(drain_timeout) and drained
 
     async def aclose(self, drain_timeout: float = 10.0) -> bool:
         """Drain this loop's dispatcher (and the thread one, if any) within ``drain_timeout``."""
@@ -339,7 +409,7 @@ class Outbox:
             drained = await dispatcher.aclose(drain_timeout)
             if owned is not None:
                 await owned.aclose()
-        if self._thread_dispatcher is not None:
+        if self._thread_dispatcher is not None or self._compensators:
             drained = await asyncio.to_thread(self.close, drain_timeout) and drained
         return drained
 

@@ -4,7 +4,9 @@ The qmq broker stores a batch all or nothing, so one poison message would block 
 batch: a rejected batch is split in halves until the rejected messages stand alone. A
 transport that stores message by message (JetStream, RabbitMQ) answers each message's
 outcome instead (``transports.base``). A transient failure (``BrokerUnavailable``), of a
-batch or of one message, stops the send; the rest stays for a later attempt.
+batch or of one message, stops the send, and so does a refusal of the request as such (a
+configuration error: ``transports.base.refusal``); the rest stays for a later attempt. A
+message no queue takes yet (``unroutable``) is set aside, neither sent nor rejected.
 
 ``SendPlan`` is the whole logic and does no I/O: it says which batch to send next and takes
 each batch's outcome. ``send`` and ``send_async`` are its blocking and asyncio drivers;
@@ -19,7 +21,7 @@ from typing import TypedDict, Unpack
 
 from qmq_outbox.envelope import OutgoingMessage, ProduceResult
 from qmq_outbox.errors import BrokerRejected, BrokerUnavailable
-from qmq_outbox.transports.base import AsyncProducer, Outcome, Producer
+from qmq_outbox.transports.base import AsyncProducer, Outcome, Producer, refusal
 
 MAX_BATCH = 1000
 MAX_BATCH_BYTES = 4 * 1024 * 1024
@@ -35,12 +37,21 @@ class Limits(TypedDict, total=False):
 
 @dataclasses.dataclass(slots=True)
 class SendReport:
-    """What happened to each message of one ``send``."""
+    """What happened to each message of one ``send``. ``error`` stopped it: the broker was
+    unavailable, or refused the request as such (``configured`` is then False)."""
 
     results: list[ProduceResult] = dataclasses.field(default_factory=list)
     rejected: list[tuple[OutgoingMessage, BrokerRejected]] = dataclasses.field(default_factory=list)
+    unroutable: list[tuple[OutgoingMessage, BrokerRejected]] = dataclasses.field(
+        default_factory=list
+    )
     unsent: list[OutgoingMessage] = dataclasses.field(default_factory=list)
-    error: BrokerUnavailable | None = None
+    error: Failure | None = None
+
+    @property
+    def configured(self) -> bool:
+        """False when the broker refused the request itself (a token, a right, a route)."""
+        return not isinstance(self.error, BrokerRejected)
 
 
 def chunks(
@@ -83,22 +94,27 @@ class SendPlan:
         return self._todo.pop() if self._todo else None
 
     def answered(self, batch: list[OutgoingMessage], outcomes: Sequence[Outcome]) -> None:
-        """Each message's outcome: stored (or duplicate, scheduled), rejected, or transient
-        (which stops the send, as a transient failure of a batch does)."""
+        """Each message's outcome: stored (or duplicate, scheduled), rejected, unroutable,
+        or transient (which stops the send, as a transient failure of a batch does)."""
         report = self.report
         for message, outcome in zip(batch, outcomes, strict=True):
             if isinstance(outcome, ProduceResult):
                 report.results.append(outcome)
-            elif isinstance(outcome, BrokerRejected):
+            elif isinstance(outcome, BrokerUnavailable):
+                report.error = outcome
+                report.unsent.append(message)
+            elif (kind := refusal(outcome)) == "message":
                 report.rejected.append((message, outcome))
+            elif kind == "unroutable":
+                report.unroutable.append((message, outcome))
             else:
                 report.error = outcome
                 report.unsent.append(message)
 
     def failed(self, batch: list[OutgoingMessage], error: Failure) -> None:
-        """A transient error stops the send; a rejection splits the batch until the
-        rejected message stands alone."""
-        if isinstance(error, BrokerUnavailable):
+        """A transient error, or a refusal of the request as such, stops the send; a
+        rejection of a message splits the batch until the rejected message stands alone."""
+        if isinstance(error, BrokerUnavailable) or refusal(error) != "message":
             self.report.error = error
             self.report.unsent.extend(batch)
         elif len(batch) == 1:

@@ -62,6 +62,16 @@ class PendingStats:
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class NotDue:
+    """Pending rows a claim passes over: in their grace (first attempt, the dispatcher's
+    turn) or waiting for a retry; and when the first of them falls due."""
+
+    in_grace: int
+    retrying: int
+    next_due_at: datetime | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class SubjectBacklog:
     """A subject's rows that still need someone: pending (and the oldest one's creation
     time) and dead (``OutboxStore.backlog``)."""
@@ -488,6 +498,24 @@ class OutboxStore:
             )
             for subject, count, oldest, dead in rows
         ]
+
+    def not_due(self, *, now: datetime, grace: timedelta) -> NotDue:
+        """The pending rows a claim at ``now`` with ``grace`` would pass over."""
+        young = sa.and_(t.c.attempts == 0, t.c.created_at > now - grace)
+        retry = sa.and_(sa.not_(young), t.c.next_attempt_at > now)
+        stmt = sa.select(
+            sa.func.count().filter(young),
+            sa.func.min(t.c.created_at).filter(young),
+            sa.func.count().filter(retry),
+            sa.func.min(t.c.next_attempt_at).filter(retry),
+        ).where(t.c.status == "pending")
+        with _translated("not due"), self.engine.connect() as conn:
+            in_grace, oldest, retrying, next_retry = conn.execute(stmt).one()
+        first = as_utc(oldest)
+        dues = [d for d in (first + grace if first else None, as_utc(next_retry)) if d]
+        return NotDue(
+            in_grace=int(in_grace), retrying=int(retrying), next_due_at=min(dues, default=None)
+        )
 
 
 class AsyncOutboxStore:

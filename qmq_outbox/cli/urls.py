@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 import click
 from sqlalchemy.engine import URL, make_url
 
 from qmq_outbox.dburl import mask_url, sync_database_url
+from qmq_outbox.errors import ConfigurationError
+from qmq_outbox.transports.urls import check_qmq_url
 
 SUPPORTED_DATABASES = ("postgresql", "sqlite")
 
@@ -43,18 +44,12 @@ def check_database_url(text: str) -> URL:
 
 
 def check_broker_url(text: str) -> str:
-    """``text`` unless it is not ``http(s)://host[:port]`` (``ValueError``)."""
-    usage = f"{mask_url(text)!r} is not a broker URL: use http(s)://host[:port]"
+    """``text`` unless it is not ``http(s)://host[:port]`` (``ValueError``), the rule the
+    SDK applies too (``transports.urls.check_qmq_url``)."""
     try:
-        parts = urlsplit(text)
-        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
-    except ValueError:
-        raise ValueError(usage) from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(usage)
-    if parts.username or parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise ValueError(usage)
-    return text
+        return check_qmq_url(text)
+    except ConfigurationError as exc:
+        raise ValueError(str(exc)) from None
 
 
 class CheckedUrl(click.ParamType):  # type: ignore[type-arg]

@@ -2,10 +2,12 @@
 
 Producer side (the dispatcher and the compensator): ``produce(batch)`` answers one
 ``Outcome`` per message, in order: a ``ProduceResult`` (``stored``, ``duplicate`` or
-``scheduled``), a ``BrokerRejected`` (permanent: the row goes ``dead``) or a
-``BrokerUnavailable`` (transient: the row waits for the compensator). A transport that
-stores a batch all or nothing (the qmq broker) may instead raise one of the two for the
-whole batch; ``sending.SendPlan`` then splits a rejected batch to find the culprit.
+``scheduled``), a ``BrokerRejected`` or a ``BrokerUnavailable`` (transient: the row waits
+for a later attempt). A transport that stores a batch all or nothing (the qmq broker) may
+instead raise one of the two for the whole batch; ``sending.SendPlan`` then splits a
+rejected batch to find the culprit. ``refusal`` says what a rejection is about: only one
+that names a message may make its row ``dead``; a refusal of the request as such (a token,
+a right, a route, a content type) is a configuration error and leaves every row pending.
 ``Producer`` blocks (thread dispatchers, the compensator), ``AsyncProducer`` runs on the
 caller's event loop (asyncio engines).
 
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import qmq_wire
 from qmq_outbox.client import AckedPull, PullMode, StartAt
@@ -30,6 +32,23 @@ from qmq_outbox.envelope import Message, OutgoingMessage, ProduceResult
 from qmq_outbox.errors import BrokerRejected, BrokerUnavailable
 
 Outcome = ProduceResult | BrokerRejected | BrokerUnavailable
+Refusal = Literal["message", "unroutable", "configuration"]
+UNROUTABLE = "unroutable"
+"""The code of a transport's per-message rejection for a message no queue takes (yet)."""
+_ABOUT_THE_REQUEST = frozenset({401, 403, 404, 405, 415})
+
+
+def refusal(error: BrokerRejected) -> Refusal:
+    """What ``error`` refuses: the message (its row may go ``dead``), its routing (no
+    consumer has bound a queue for its subject yet: retried until an age), or the request as
+    such (a configuration error: every row stays pending)."""
+    if error.status is None:  # a transport's per-message outcome
+        return "unroutable" if error.code == UNROUTABLE else "message"
+    if error.status in _ABOUT_THE_REQUEST:
+        return "configuration"  # even with a field: a right missing for messages[i].subject
+    if error.status == 413 or (error.field or "").startswith("messages["):
+        return "message"  # 413 without a field: the batch is too large, split until alone
+    return "configuration"
 
 
 def retry_delay(attempt: int) -> float:

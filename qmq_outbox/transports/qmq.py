@@ -6,6 +6,7 @@ import dataclasses
 
 from qmq_outbox.client import AsyncBrokerClient, BrokerClient, Call
 from qmq_outbox.transports.base import Capabilities, ConsumerSpec
+from qmq_outbox.transports.urls import check_qmq_url
 
 CAPABILITIES = Capabilities(dedup=True, delay=True, ordered=True, broadcast=True)
 _HEALTH = Call(method="GET", path="/healthz", read=lambda doc: doc)
@@ -17,6 +18,9 @@ class QmqTransport:
 
     url: str
     token: str | None = dataclasses.field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        check_qmq_url(self.url)  # a path or a stray query would dead-end every request
 
     @property
     def capabilities(self) -> Capabilities:

@@ -30,6 +30,24 @@ SCHEMES = {
 _EXTRAS = {"jetstream": "nats", "rabbitmq": "rabbitmq"}
 
 
+def check_qmq_url(text: str) -> str:
+    """``text`` if it is ``http(s)://host[:port]``; ``ConfigurationError`` otherwise. The
+    clients add the API's paths themselves, so a path here would reach no route at all."""
+    usage = f"{mask_url(text)!r} is not a broker URL: use http(s)://host[:port]"
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
+    except ValueError:
+        raise ConfigurationError(usage) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigurationError(usage)
+    if parts.path not in ("", "/"):
+        raise ConfigurationError(f"{usage}, without a path (the client adds /v1/...)")
+    if parts.username or parts.query or parts.fragment:
+        raise ConfigurationError(f"{usage} (a token goes in token=, not in the URL)")
+    return text
+
+
 def from_url(url: str, *, token: str | None = None) -> Transport:
     """The transport ``url`` names (``token``: the qmq broker's bearer token)."""
     kind = SCHEMES.get(urlsplit(url).scheme.lower())
