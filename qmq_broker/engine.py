@@ -147,7 +147,9 @@ class Broker:
                 now_us=self.clock.wall_us(),
                 on_damage=self.config.on_damage,
             )
-            scheduled = await asyncio.to_thread(recover_schedule, self.config.data_dir)
+            scheduled = await asyncio.to_thread(
+                recover_schedule, self.config.data_dir, on_damage=self.config.on_damage
+            )
             routes = await asyncio.to_thread(load_routes, self.config.data_dir)
         except QmqBrokerError:
             self.gate.fail()

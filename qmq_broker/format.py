@@ -860,6 +860,26 @@ class ScheduleRecord:
         except (struct.error, ValueError) as exc:
             raise CorruptRecord(path=path, offset=offset, reason=str(exc)) from exc
 
+    @staticmethod
+    def identity(buf: bytes | memoryview | mmap.mmap, at: int = 0) -> tuple[str, str] | None:
+        """``(subject, id)`` of a possibly damaged schedule payload at ``at``, or None.
+
+        Only when both read and hash to the record's key: so a record whose CRC failed can
+        still be named when the damage lies elsewhere in it (its body, say).
+        """
+        try:
+            _, key = ScheduleRecord.peek(buf, at)
+            subject = ScheduleRecord.peek_subject(buf, at)
+            pos = at + SCHEDULE_FIXED_SIZE + _MSG_FIXED.size + 2 + len(subject.encode())
+            (length,) = _U16.unpack_from(buf, pos)
+            raw = bytes(buf[pos + 2 : pos + 2 + length])
+            message_id = raw.decode("utf-8") if len(raw) == length else None
+        except (CorruptRecord, struct.error, UnicodeDecodeError):
+            return None
+        if message_id is None or schedule_key(subject, message_id) != key:
+            return None
+        return subject, message_id
+
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class DispatchRecord:

@@ -115,10 +115,12 @@ class GroupStatsJson(TypedDict):
 
 
 class ScheduledStatsJson(TypedDict):
-    """Delayed messages of a subject that are not due yet."""
+    """Delayed messages of a subject that are not due yet; ``unreadable``: lost to damaged
+    schedule files (docs/delayed-messages.md)."""
 
     messages: int
     bytes: int
+    unreadable: int
 
 
 class SubjectAnswerJson(SubjectStatsJson):

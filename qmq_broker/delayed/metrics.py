@@ -38,6 +38,16 @@ class ScheduleMetrics:
             "Delayed messages moved from a day or 32-day bucket into a finer one",
             registry=registry,
         )
+        self.unreadable = Counter(
+            "qmq_broker_schedule_unreadable_messages",
+            "Delayed messages lost to damaged schedule files (found by recovery or at dispatch)",
+            registry=registry,
+        )
+        self.unreadable_dispatches = Counter(
+            "qmq_broker_schedule_unreadable_dispatch_records",
+            "Damaged dispatch records found by recovery (their messages go out again)",
+            registry=registry,
+        )
         self.lateness = Histogram(
             "qmq_broker_schedule_dispatch_lateness_seconds",
             "Stored time minus due time of dispatched messages",

@@ -11,18 +11,33 @@ Coarse buckets (days, 32 days) are scanned after the hours, finest first. Their 
 count under their due hour. A record whose (subject, id) key is already pending in a finer
 bucket was copied there by a move that a crash cut short before the coarse segment was
 deleted: it is not counted again, and its offset is noted so the move skips it.
+
+Damage never stops the broker but for a header that is not the directory's kind: that fails
+recovery, naming the file and the way out, unless ``on_damage`` is ``"skip"``; then the
+header is read past (every frame keeps its own CRC). Records in damaged bytes are listed in
+``unreadable`` (``qmq_broker.delayed.damage``). ``write=False`` changes nothing on disk, for
+``verify``, which so counts exactly what a start would.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import mmap
 import time
 from array import array
 from pathlib import Path
 
+from qmq_broker.delayed.damage import (
+    Done,
+    Unreadable,
+    header_damage,
+    moved_or_dispatched,
+    unreadable_records,
+)
 from qmq_broker.delayed.idset import HashSet64
 from qmq_broker.delayed.scan import FrameWalk, mapped
+from qmq_broker.errors import StorageError
 from qmq_broker.format import (
     COARSE_SCHEDULE_KINDS,
     FRAME_SIZE,
@@ -69,32 +84,46 @@ class ScheduleRecovered:
     problems: list[str]
     # coarse buckets on disk -> offsets of their records already moved into finer buckets
     coarse: dict[BucketKey, set[int]] = dataclasses.field(default_factory=dict)
+    unreadable: list[Unreadable] = dataclasses.field(default_factory=list)
+    headers: list[tuple[Path, str]] = dataclasses.field(default_factory=list)  # read past
+    torn: list[tuple[Path, int, int]] = dataclasses.field(default_factory=list)  # start, size
     seconds: float = 0.0
 
 
-def recover_schedule(data_dir: Path) -> ScheduleRecovered:
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _Policy:
+    on_damage: str
+    write: bool
+
+
+def recover_schedule(
+    data_dir: Path, *, on_damage: str = "fail", write: bool = True
+) -> ScheduleRecovered:
+    """Scan every bucket segment; ``StorageError`` for a bad header unless ``on_damage`` is
+    ``"skip"``. With ``write=False`` nothing on disk changes (``verify``)."""
     began = time.perf_counter()
-    for kind in (SegmentKind.SCHEDULE, SegmentKind.DISPATCH):
-        (data_dir / KIND_DIRS[kind]).mkdir(parents=True, exist_ok=True)
-    problems: list[str] = []
-    ends: dict[BucketKey, int] = {}
+    policy = _Policy(on_damage=on_damage, write=write)
+    if write:
+        for kind in (SegmentKind.SCHEDULE, SegmentKind.DISPATCH):
+            (data_dir / KIND_DIRS[kind]).mkdir(parents=True, exist_ok=True)
+    recovered = ScheduleRecovered(buckets={}, subjects={}, ids=HashSet64(), ends={}, problems=[])
+    ends, problems = recovered.ends, recovered.problems
     schedule = {segment_number(p): p for p in list_segments(data_dir, SegmentKind.SCHEDULE)}
     dispatched: dict[int, set[int]] = {}
     for path in list_segments(data_dir, SegmentKind.DISPATCH):
         number = segment_number(path)
         if number not in schedule:
             problems.append(f"{path}: no schedule segment of that hour; deleted")
-            path.unlink()
+            if write:
+                path.unlink()
             continue
-        scanned = _scan_dispatch(path, problems)
+        scanned = _scan_dispatch(path, recovered, policy)
         if scanned is not None:
             ends[(SegmentKind.DISPATCH, number)], dispatched[number] = scanned
-    recovered = ScheduleRecovered(
-        buckets={}, subjects={}, ids=HashSet64(), ends=ends, problems=problems
-    )
     keys: array[int] = array("Q")
     for number, path in sorted(schedule.items()):
-        end = _scan_schedule(path, number, dispatched.get(number, set()), recovered, keys)
+        done = dispatched.get(number, set())
+        end = _scan_schedule(path, number, done, recovered, keys, policy)
         if end is not None:
             ends[(SegmentKind.SCHEDULE, number)] = end
     recovered.ids.add_many(keys)
@@ -102,40 +131,71 @@ def recover_schedule(data_dir: Path) -> ScheduleRecovered:
         keys = array("Q")
         for path in list_segments(data_dir, kind):
             number = segment_number(path)
-            end = _scan_coarse(path, kind, number, recovered, keys)
+            end = _scan_coarse(path, kind, number, recovered, keys, policy)
             if end is not None:
                 ends[(kind, number)] = end
         recovered.ids.add_many(keys)
     recovered.seconds = time.perf_counter() - began
-    for problem in problems:
-        logger.warning(problem, extra={"action": "broker.schedule_recovery_problem"})
+    if write:
+        _log(recovered)
     return recovered
 
 
-def _scan_dispatch(path: Path, problems: list[str]) -> tuple[int, set[int]] | None:
+def _log(recovered: ScheduleRecovered) -> None:
+    lines = {lost.line() for lost in recovered.unreadable}
+    for problem in recovered.problems:
+        if problem not in lines:  # those are logged below, with their position
+            logger.warning(problem, extra={"action": "broker.schedule_recovery_problem"})
+    for lost in recovered.unreadable:
+        logger.error(
+            lost.line(),
+            extra={
+                "action": "broker.schedule_unreadable",
+                "path": str(lost.path),
+                "start": lost.start,
+                "end": lost.end,
+                "subject": lost.subject,
+                "id": lost.message_id,
+            },
+        )
+
+
+def _scan_dispatch(
+    path: Path, into: ScheduleRecovered, policy: _Policy
+) -> tuple[int, set[int]] | None:
     """Valid end and listed offsets of a dispatch segment (its torn tail cut)."""
-    if _too_short(path, problems):
+    if _too_short(path, into.problems, policy) or not _header_ok(
+        path, SegmentKind.DISPATCH, into, policy
+    ):
         return None
     offsets: set[int] = set()
-    with mapped(path, SegmentKind.DISPATCH) as buf:
+    with mapped(path) as buf:
         walk = FrameWalk(buf, check=is_dispatch_record)
         for at, body, length in walk:
             record = DispatchRecord.decode(buf[body : body + length], path=str(path), offset=at)
             offsets.update(record.offsets)
-    _cut(path, walk, problems)
+        _note_damage(buf, path, SegmentKind.DISPATCH, walk, into, lambda at, _: False)
+    _cut(path, walk, into, policy)
     return walk.valid_end, offsets
 
 
 def _scan_schedule(
-    path: Path, bucket: int, done: set[int], into: ScheduleRecovered, keys: array[int]
+    path: Path,
+    bucket: int,
+    done: set[int],
+    into: ScheduleRecovered,
+    keys: array[int],
+    policy: _Policy,
 ) -> int | None:
     """Count a schedule segment's pending records (its torn tail cut); its valid end."""
-    if _too_short(path, problems=into.problems):
+    if _too_short(path, into.problems, policy) or not _header_ok(
+        path, SegmentKind.SCHEDULE, into, policy
+    ):
         return None
     counts = into.buckets.setdefault(bucket, BucketCounts())
     subjects = into.subjects
     name = str(path)
-    with mapped(path, SegmentKind.SCHEDULE) as buf:
+    with mapped(path) as buf:
         walk = FrameWalk(buf, check=is_schedule_record)
         for offset, body, length in walk:
             if offset in done:
@@ -152,19 +212,29 @@ def _scan_schedule(
                 per_subject = subjects[subject] = [0, 0]
             per_subject[0] += 1
             per_subject[1] += size
-    _cut(path, walk, into.problems)
+        _note_damage(buf, path, SegmentKind.SCHEDULE, walk, into, moved_or_dispatched(done, _no))
+    _cut(path, walk, into, policy)
     return walk.valid_end
 
 
+def _no(key: int) -> bool:
+    return False
+
+
 def _scan_coarse(
-    path: Path, kind: SegmentKind, bucket: int, into: ScheduleRecovered, keys: array[int]
+    path: Path,
+    kind: SegmentKind,
+    bucket: int,
+    into: ScheduleRecovered,
+    keys: array[int],
+    policy: _Policy,
 ) -> int | None:
     """Count a coarse segment's records not yet moved (its torn tail cut); its valid end."""
-    if _too_short(path, problems=into.problems):
+    if _too_short(path, into.problems, policy) or not _header_ok(path, kind, into, policy):
         return None
     moved = into.coarse.setdefault((kind, bucket), set())
     name = str(path)
-    with mapped(path, kind) as buf:
+    with mapped(path) as buf:
         walk = FrameWalk(buf, check=is_schedule_record)
         for offset, body, length in walk:
             deliver, key = ScheduleRecord.peek(buf, body, path=name, offset=offset)
@@ -176,7 +246,8 @@ def _scan_coarse(
             subject = ScheduleRecord.peek_subject(buf, body, path=name, offset=offset)
             _count(into, hour_bucket(deliver), subject, deliver, FRAME_SIZE + length)
             keys.append(key)
-    _cut(path, walk, into.problems)
+        _note_damage(buf, path, kind, walk, into, moved_or_dispatched(set(), into.ids.__contains__))
+    _cut(path, walk, into, policy)
     return walk.valid_end
 
 
@@ -189,24 +260,59 @@ def _count(into: ScheduleRecovered, hour: int, subject: str, deliver: int, size:
     per_subject[1] += size
 
 
-def _too_short(path: Path, problems: list[str]) -> bool:
+def _too_short(path: Path, problems: list[str], policy: _Policy) -> bool:
     if path.stat().st_size >= HEADER_SIZE:
         return False
-    problems.append(f"{path}: header cut short; deleted")
-    path.unlink()
+    problems.append(f"{path}: header cut short (an empty file a crash left); deleted")
+    if policy.write:
+        path.unlink()
     return True
 
 
-def _cut(path: Path, walk: FrameWalk, problems: list[str]) -> None:
-    """Note corrupt bytes walked past; truncate a torn tail at the last whole record."""
-    for start, end in walk.skipped:
-        problems.append(
-            f"{path}: corrupt bytes [{start}, {end}); the records in them are lost "
-            "(a schedule record: that delayed message; a dispatch record: its messages are "
-            "dispatched again and deduplicated by id); kept the rest"
+def _header_ok(path: Path, kind: SegmentKind, into: ScheduleRecovered, policy: _Policy) -> bool:
+    """Whether to read the segment: its header is ``kind``'s, or is read past under ``skip``."""
+    with open(path, "rb") as handle:
+        damage = header_damage(handle.read(HEADER_SIZE), kind, path=path)
+    if damage is None:
+        return True
+    what = f"{path}: {damage}; it holds {_holds(kind)} of every subject"
+    if policy.on_damage != "skip":
+        raise StorageError(
+            f"{what}; start with --on-damage skip to read its records past the header (each "
+            f"keeps its own CRC); qmq broker verify --data-dir {path.parent.parent} says what "
+            "else is damaged"
         )
+    into.headers.append((path, damage))
+    into.problems.append(f"{what}; read past it (--on-damage skip)")
+    return True
+
+
+def _holds(kind: SegmentKind) -> str:
+    if kind is SegmentKind.DISPATCH:
+        return "the record of which delayed messages of its hour went out"
+    return "delayed messages"
+
+
+def _note_damage(
+    buf: bytes | mmap.mmap,
+    path: Path,
+    kind: SegmentKind,
+    walk: FrameWalk,
+    into: ScheduleRecovered,
+    done: Done,
+) -> None:
+    for start, end in walk.skipped:
+        found = unreadable_records(buf, path=path, kind=kind, start=start, end=end, done=done)
+        into.unreadable += found
+        into.problems += (lost.line() for lost in found)
+
+
+def _cut(path: Path, walk: FrameWalk, into: ScheduleRecovered, policy: _Policy) -> None:
+    """Truncate a torn tail (a write a crash cut short) at the last whole record."""
     if walk.problem is None:
         return
     size = path.stat().st_size
-    problems.append(f"{path}: {walk.problem}; truncated {size - walk.valid_end} bytes")
-    truncate_file(path, walk.valid_end)
+    into.torn.append((path, walk.valid_end, size))
+    into.problems.append(f"{path}: {walk.problem}; truncated {size - walk.valid_end} bytes")
+    if policy.write:
+        truncate_file(path, walk.valid_end)

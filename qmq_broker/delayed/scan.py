@@ -3,7 +3,9 @@
 Runs on worker threads. Files are memory-mapped and walked frame by frame. After a frame
 that is cut short or fails its CRC the walk resynchronises on the next valid record, as the
 message log's does (``qmq_broker.format.next_valid_frame``): corrupt bytes in the middle cost the
-records in them, and only bad bytes with nothing valid after them are a torn tail.
+records in them. At the end, only a frame the file does not hold whole is a torn tail (a write
+a crash cut short, never acknowledged); a whole frame there that fails its CRC is damage, kept
+like damage in the middle. Segment headers are checked by recovery, not here.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from array import array
 from collections.abc import Iterator
 from pathlib import Path
 
-from qmq_broker.errors import StorageError
 from qmq_broker.format import (
     FRAME,
     FRAME_SIZE,
@@ -28,7 +29,6 @@ from qmq_broker.format import (
     is_dispatch_record,
     is_schedule_record,
     next_valid_frame,
-    read_segment_header,
 )
 from qmq_broker.storage.segments import segment_path
 
@@ -65,14 +65,31 @@ class FrameWalk:
             if length is None:
                 following = next_valid_frame(buf, offset + 1, end, self._check)
                 if following is None:
-                    self.problem = f"torn or corrupt frame at offset {offset}"
+                    following = self._damaged_last(offset, end)
+                if following is None:
+                    self.problem = f"torn frame at offset {offset}"
                     return
                 self.skipped.append((offset, following))
                 offset = following
+                if following == end:
+                    self.valid_end = end
                 continue
             yield offset, offset + FRAME_SIZE, length
             offset += FRAME_SIZE + length
             self.valid_end = offset
+
+    def _damaged_last(self, offset: int, end: int) -> int | None:
+        """Where a damaged frame at ``offset`` with nothing valid after it ends, when it is
+        whole: its declared length fits, or the bytes to ``end`` match its CRC (its length
+        was hit). None when the file does not hold it whole: a torn write."""
+        if offset + FRAME_SIZE > end:
+            return None
+        length, crc = FRAME.unpack_from(self._buf, offset)
+        if zlib.crc32(self._buf[offset + FRAME_SIZE : end]) == crc:
+            return end
+        if 0 < length <= MAX_PAYLOAD and offset + FRAME_SIZE + length <= end:
+            return offset + FRAME_SIZE + int(length)
+        return None
 
     def _whole_frame(self, offset: int, end: int) -> int | None:
         """The payload length of a whole, CRC-valid frame at ``offset``, else None."""
@@ -88,15 +105,12 @@ class FrameWalk:
 
 
 @contextlib.contextmanager
-def mapped(path: Path, kind: SegmentKind) -> Iterator[bytes | mmap.mmap]:
-    """A segment's bytes, memory-mapped, after checking its header names ``kind``."""
+def mapped(path: Path) -> Iterator[bytes | mmap.mmap]:
+    """A segment's bytes, memory-mapped (recovery has checked its header, or read past it)."""
     with open(path, "rb") as handle:
-        head = handle.read(HEADER_SIZE)
-        found = read_segment_header(head, path=str(path))
-        if found is not kind:
-            raise StorageError(f"{path} is a {found.name} segment, not a {kind.name} one")
-        if handle.seek(0, 2) == HEADER_SIZE:
-            yield head
+        if handle.seek(0, 2) <= HEADER_SIZE:
+            handle.seek(0)
+            yield handle.read()
             return
         buf = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
         try:
@@ -111,7 +125,7 @@ def dispatched_offsets(data_dir: Path, bucket: int, *, end: int | None = None) -
     if not path.exists():
         return set()
     done: set[int] = set()
-    with mapped(path, SegmentKind.DISPATCH) as buf:
+    with mapped(path) as buf:
         for offset, body, length in FrameWalk(buf, end=end, check=is_dispatch_record):
             payload = bytes(buf[body : body + length])
             done.update(DispatchRecord.decode(payload, path=str(path), offset=offset).offsets)
@@ -125,7 +139,7 @@ def pending_entries(data_dir: Path, bucket: int, *, end: int, dispatched: set[in
     path = segment_path(data_dir, SegmentKind.SCHEDULE, bucket)
     if not path.exists():
         return out
-    with mapped(path, SegmentKind.SCHEDULE) as buf:
+    with mapped(path) as buf:
         for offset, body, length in FrameWalk(buf, end=end, check=is_schedule_record):
             if offset in dispatched:
                 continue
@@ -152,7 +166,7 @@ def read_payloads(
     if not path.exists():
         return out, end
     size = 0
-    with mapped(path, kind) as buf:
+    with mapped(path) as buf:
         for offset, body, length in FrameWalk(buf, start=start, end=end, check=is_schedule_record):
             if offset not in skip:
                 out.append(bytes(buf[body : body + length]))

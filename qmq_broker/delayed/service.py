@@ -54,7 +54,7 @@ from qmq_broker.format import (
 from qmq_broker.messages import IncomingMessage, rfc3339
 from qmq_broker.storage.buckets import BucketKey
 from qmq_broker.storage.journal import Journal
-from qmq_broker.storage.segments import Position, SegmentReader
+from qmq_broker.storage.segments import Position, SegmentReader, segment_path
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +73,7 @@ MOVE_CHUNK_BYTES = 4 * 1024 * 1024  # records of a coarse bucket moved per step
 class ScheduledCount:
     messages: int
     bytes: int
+    unreadable: int  # lost to damaged schedule files (those whose record still names it)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -99,6 +100,7 @@ class ScheduleStats:
     dispatch_lag_ms: float
     wheel_messages: int
     dispatched: int
+    unreadable: int  # delayed messages lost to damaged schedule files since start
     last_dispatch: LastDispatch | None
     hours: list[ScheduledHour]
     more_hours: bool
@@ -163,6 +165,10 @@ class DelayedMessages:
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self.dispatched = 0
+        self.unreadable = 0
+        self._unreadable_of: collections.Counter[str] = collections.Counter()
+        for lost in recovered.unreadable:
+            self._count_unreadable(lost.subject, lost=lost.lost)
         self.last_lateness_us: int | None = None
         self.last_dispatch_us: int | None = None
 
@@ -404,6 +410,8 @@ class DelayedMessages:
         stored = repeated = 0
         for entry, record in zip(due, read, strict=True):
             seq = UNREADABLE if record is None else next(seqs_iter)
+            if record is None:
+                self._count_unreadable(None)
             bucket = hour_bucket(entry.deliver_at_us)
             offsets, seqs_done = done.setdefault(bucket, ([], []))
             offsets.append(entry.offset)
@@ -434,10 +442,26 @@ class DelayedMessages:
             except (CorruptRecord, StorageError) as exc:
                 logger.error(
                     "unreadable scheduled message dropped",
-                    extra={"action": "broker.schedule_unreadable", "error": str(exc)},
+                    extra={
+                        "action": "broker.schedule_unreadable",
+                        "path": str(segment_path(self._data_dir, SegmentKind.SCHEDULE, bucket)),
+                        "start": entry.offset,
+                        "end": entry.offset + entry.length,
+                        "error": str(exc),
+                    },
                 )
                 out.append(None)
         return out
+
+    def _count_unreadable(self, subject: str | None, *, lost: bool = True) -> None:
+        """A delayed message lost to damage (or, ``lost`` False, a dispatch record)."""
+        if not lost:
+            self.metrics.unreadable_dispatches.inc()
+            return
+        self.unreadable += 1
+        self.metrics.unreadable.inc()
+        if subject is not None:
+            self._unreadable_of[subject] += 1
 
     def _forget(self, bucket: int, entry: WheelEntry, record: ScheduleRecord | None) -> None:
         counts = self._hours[bucket].counts
@@ -535,6 +559,7 @@ class DelayedMessages:
             dispatch_lag_ms=round(snap["lag_us"] / 1000, 3),
             wheel_messages=snap["wheel"],
             dispatched=self.dispatched,
+            unreadable=self.unreadable,
             last_dispatch=last,
             hours=listed,
             more_hours=len(hours) > limit,
@@ -542,7 +567,8 @@ class DelayedMessages:
 
     def subject_stats(self, subject: str) -> ScheduledCount:
         messages, size = self._subjects.get(subject, (0, 0))
-        return ScheduledCount(messages=messages, bytes=size)
+        unreadable = self._unreadable_of.get(subject, 0)
+        return ScheduledCount(messages=messages, bytes=size, unreadable=unreadable)
 
     def knows(self, subject: str) -> bool:
-        return subject in self._subjects
+        return subject in self._subjects or subject in self._unreadable_of

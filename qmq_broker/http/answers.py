@@ -108,6 +108,7 @@ class ScheduledSummary(_Answer):
 
     messages: Count
     bytes: Count
+    unreadable: Count = Field(description="lost to damaged schedule files, never delivered")
 
 
 class SubjectResponse(SubjectSummary):
@@ -152,6 +153,7 @@ class ScheduleResponse(_Answer):
     dispatch_lag_ms: float
     wheel_messages: Count
     dispatched: Count
+    unreadable: Count = Field(description="delayed messages lost to damaged schedule files")
     last_dispatch: LastDispatchAnswer | None
     hours: list[ScheduleHour]
     more_hours: bool

@@ -794,7 +794,11 @@ class InMemoryBroker:
         groups = sorted((g.name, g) for (s, _), g in self._groups.items() if s == name)
         return {
             **shelf.stats(),
-            "scheduled": {"messages": len(delayed), "bytes": sum(len(d.body) for d in delayed)},
+            "scheduled": {
+                "messages": len(delayed),
+                "bytes": sum(len(d.body) for d in delayed),
+                "unreadable": 0,
+            },
             "groups": [group.stats(len(shelf.messages)) for _, group in groups],
         }
 
@@ -815,7 +819,7 @@ class InMemoryBroker:
                 groups[name] = stats if found is None else _group_summed(found, stats)
         return {
             **total,
-            "scheduled": {"messages": 0, "bytes": 0},
+            "scheduled": {"messages": 0, "bytes": 0, "unreadable": 0},
             "groups": [groups[name] for name in sorted(groups)],
         }
 
