@@ -3,17 +3,20 @@
 The broker's options come from ``BrokerConfig`` and ``BrokerListener``; each is also read
 from ``QMQ_BROKER_<OPTION>`` (shown in ``--help``). Before it logs or listens, the broker
 checks what it needs from the machine: a data directory it can create and write, of a
-format it reads, and a free address; each failure is one line on stderr and exit 3
-(``qmq_outbox.cli.failures``). A bad ``--auth-file`` exits 2.
+format it reads, no other process holding it (``qmq_broker.storage.lock``), and a free
+address; each failure is one line on stderr and exit 3 (``qmq_outbox.cli.failures``). A bad
+``--auth-file`` exits 2.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -23,10 +26,7 @@ from qmq_broker.errors import ConfigError, QmqBrokerError, StorageError
 from qmq_broker.format import FORMAT_VERSION, read_format
 from qmq_broker.http.auth import Authorizer
 from qmq_broker.http.guard import GuardPolicy
-from qmq_broker.repair import repair as repair_derived
-from qmq_broker.server import serve
-from qmq_broker.verify import NotADataDir, Report
-from qmq_broker.verify import verify as check
+from qmq_broker.storage.lock import DataDirLock, probe
 from qmq_outbox.cli import failures
 from qmq_outbox.cli.options import (
     Parsed,
@@ -37,6 +37,9 @@ from qmq_outbox.cli.options import (
     parse_duration,
     take,
 )
+
+if TYPE_CHECKING:
+    from qmq_broker.verify import Report
 
 ENVVAR_PREFIX = "QMQ_BROKER"
 
@@ -152,9 +155,26 @@ def broker(ctx: click.Context, /, **values: Any) -> None:
         listen.host, allow_hosts=listen.allow_host, allow_origins=listen.allow_origin
     )
     check_data_dir(config.data_dir)
-    check_address(listen.host, listen.port)
-    logs.configure(listen.log_level)
-    serve(config, host=listen.host, port=listen.port, authorizer=authorizer, guard=guard)
+    with owning(config.data_dir):
+        check_address(listen.host, listen.port)
+        logs.configure(listen.log_level)
+        # imported once the directory is ours: a refused second broker exits without
+        # paying for the server's imports
+        from qmq_broker.server import serve
+
+        serve(config, host=listen.host, port=listen.port, authorizer=authorizer, guard=guard)
+
+
+@contextlib.contextmanager
+def owning(data_dir: Path) -> Iterator[None]:
+    """Hold ``data_dir``'s lock inside; ``Unavailable`` naming the holder's pid when another
+    process holds it."""
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(DataDirLock(data_dir))
+        except StorageError as exc:
+            raise failures.Unavailable(str(exc)) from exc
+        yield
 
 
 def check_data_dir(data_dir: Path) -> None:
@@ -199,7 +219,7 @@ def check_address(host: str, port: int) -> None:
     type=click.Path(path_type=Path, file_okay=False),
     envvar=f"{ENVVAR_PREFIX}_DATA_DIR",
     show_envvar=True,
-    help="Data directory to check; no broker may be using it.",
+    help="Data directory to check; --repair refuses one a broker is using.",
 )
 @click.option(
     "--repair",
@@ -213,19 +233,43 @@ def verify(ctx: click.Context, data_dir: Path, repair: bool) -> None:
 
     Prints one line per damage found, with what it costs, and a summary line. Exits 0 when
     clean, 1 when damage is found (after --repair: damage left), 2 for a missing or
-    unreadable data directory. Without --repair nothing is written.
+    unreadable data directory, 3 when --repair finds a broker holding it. Without --repair
+    nothing is written; a directory a broker holds is read all the same, and the output
+    says so.
     """
+    # imported here: the broker's own start pays for none of the checks' modules
+    from qmq_broker.verify import NotADataDir
+    from qmq_broker.verify import check_data_dir as check_verifiable
+    from qmq_broker.verify import verify as check
+
     try:
-        report = check(data_dir)
-        _print(report)
-        if repair and not report.clean:
-            for line in repair_derived(data_dir, report).done:
-                click.echo(f"repaired: {line}")
+        if repair:
+            check_verifiable(data_dir)
+            with owning(data_dir):
+                report = _check_and_repair(data_dir)
+        else:
+            in_use = probe(data_dir)
+            if in_use is not None:
+                click.echo(f"note: {in_use}; a broker may be writing as this reads")
             report = check(data_dir)
             _print(report)
     except NotADataDir as exc:
         raise failures.BadInput(str(exc)) from exc
     ctx.exit(0 if report.clean else 1)
+
+
+def _check_and_repair(data_dir: Path) -> Report:
+    from qmq_broker.repair import repair as repair_derived
+    from qmq_broker.verify import verify as check
+
+    report = check(data_dir)
+    _print(report)
+    if not report.clean:
+        for line in repair_derived(data_dir, report).done:
+            click.echo(f"repaired: {line}")
+        report = check(data_dir)
+        _print(report)
+    return report
 
 
 def _print(report: Report) -> None:

@@ -1,4 +1,4 @@
-"""Rewrite a data directory's derived files (indexes, checkpoints) from its logs.
+"""Rewrite a data directory's derived files (indexes, checkpoints, route tables) from its logs.
 
 Never writes a segment. Each subject's index is rebuilt from the message log and its chunks
 rewritten only when they differ; seqs are never given back: a seq whose record is gone points at its
@@ -38,8 +38,10 @@ from qmq_broker.format import (
     segment_number,
     walk_frames,
 )
+from qmq_broker.ordered.offline import repair_route_files
 from qmq_broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE, Checkpoint
 from qmq_broker.storage.index_files import CHUNK_BYTES, read_chunk, write_chunk
+from qmq_broker.storage.lock import DataDirLock
 from qmq_broker.storage.recovery import recover
 from qmq_broker.verify import Report, check_data_dir, read_index
 
@@ -55,14 +57,25 @@ class Repaired:
 
 
 def repair(data_dir: Path, report: Report) -> Repaired:
-    """Rebuild the derived files ``report`` found damaged (and any index that differs)."""
+    """Rebuild the derived files ``report`` found damaged (and any index that differs);
+    ``DataDirLocked`` while another process holds ``data_dir``."""
     check_data_dir(data_dir)
+    with DataDirLock(data_dir):
+        return _repair(data_dir, report)
+
+
+def _repair(data_dir: Path, report: Report) -> Repaired:
     done: list[str] = []
-    bad_checkpoints = [f.path for f in report.findings if f.derived and f.path.name in CHECKPOINTS]
+    bad_checkpoints = [
+        f.path
+        for f in report.findings
+        if f.derived and f.path.parent == data_dir and f.path.name in CHECKPOINTS
+    ]  # not a route table of a subject named "checkpoint"
     for path in bad_checkpoints:
         path.unlink()
         done.append(f"removed {path} (did not check out)")
     done += rebuild_indexes(data_dir)
+    done += repair_route_files(data_dir)
     done += _drop_damaged_dedup_files(
         [f.path for f in report.findings if f.path.parent.parent.name == "dedup"]
     )

@@ -1,5 +1,8 @@
 """Run a broker under uvicorn: recovery in the background, graceful shutdown on SIGTERM.
 
+The broker holds its data directory's lock (``qmq_broker.storage.lock``) from before
+recovery until it exits, so a second broker on the same directory is refused.
+
 On SIGTERM or SIGINT the broker stops taking new requests (503), wakes long polls so they
 answer at once, lets in-flight requests finish, writes a checkpoint and exits 0. A recovery
 that fails stops the server too: the process exits 1 with one line on stderr, instead of
@@ -34,6 +37,7 @@ from qmq_broker.http.guard import GuardPolicy
 from qmq_broker.http.hot import HotRoutes
 from qmq_broker.memory import AfterBurst, malloc_trim
 from qmq_broker.metrics import BrokerMetrics
+from qmq_broker.storage.lock import DataDirLock
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +109,20 @@ def serve(
     port: int,
     authorizer: Authorizer | None = None,
     guard: GuardPolicy | None = None,
+) -> None:
+    """Serve ``config.data_dir`` on ``host:port`` until a signal, holding the directory's lock
+    from before recovery to exit; ``DataDirLocked`` when another process holds it."""
+    with DataDirLock(config.data_dir):
+        _serve(config, host=host, port=port, authorizer=authorizer, guard=guard)
+
+
+def _serve(
+    config: BrokerConfig,
+    *,
+    host: str,
+    port: int,
+    authorizer: Authorizer | None,
+    guard: GuardPolicy | None,
 ) -> None:
     failures: list[BaseException] = []
 

@@ -64,6 +64,7 @@ from qmq_broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE
 from qmq_broker.storage.fsync import rewrite_file, sync_dir
 from qmq_broker.storage.index_files import read_chunk, write_chunk
 from qmq_broker.storage.index_repair import rebuild_chunk
+from qmq_broker.storage.lock import DataDirLock
 from qmq_broker.storage.segments import SegmentReader
 
 logger = logging.getLogger(__name__)
@@ -71,11 +72,17 @@ RUN_CHUNKS = 64  # index chunks whose ids go into one dedup run in the 2 -> 3 st
 
 
 def migrate(data_dir: Path, version: int) -> list[str]:
-    """Migrate ``data_dir`` from format ``version``; returns what was done, a line each."""
+    """Migrate ``data_dir`` from format ``version``; returns what was done, a line each.
+    ``DataDirLocked`` while another process holds ``data_dir``."""
     if version not in (1, 2, 3):
         raise StorageError(
             f"{data_dir} holds format {version}; this broker reads 1 to {FORMAT_VERSION}"
         )
+    with DataDirLock(data_dir):
+        return _migrate(data_dir, version)
+
+
+def _migrate(data_dir: Path, version: int) -> list[str]:
     done: list[str] = []
     if version == 1:
         done += _format_1_to_2(data_dir)
