@@ -41,7 +41,7 @@ from qmq_broker.groups import Policy
 from qmq_broker.memory import malloc_trim
 from qmq_broker.metrics import BrokerMetrics
 from qmq_broker.ordered.book import RouteBook
-from qmq_broker.ordered.files import load_routes
+from qmq_broker.ordered.opening import open_routes
 from qmq_broker.ordered.pulls import OrderedPulls
 from qmq_broker.ordered.service import RouteService
 from qmq_broker.produce import ProduceService
@@ -150,7 +150,13 @@ class Broker:
             scheduled = await asyncio.to_thread(
                 recover_schedule, self.config.data_dir, on_damage=self.config.on_damage
             )
-            routes = await asyncio.to_thread(load_routes, self.config.data_dir)
+            routes = await asyncio.to_thread(
+                open_routes,
+                self.config.data_dir,
+                subjects=recovered.subjects,
+                reader=self._reader,
+                on_damage=self.config.on_damage,
+            )
         except QmqBrokerError:
             self.gate.fail()
             logger.critical(
@@ -163,8 +169,9 @@ class Broker:
         if trim is not None:
             await asyncio.to_thread(trim)  # recovery's temporaries
         self.recovered = recovered
-        self.metrics.recovery_problems.set(len(recovered.problems) + len(scheduled.problems))
-        self._wire(recovered, scheduled, RouteBook(routes))
+        problems = recovered.problems + scheduled.problems + routes.problems
+        self.metrics.recovery_problems.set(len(problems))
+        self._wire(recovered, scheduled, RouteBook(routes.routes, fenced=routes.fenced))
         commands = await self.routes.restore_commands()
         self.gate.open(self.journal)
         logger.info(
@@ -176,9 +183,10 @@ class Broker:
                 "messages": recovered.subjects.messages(),
                 "groups": len(recovered.groups),
                 "scheduled": len(scheduled.ids),
-                "ordered": len(routes),
+                "ordered": len(routes.routes),
+                "fenced": sorted(routes.fenced),
                 "commands_appended": commands,
-                "problems": recovered.problems + scheduled.problems,
+                "problems": problems,
             },
         )
 

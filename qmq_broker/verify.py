@@ -42,6 +42,7 @@ from qmq_broker.format import (
     segment_number,
     walk_frames,
 )
+from qmq_broker.ordered.offline import inspect_route_files
 from qmq_broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE, Checkpoint
 from qmq_broker.storage.index_files import read_chunk
 
@@ -134,6 +135,7 @@ def _verify(data_dir: Path) -> Report:
     findings: list[Finding] = []
     findings += check_checkpoints(data_dir)
     findings += check_dedup_stores(data_dir)
+    findings += check_route_files(data_dir)
     indexed, index_findings = read_indexes(data_dir)
     findings += index_findings
     by_segment: dict[int, list[Indexed]] = defaultdict(list)
@@ -192,6 +194,17 @@ def check_checkpoints(data_dir: Path) -> list[Finding]:
             derived=True,
         )
         for path, why in bad
+    ]
+
+
+# --- route tables ------------------------------------------------------------------------
+
+
+def check_route_files(data_dir: Path) -> list[Finding]:
+    """Ordered subjects' route tables and declarations (``qmq_broker.ordered.offline``)."""
+    return [
+        Finding(path=d.path, offset=0, damage=d.damage, cost=d.cost, derived=d.repairable)
+        for d in inspect_route_files(data_dir)
     ]
 
 

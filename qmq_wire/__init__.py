@@ -184,6 +184,7 @@ ERROR_STATUS: Final[dict[str, int]] = {
     "recovering": 503,
     "shutting_down": 503,
     "read_only": 503,
+    "subject_fenced": 503,  # an ordered subject whose route table could not be rebuilt
     "storage_failed": 503,
     "deadline_exceeded": 503,
     "too_many_connections": 503,

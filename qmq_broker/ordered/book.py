@@ -2,14 +2,17 @@
 
 ``RouteBook`` is the only writer of both; produce asks it where a message goes, pulls
 which partitions a version has. No I/O: ``RouteService`` writes the tables to disk before
-it installs them here.
+it installs them here. A subject whose table was damaged and could not be rebuilt is
+fenced: still ordered (nothing of it is served as a plain subject), but every call that
+needs its routes answers ``subject_fenced``, while the other subjects are served.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
-from qmq_broker.errors import Conflict
+from qmq_broker.errors import Conflict, Unavailable
 from qmq_wire.ordered import logic_partition, partition_log
 from qmq_wire.routes import Routes
 
@@ -24,25 +27,40 @@ class Target:
 
 
 class RouteBook:
-    def __init__(self, routes: dict[str, Routes] | None = None) -> None:
+    def __init__(
+        self, routes: Mapping[str, Routes] | None = None, *, fenced: Mapping[str, str] | None = None
+    ) -> None:
         self._routes = dict(routes or {})
+        self._fenced = dict(fenced or {})  # subject -> why, as its error message says it
         self._commands: dict[tuple[str, int], int] = {}  # (subject, partition) -> seq
 
     def get(self, subject: str) -> Routes | None:
+        """The subject's routes; None for a plain subject; ``subject_fenced`` if fenced."""
+        why = self._fenced.get(subject)
+        if why is not None:
+            raise Unavailable(code="subject_fenced", message=why, field="subject")
         return self._routes.get(subject)
 
     def is_ordered(self, subject: str) -> bool:
-        return subject in self._routes
+        return subject in self._routes or subject in self._fenced
 
     def __bool__(self) -> bool:
         """Whether any subject is ordered (produce skips routing when none is)."""
-        return bool(self._routes)
+        return bool(self._routes) or bool(self._fenced)
 
     def subjects(self) -> list[str]:
+        """The ordered subjects served (the fenced ones left out)."""
         return sorted(self._routes)
+
+    def fenced(self) -> list[str]:
+        return sorted(self._fenced)
 
     def target(self, subject: str, key: str | None, *, index: int) -> Target:
         """Where message ``index`` of a produce request (of ordered ``subject``) goes."""
+        why = self._fenced.get(subject)
+        if why is not None:
+            field = f"messages[{index}].subject"
+            raise Unavailable(code="subject_fenced", message=why, field=field)
         if key is None:
             raise Conflict(
                 code="key_required",
