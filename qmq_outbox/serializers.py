@@ -1,24 +1,32 @@
 """Message body serializers: JSON by default, bytes passed through, pluggable.
 
 The default ``JsonSerializer`` writes what a SQLAlchemy or FastAPI app holds without
-conversion code (the table is in docs/outbox.md): orjson's own types (``str``, numbers,
-``bool``, ``None``, lists, tuples, dicts with ``str`` keys, ``datetime``, ``date``,
-``time``, ``UUID``, ``Enum`` as its value, dataclasses), plus ``Decimal`` and pydantic
-models through orjson's ``default=`` hook, at any depth. Anything else raises
-``SerializationError`` naming the type.
+conversion code, by the rules in docs/outbox.md: orjson's own types, ``Decimal``,
+datetimes in one RFC 3339 form (UTC, ``Z``), dataclasses and pydantic models, at any
+depth. It refuses ORM-mapped objects, NaN and infinities, and anything else it has no rule
+for, with a ``SerializationError`` naming where in the body the value is.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import re
+from datetime import date, datetime, time
 from decimal import Decimal
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import orjson
 
+from qmq_outbox.body_models import is_orm_mapped, is_pydantic_model, model_value, orm_refusal
+from qmq_outbox.body_paths import ROOT, find_refusal, has_non_finite, non_finite, refuse, type_name
+from qmq_outbox.envelope import format_timestamp
 from qmq_outbox.errors import ConfigurationError, SerializationError
 
 OCTET_STREAM = "application/octet-stream"
 DecimalFormat = Literal["string", "number"]
+# Datetimes and dataclasses come to ``_convert``: one datetime form, no ORM dataclasses.
+_OWN_OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+_FIND_NULL = re.compile(b"null").search  # faster than `in` for a 4-byte needle
 
 
 @runtime_checkable
@@ -34,10 +42,9 @@ class JsonSerializer:
     """JSON via orjson; the default serializer.
 
     ``decimal="string"`` (the default) writes a ``Decimal`` as a JSON string of its exact
-    digits (``"12.30"``), which every JSON parser keeps as it is; ``"number"`` writes the
-    same digits as a JSON number (``12.30``), which most parsers read into a binary float.
-    Datetimes are RFC 3339 with their offset; a naive one is taken as UTC (``+00:00``).
-    ``option`` adds orjson flags (``orjson.OPT_SORT_KEYS``, ...).
+    digits (``"12.30"``); ``"number"`` writes the same digits as a JSON number (``12.30``),
+    which most parsers read into a binary float. ``option`` adds orjson flags
+    (``orjson.OPT_SORT_KEYS``, ...); datetimes and dataclasses keep the SDK's rules.
     """
 
     content_type = "application/json"
@@ -46,39 +53,54 @@ class JsonSerializer:
         if decimal not in ("string", "number"):
             raise ConfigurationError(f"decimal must be 'string' or 'number', not {decimal!r}")
         self._decimal_as_number = decimal == "number"
-        self._option = orjson.OPT_NAIVE_UTC | (option or 0)
+        self._option = (option or 0) | _OWN_OPTIONS
+        self._str_keys = not self._option & orjson.OPT_NON_STR_KEYS
 
     def dumps(self, value: Any) -> bytes:
         try:
-            return orjson.dumps(value, default=self._default, option=self._option)
+            out = orjson.dumps(value, default=self._default, option=self._option)
         except orjson.JSONEncodeError as exc:
-            # orjson reports the default hook's own error as the cause: it names the type.
+            find_refusal(value, self._convert, str_keys=self._str_keys)  # raises, with a path
             raise SerializationError(f"cannot serialize as JSON: {exc.__cause__ or exc}") from exc
+        # orjson writes a NaN or an infinity as null: was there one?
+        if _FIND_NULL(out) and has_non_finite(value, self._convert_shallow):
+            find_refusal(value, self._convert_shallow, str_keys=self._str_keys)
+        return out
 
     def _default(self, value: Any) -> Any:
         """orjson calls this for each value it has no encoding of, at any depth."""
-        if isinstance(value, Decimal):
-            return self._encode_decimal(value)
-        model_dump = getattr(value, "model_dump", None)
-        if model_dump is not None and not isinstance(value, type):  # a pydantic model
-            return model_dump(mode="json")
-        raise TypeError(f"{_type_name(value)} is not JSON serializable")
+        return self._convert(value, ROOT)
 
-    def _encode_decimal(self, value: Decimal) -> Any:
+    def _convert(self, value: Any, path: str) -> Any:
+        if isinstance(value, datetime):
+            try:
+                return format_timestamp(value)
+            except OverflowError:
+                raise refuse(path, f"{value!r} is out of range in UTC") from None
+        if isinstance(value, Decimal):
+            return self._encode_decimal(value, path)
+        if isinstance(value, date | time):  # orjson hands these over with datetimes
+            if isinstance(value, time) and value.tzinfo is not None:
+                raise refuse(path, "a time with a tzinfo; publish a datetime")
+            return value.isoformat()
+        if is_orm_mapped(value):
+            raise orm_refusal(value, path)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        if is_pydantic_model(value):
+            return model_value(value, path, self._encode_decimal)
+        raise refuse(path, f"{type_name(value)} is not JSON serializable")
+
+    def _convert_shallow(self, value: Any, path: str) -> Any:
+        """``_convert`` for the NaN check: a converted model has been checked already."""
+        return None if is_pydantic_model(value) else self._convert(value, path)
+
+    def _encode_decimal(self, value: Decimal, path: str) -> Any:
+        if not value.is_finite():
+            raise non_finite(value, path)
         if not self._decimal_as_number:
             return str(value)
-        if not value.is_finite():
-            raise TypeError(f"Decimal('{value}') is not a JSON number")
         return orjson.Fragment(str(value))  # Decimal's str is a valid JSON number when finite
-
-
-def _type_name(value: object) -> str:
-    kind = type(value)
-    return (
-        kind.__qualname__
-        if kind.__module__ == "builtins"
-        else f"{kind.__module__}.{kind.__qualname__}"
-    )
 
 
 def serialize(value: Any, serializer: Serializer) -> tuple[bytes, str]:

@@ -62,14 +62,13 @@ def dumps(value: Any, **kwargs: Any) -> Any:
         (Decimal("12.30"), "12.30"),
         (Decimal("-0.000001"), "-0.000001"),
         (Decimal("1E+3"), "1E+3"),
-        (Decimal("NaN"), "NaN"),
         (ORDER_ID, "0190f3a4-5b6c-7d8e-9fab-0123456789ab"),
-        (datetime(2024, 5, 6, 7, 8, 9, 123456, tzinfo=UTC), "2024-05-06T07:08:09.123456+00:00"),
+        (datetime(2024, 5, 6, 7, 8, 9, 123456, tzinfo=UTC), "2024-05-06T07:08:09.123456Z"),
         (
             datetime(2024, 5, 6, 7, 8, 9, tzinfo=timezone(timedelta(hours=2))),
-            "2024-05-06T07:08:09+02:00",
+            "2024-05-06T05:08:09Z",  # in UTC
         ),
-        (datetime(2024, 5, 6, 7, 8, 9), "2024-05-06T07:08:09+00:00"),  # naive: taken as UTC
+        (datetime(2024, 5, 6, 7, 8, 9), "2024-05-06T07:08:09Z"),  # naive: taken as UTC
         (date(2024, 5, 6), "2024-05-06"),
         (time(7, 8, 9), "07:08:09"),
         (Status.PAID, "paid"),
@@ -114,7 +113,7 @@ def test_dataclasses_and_pydantic_models_nested_in_lists_and_dicts() -> None:
         "lines": [{"sku": "a", "price": "1.50", "on": "2024-01-02"}],
     }
     assert dumps(body) == {
-        "lines": [{"sku": "a", "price": "1.50", "added_at": "2024-01-02T03:04:05+00:00"}],
+        "lines": [{"sku": "a", "price": "1.50", "added_at": "2024-01-02T03:04:05Z"}],
         "model": expected_model,
         "by_id": {"x": [expected_model]},
     }
@@ -145,7 +144,7 @@ def test_non_string_keys_are_refused() -> None:
 def test_extra_orjson_options_keep_the_defaults() -> None:
     serializer = JsonSerializer(option=orjson.OPT_SORT_KEYS)
     assert serializer.dumps({"b": datetime(2024, 1, 1), "a": Decimal("1.0")}) == (
-        b'{"a":"1.0","b":"2024-01-01T00:00:00+00:00"}'
+        b'{"a":"1.0","b":"2024-01-01T00:00:00Z"}'
     )
 
 
