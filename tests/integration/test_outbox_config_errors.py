@@ -35,7 +35,7 @@ from tests.support.outbox import clear_outbox, stored_ids, unique_subject, wait_
 from tests.support.postgres import fresh_database
 
 pytestmark = pytest.mark.timeout(120)
-BACKOFF = {"backoff_base": timedelta(milliseconds=50), "backoff_cap": timedelta(milliseconds=50)}
+BACKOFF = timedelta(milliseconds=50)
 
 
 class Stub(ThreadingHTTPServer):
@@ -204,7 +204,12 @@ def test_a_refusal_of_the_request_leaves_every_row_pending_until_the_broker_is_r
     # The compensator: even allowed a single attempt, a refused configuration kills nothing.
     limit = 1 if isinstance(status, int) and status < 500 else None
     comp = Compensator(
-        engine=engine, broker_url=url, grace=timedelta(0), max_attempts=limit, **BACKOFF
+        engine=engine,
+        broker_url=url,
+        grace=timedelta(0),
+        max_attempts=limit,
+        backoff_base=BACKOFF,
+        backoff_cap=BACKOFF,
     )
     before = datetime.now(UTC)
     first = comp.run_once()
