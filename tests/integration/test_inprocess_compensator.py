@@ -22,6 +22,7 @@ from sqlalchemy.orm import sessionmaker
 
 from qmq_outbox import migrate
 from qmq_outbox.client import BrokerClient
+from qmq_outbox.compensator_config import CompensatorSettings
 from qmq_outbox.errors import ConfigurationError
 from qmq_outbox.outbox import Outbox
 from qmq_outbox.store import OutboxStore
@@ -39,7 +40,7 @@ from tests.support.postgres import fresh_database
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parents[2]
-FAST = {"grace": timedelta(seconds=1), "interval": timedelta(milliseconds=100)}
+FAST: CompensatorSettings = {"grace": timedelta(seconds=1), "interval": timedelta(milliseconds=100)}
 
 
 @pytest.fixture(scope="module")
