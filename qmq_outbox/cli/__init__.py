@@ -47,6 +47,11 @@ SUBCOMMANDS = {
         extra=None,
         help="Declare ordered subjects; split, merge or move partitions.",
     ),
+    "transport": Subcommand(
+        module="qmq_outbox.cli.transport",
+        extra=None,
+        help="Declare RabbitMQ queues and JetStream consumers before traffic.",
+    ),
     "reconcile": Subcommand(
         module="qmq_reconcile.cli",
         extra="spark",

@@ -18,8 +18,10 @@ from qmq_outbox.dburl import mask_url
 from qmq_outbox.errors import ConfigurationError
 from qmq_outbox.transports.base import Capabilities, ConsumerSpec
 from qmq_outbox.transports.blocking import BlockingProducer, LoopThread
+from qmq_outbox.transports.topology import Groups, group_pairs
 
 if TYPE_CHECKING:
+    from qmq_outbox.client import StartAt
     from qmq_outbox.transports.jetstream.consumer import JetStreamConsumer
     from qmq_outbox.transports.jetstream.producer import JetStreamProducer
 
@@ -45,6 +47,10 @@ class JetStreamTransport:
     Consumers: a durable pull consumer per (group, subject); a pulled message is leased for
     ``lease`` (JetStream's AckWait) and tried at most ``max_attempts`` times; then it goes
     to ``<dead_prefix>.<subject>`` in stream ``<stream_prefix>-DEAD``.
+
+    ``groups`` (subject -> group names) get their durable consumers from the producer before
+    its first publish, and from ``declare()``, starting at ``groups_start`` (``latest``:
+    what is published from the declaration on); a consumer started later keeps that start.
     """
 
     url: str = "nats://127.0.0.1:4222"
@@ -60,8 +66,13 @@ class JetStreamTransport:
     publish_timeout: timedelta = timedelta(seconds=5)
     connect_timeout: timedelta = timedelta(seconds=2)
     client_name: str = "qmq-outbox"
+    groups: Groups = dataclasses.field(default_factory=dict, hash=False)
+    groups_start: StartAt = "earliest"
 
     def __post_init__(self) -> None:
+        group_pairs(self.groups)  # names checked when configured, not at the first publish
+        if self.groups_start not in ("earliest", "latest"):
+            raise ConfigurationError(f"groups_start: earliest or latest, not {self.groups_start!r}")
         if importlib.util.find_spec("nats") is None:
             raise ConfigurationError("the JetStream transport needs qmq-outbox[nats] (nats-py)")
         if self.storage not in ("file", "memory"):
@@ -122,6 +133,21 @@ class JetStreamTransport:
         from qmq_outbox.transports.jetstream.consumer import JetStreamConsumer
 
         return await JetStreamConsumer.open(self, spec)
+
+    @property
+    def declared(self) -> tuple[tuple[str, str], ...]:
+        """The ``(group, subject)`` pairs of ``groups``."""
+        return group_pairs(self.groups)
+
+    def declare(self) -> list[str]:
+        """Make every declared group's stream and durable consumer now (again: harmless)."""
+        from qmq_outbox.transports.jetstream.durables import declare_topology
+
+        loop = LoopThread("qmq-jetstream-declare")
+        try:
+            return loop.run(declare_topology(self))
+        finally:
+            loop.close()
 
     def check(self) -> None:
         from qmq_outbox.transports.jetstream.connection import probe

@@ -1,8 +1,9 @@
 """The JetStream consumer client: a ``PullClient`` over durable pull consumers.
 
 Each (group, subject) has a durable pull consumer (explicit ack, AckWait = the transport's
-``lease``), made on the first pull of the subject. A pulled message's ``seq`` is its
-stream sequence; the client keeps its reply subject until it is acked or nacked.
+``lease``), made on the first pull of the subject unless declared before (``durables``). A
+pulled message's ``seq`` is its stream sequence; the client keeps its reply subject until
+it is acked or nacked.
 
 - ``ack``: ``+ACK`` for each, then one flush (the server has them when it answers).
 - ``nack``: ``-NAK`` with the delay (the handler's, else the qmq broker's backoff by
@@ -15,7 +16,6 @@ stream sequence; the client keeps its reply subject until it is acked or nacked.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 from collections.abc import Sequence
@@ -25,7 +25,6 @@ import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from qmq_outbox.client import AckedPull, PullMode, StartAt
 from qmq_outbox.envelope import Message
@@ -34,6 +33,7 @@ from qmq_outbox.transports import headers
 from qmq_outbox.transports.base import ConsumerSpec, DeadLetter, ack_then_pull, retry_delay
 from qmq_outbox.transports.jetstream.config import JetStreamTransport
 from qmq_outbox.transports.jetstream.connection import Connection
+from qmq_outbox.transports.jetstream.durables import ensure_durable
 from qmq_outbox.transports.jetstream.producer import MSG_ID
 from qmq_outbox.transports.jetstream.streams import Streams, read_stream
 
@@ -121,23 +121,9 @@ class JetStreamConsumer:
         if subscription is not None:
             return subscription
         stream = await self._streams.ensure(subject)
-        durable = self.transport.durable_name(self.spec.group, subject)
-        config = ConsumerConfig(
-            durable_name=durable,
-            deliver_policy=DeliverPolicy.ALL if start == "earliest" else DeliverPolicy.NEW,
-            ack_policy=AckPolicy.EXPLICIT,
-            ack_wait=self.transport.lease.total_seconds(),
-            max_deliver=self.transport.max_attempts + 1,
-            filter_subject=subject,
-            max_ack_pending=-1,  # the consumers' own budgets bound what they hold
-        )
         js = await self._connection.jetstream()
+        durable = await ensure_durable(js, self.transport, stream, self.spec.group, subject, start)
         try:
-            with contextlib.suppress(nats.js.errors.NotFoundError):
-                # where a group starts is decided once, when it is first seen
-                found = await js.consumer_info(stream, durable)
-                config.deliver_policy = found.config.deliver_policy
-            await js.add_consumer(stream, config)  # updates lease and attempts, if changed
             subscription = await js.pull_subscribe_bind(durable=durable, stream=stream)
         except (TimeoutError, nats.errors.Error) as exc:
             raise BrokerUnavailable(f"JetStream consumer {durable} on {stream}: {exc!r}") from exc

@@ -21,6 +21,7 @@ from qmq_outbox.transports import headers
 from qmq_outbox.transports.base import Outcome
 from qmq_outbox.transports.jetstream.config import JetStreamTransport
 from qmq_outbox.transports.jetstream.connection import Connection
+from qmq_outbox.transports.jetstream.durables import declare_groups
 from qmq_outbox.transports.jetstream.streams import Streams
 from qmq_outbox.transports.keyorder import publish_in_key_order
 
@@ -46,8 +47,15 @@ class JetStreamProducer:
         self.base_url = transport.base_url
         self._connection = Connection(transport)
         self._streams = Streams(transport, self._connection)
+        self._declared = not transport.groups
 
     async def produce(self, messages: Sequence[OutgoingMessage]) -> Sequence[Outcome]:
+        if not self._declared:  # before the first publish, so the groups see it
+            try:
+                await declare_groups(self._connection, self._streams)
+            except (BrokerUnavailable, ConfigurationError) as exc:
+                return [BrokerUnavailable(str(exc))] * len(messages)
+            self._declared = True
         return await publish_in_key_order(messages, self._publish)
 
     async def _publish(self, message: OutgoingMessage) -> Outcome:

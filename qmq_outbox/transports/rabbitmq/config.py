@@ -16,6 +16,7 @@ from qmq_outbox.dburl import mask_url
 from qmq_outbox.errors import ConfigurationError
 from qmq_outbox.transports.base import Capabilities, ConsumerSpec
 from qmq_outbox.transports.blocking import BlockingProducer, LoopThread
+from qmq_outbox.transports.topology import Groups, group_pairs
 
 if TYPE_CHECKING:
     from qmq_outbox.transports.rabbitmq.consumer import RabbitMqConsumer
@@ -40,6 +41,9 @@ class RabbitMqTransport:
     start: a group gets what is published after its queue first exists. Retries wait in
     ``<group>.<subject>.retry`` (per-message TTL, then dead-lettered back); after
     ``max_attempts`` a message goes to ``<group>.<subject>.dead`` with its error.
+
+    ``groups`` (subject -> group names) are declared by the producer before its first
+    publish, and by ``declare()``: their queues exist before any of their consumers starts.
     """
 
     url: str = "amqp://guest:guest@127.0.0.1:5672/"
@@ -49,8 +53,10 @@ class RabbitMqTransport:
     mandatory: bool = True
     publish_timeout: timedelta = timedelta(seconds=5)
     connect_timeout: timedelta = timedelta(seconds=5)
+    groups: Groups = dataclasses.field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
+        group_pairs(self.groups)  # names checked when configured, not at the first publish
         if importlib.util.find_spec("aio_pika") is None:
             raise ConfigurationError("the RabbitMQ transport needs qmq-outbox[rabbitmq] (aio-pika)")
         if self.queue_type not in ("quorum", "classic"):
@@ -94,6 +100,21 @@ class RabbitMqTransport:
         from qmq_outbox.transports.rabbitmq.consumer import RabbitMqConsumer
 
         return RabbitMqConsumer(self, spec)
+
+    @property
+    def declared(self) -> tuple[tuple[str, str], ...]:
+        """The ``(group, subject)`` pairs of ``groups``."""
+        return group_pairs(self.groups)
+
+    def declare(self) -> list[str]:
+        """Declare the exchange and every declared group's queues now (again: harmless)."""
+        from qmq_outbox.transports.rabbitmq.connection import declare_topology
+
+        loop = LoopThread("qmq-rabbitmq-declare")
+        try:
+            return loop.run(declare_topology(self))
+        finally:
+            loop.close()
 
     def check(self) -> None:
         from qmq_outbox.transports.rabbitmq.connection import probe

@@ -1,4 +1,5 @@
-"""RabbitMQ connections and the topology of a group: exchange, queues, bindings.
+"""RabbitMQ connections and the topology of a group: exchange, queues, bindings; the
+declared groups' topology (``RabbitMqTransport.groups``).
 
 aio-pika's plain connection: once it closes, the next use makes a new one (a robust
 connection would restore consumers behind our back, and deliveries of the lost channel
@@ -76,3 +77,31 @@ async def declare_group(
     await channel.declare_queue(f"{name}.retry", durable=True, arguments=retry)
     await queue.bind(exchange, routing_key=subject)
     return queue
+
+
+async def declare_groups(
+    channel: aio_pika.abc.AbstractChannel,
+    exchange: aio_pika.abc.AbstractExchange,
+    transport: RabbitMqTransport,
+) -> list[str]:
+    """The queues of every group ``transport`` declares (``groups``); returns their names."""
+    names = []
+    for group, subject in transport.declared:
+        queue = await declare_group(channel, exchange, transport, group, subject)
+        names.append(queue.name)
+    return names
+
+
+async def declare_topology(transport: RabbitMqTransport) -> list[str]:
+    """Declare the exchange and the declared groups' queues on a connection of its own."""
+    connection = await connect(transport)
+    try:
+        channel = await connection.channel()
+        exchange = await declare_exchange(channel, transport)
+        queues = await declare_groups(channel, exchange, transport)
+    except FAILURES as exc:
+        raise BrokerUnavailable(f"RabbitMQ at {transport.base_url}: {exc!r}") from exc
+    finally:
+        await connection.close()
+    found = [f"exchange {transport.exchange} (topic)"]
+    return found + [f"queue {name} bound to {transport.exchange}" for name in queues]

@@ -23,7 +23,12 @@ from qmq_outbox.transports import headers
 from qmq_outbox.transports.base import Outcome
 from qmq_outbox.transports.keyorder import publish_in_key_order
 from qmq_outbox.transports.rabbitmq.config import RabbitMqTransport
-from qmq_outbox.transports.rabbitmq.connection import FAILURES, connect, declare_exchange
+from qmq_outbox.transports.rabbitmq.connection import (
+    FAILURES,
+    connect,
+    declare_exchange,
+    declare_groups,
+)
 
 DELAY_UNSUPPORTED = (
     "RabbitMQ has no scheduled delivery here: publish without delay/deliver_at, or use the "
@@ -75,7 +80,10 @@ class RabbitMqProducer:
                     self._channel = await self._connection.channel(
                         publisher_confirms=True, on_return_raises=True
                     )
-                    self._exchange = await declare_exchange(self._channel, self.transport)
+                    exchange = await declare_exchange(self._channel, self.transport)
+                    # Before the first publish: what it publishes has the groups' queues.
+                    await declare_groups(self._channel, exchange, self.transport)
+                    self._exchange = exchange
                 except FAILURES as exc:
                     raise BrokerUnavailable(f"RabbitMQ channel: {exc!r}") from exc
             return self._exchange
