@@ -1,5 +1,9 @@
 """A FastAPI service that writes an order and publishes ``order.created`` in one transaction.
 
+What must run beside it: the broker, and a compensator (``qmq compensator --database-url ...
+--broker-url ...``; or, for a single worker, ``outbox.run_compensator(engine)`` in the
+lifespan), which sends what the dispatcher could not (docs/outbox.md, "What must run").
+
     python -m examples.fastapi_app --database-url sqlite:///shop.db --broker-url http://127.0.0.1:8931
     curl -X POST localhost:8000/orders -H 'content-type: application/json' \\
          -d '{"customer": "ada", "amount": "19.90"}'

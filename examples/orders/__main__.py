@@ -1,6 +1,9 @@
 """Run the orders service on its own: place orders, pay most, cancel the unpaid when due.
 
 python -m examples.orders --database-url sqlite:///orders.db --broker-url http://127.0.0.1:8931
+
+What must run beside it: the broker, and a compensator (``qmq compensator`` with the same
+URLs), which sends what the dispatcher could not (docs/outbox.md, "What must run").
 """
 
 from __future__ import annotations
