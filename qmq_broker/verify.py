@@ -62,6 +62,7 @@ class Finding:
     damage: str
     cost: str
     derived: bool = False  # in an index or checkpoint: --repair rebuilds it from the logs
+    unreadable: int = 0  # stored messages whose record this damage makes unreadable (lost)
 
     def line(self) -> str:
         return f"{self.path} at {self.offset}: {self.damage}; {self.cost}"
@@ -81,8 +82,16 @@ class Report:
     def clean(self) -> bool:
         return not self.findings
 
+    @property
+    def unreadable(self) -> int:
+        """Stored messages whose record is gone or corrupt: what the broker reports on start
+        or dead-letters as ``unreadable record`` when pulled (known ones not counted)."""
+        return sum(finding.unreadable for finding in self.findings)
+
     def summary(self) -> str:
         verdict = "clean" if self.clean else f"{len(self.findings)} damaged"
+        if not self.clean:
+            verdict += f", {self.unreadable} messages unreadable"
         return (
             f"{self.data_dir}: {verdict} ({self.segments} segments, "
             f"{self.index_entries} index entries, {self.known_unreadable} known unreadable)"
@@ -145,11 +154,17 @@ def _verify(data_dir: Path) -> Report:
     findings += _missing_segments(data_dir, SegmentKind.MESSAGES, by_segment)
     findings += _missing_segments(data_dir, SegmentKind.ACTIONS, by_segment)
     subjects: set[str] = set()
+    present = Present()
+    unmatched: list[tuple[Path, Indexed, str]] = []
     for path in messages:
-        found, seen = check_message_segment(path, by_segment.get(segment_number(path), []))
+        found, seen, wrong = check_message_segment(
+            path, by_segment.get(segment_number(path), []), present
+        )
         findings += found
         subjects |= seen
-    findings += _beyond_the_log(messages, by_segment)
+        unmatched += ((path, item, why) for item, why in wrong)
+    unmatched += _beyond_the_log(data_dir, messages, by_segment)
+    findings += _unmatched(unmatched, present)
     findings += _unindexed_subjects(data_dir, subjects, {item.subject for item in indexed})
     actions = list_segments(data_dir, SegmentKind.ACTIONS)
     for index, path in enumerate(actions):
@@ -323,12 +338,32 @@ class _Framed:
     record: MessageRecord
 
 
-def check_message_segment(path: Path, entries: list[Indexed]) -> tuple[list[Finding], set[str]]:
-    """Damage in a message segment and in the index entries that point into it."""
+class Present:
+    """Which (subject, seq) the message log holds a valid record of: a bitmap per subject."""
+
+    def __init__(self) -> None:
+        self._bits: dict[str, bytearray] = {}
+
+    def add(self, subject: str, seq: int) -> None:
+        bits = self._bits.setdefault(subject, bytearray())
+        if len(bits) <= seq >> 3:
+            bits.extend(bytes((seq >> 3) + 1 - len(bits)))
+        bits[seq >> 3] |= 1 << (seq & 7)
+
+    def holds(self, subject: str, seq: int) -> bool:
+        bits = self._bits.get(subject)
+        return bits is not None and len(bits) > seq >> 3 and bool(bits[seq >> 3] >> (seq & 7) & 1)
+
+
+def check_message_segment(
+    path: Path, entries: list[Indexed], present: Present
+) -> tuple[list[Finding], set[str], list[tuple[Indexed, str]]]:
+    """Damage in a message segment, the subjects it holds, and the index entries pointing
+    into it that match no frame there (whether their record is gone is known only once
+    every segment was read: ``present`` collects the records found)."""
     data = path.read_bytes()
     header = _header_finding(path, data, SegmentKind.MESSAGES, len(entries))
-    if header is not None:
-        return [header], set()
+    findings = [] if header is None else [header]
     frames: dict[int, _Framed] = {}
     regions: list[BadRegion] = []
     for item in walk_frames(data, check=is_message_record):
@@ -338,23 +373,78 @@ def check_message_segment(path: Path, entries: list[Indexed]) -> tuple[list[Find
             offset, payload = item
             record = MessageRecord.decode(payload, path=str(path), offset=offset)
             frames[offset] = _Framed(FRAME_SIZE + len(payload), record)
-    findings = []
+            present.add(record.subject, record.seq)
     for region in regions:
-        inside = [e for e in entries if region.start <= e.entry.offset < region.end]
-        lost = f"{len(inside)} messages unreadable" if inside else "messages in it unreadable"
+        inside = [
+            e
+            for e in entries
+            if region.start <= e.entry.offset < region.end and not e.marked_unreadable
+        ]
+        if inside:
+            lost, cost = len(inside), _region_cost(f"{len(inside)} messages unreadable")
+        elif region.torn and _is_newest(path):
+            lost, cost = 0, "no stored message in it: a torn tail, cut at the broker's next start"
+        else:
+            lost, cost = 0, _region_cost("no indexed message in it")
         findings.append(
-            Finding(path=path, offset=region.start, damage=region.reason, cost=_region_cost(lost))
+            Finding(
+                path=path, offset=region.start, damage=region.reason, cost=cost, unreadable=lost
+            )
         )
+    wrong: list[tuple[Indexed, str]] = []
     for indexed in entries:
         at = indexed.entry.offset
         if indexed.marked_unreadable or any(r.start <= at < r.end for r in regions):
             continue
-        wrong = _mismatch(indexed, frames.get(at))
-        if wrong:
-            seq = indexed.seq
-            damage = f"entry for seq {seq} does not match the log ({wrong})"
+        why = _mismatch(indexed, frames.get(at))
+        if why:
+            wrong.append((indexed, why))
+    return findings, {framed.record.subject for framed in frames.values()}, wrong
+
+
+def _is_newest(path: Path) -> bool:
+    return path == list_segments(path.parent.parent, SegmentKind.MESSAGES)[-1]
+
+
+def _unmatched(unmatched: list[tuple[Path, Indexed, str]], present: Present) -> list[Finding]:
+    """Index entries that match no frame: a wrong entry when the log holds the record
+    elsewhere (derived: the broker corrects it, ``--repair`` rebuilds it), else a message
+    whose record is gone (the segment was cut, replaced or removed): unreadable, counted."""
+    findings = []
+    gone: dict[Path, list[Indexed]] = defaultdict(list)
+    for segment, indexed, why in unmatched:
+        seq = indexed.seq
+        if present.holds(indexed.subject, seq):
+            damage = f"entry for seq {seq} does not match the log ({why})"
             findings.append(_derived(indexed.path, indexed.position, damage, f"seq {seq}"))
-    return findings, {framed.record.subject for framed in frames.values()}
+        else:
+            gone[segment].append(indexed)
+    for segment, items in gone.items():
+        seqs = defaultdict(list)
+        for item in items:
+            seqs[item.subject].append(item.seq)
+        which = "; ".join(f"{subject} seqs {_ranges(sorted(s))}" for subject, s in seqs.items())
+        damage = f"{len(items)} stored records are gone from it ({which})"
+        cost = (
+            f"{len(items)} messages unreadable: the broker keeps their seqs, reports them "
+            "when it starts and dead-letters them when pulled"
+        )
+        at = min(item.entry.offset for item in items)
+        findings.append(
+            Finding(path=segment, offset=at, damage=damage, cost=cost, unreadable=len(items))
+        )
+    return findings
+
+
+def _ranges(seqs: list[int]) -> str:
+    """``1..3, 7`` for sorted ``[1, 2, 3, 7]``."""
+    spans: list[list[int]] = []
+    for seq in seqs:
+        if spans and spans[-1][1] == seq - 1:
+            spans[-1][1] = seq
+        else:
+            spans.append([seq, seq])
+    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in spans)
 
 
 def _region_cost(lost: str) -> str:
@@ -384,28 +474,34 @@ def _missing_segments(
     findings = []
     for low, high in itertools.pairwise(numbers):
         for number in range(low + 1, high):
-            if kind is SegmentKind.MESSAGES:
-                lost = f"{len(by_segment.get(number, []))} messages unreadable"
+            if kind is SegmentKind.MESSAGES:  # its entries are counted by ``_unmatched``
+                lost = "the messages in it are unreadable"
             else:
                 lost = "the group changes in it are lost (acks in it lost: redelivery)"
-            cost = f"{lost}; the broker starts only with --on-damage skip"
+            cost = (
+                f"{lost}; the broker starts only with --on-damage skip "
+                f"(qmq broker --data-dir {data_dir} --on-damage skip)"
+            )
             path = data_dir / KIND_DIRS[kind] / segment_name(number)
             findings.append(Finding(path=path, offset=0, damage="segment missing", cost=cost))
     return findings
 
 
-def _beyond_the_log(messages: list[Path], by_segment: dict[int, list[Indexed]]) -> list[Finding]:
-    """Index entries pointing past the newest message segment (its file is gone)."""
-    newest = segment_number(messages[-1]) if messages else -1
-    findings = []
-    for number in sorted(n for n in by_segment if n > newest):
-        items = by_segment[number]
-        lost = _region_cost(f"{len(items)} messages unreadable")
-        damage = f"{len(items)} entries point at message segment {number}, which is missing"
-        findings.append(
-            Finding(path=items[0].path, offset=items[0].position, damage=damage, cost=lost)
-        )
-    return findings
+def _beyond_the_log(
+    data_dir: Path, messages: list[Path], by_segment: dict[int, list[Indexed]]
+) -> list[tuple[Path, Indexed, str]]:
+    """Index entries pointing at a message segment that is missing: past the newest, or
+    between two others (retention removes only the oldest)."""
+    numbers = {segment_number(path) for path in messages}
+    oldest = min(numbers, default=0)
+    newest = max(numbers, default=-1)
+    return [
+        (data_dir / KIND_DIRS[SegmentKind.MESSAGES] / segment_name(number), item, "missing")
+        for number, items in sorted(by_segment.items())
+        if number not in numbers and (number > newest or number > oldest)
+        for item in items
+        if not item.marked_unreadable
+    ]
 
 
 # --- delayed-message files (schedule, schedule-days, schedule-32days, dispatch) -------------
@@ -481,9 +577,13 @@ def _header_finding(
         if found is kind:
             return None
         damage = f"a {found.name} segment in the {KIND_DIRS[kind]} directory"
-    if kind is SegmentKind.MESSAGES:
-        lost = f"{indexed} messages" if indexed else "every message in it"
-        cost = f"{lost} unreadable"
+    if kind is SegmentKind.MESSAGES:  # the reader checks frames, not the header
+        cost = (
+            "its frames are still read by their own CRCs; a broker that scans it on start "
+            "(past the checkpoint) refuses to start until it is restored or the broker is "
+            f"started with --on-damage skip (qmq broker --data-dir {path.parent.parent} "
+            "--on-damage skip)"
+        )
     else:
         cost = f"every record in it unreadable; {COSTS[kind]}"
     return Finding(path=path, offset=0, damage=damage, cost=cost)
