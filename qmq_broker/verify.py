@@ -16,7 +16,7 @@ from pathlib import Path
 
 from qmq_broker.dedup.filter import FILTER_FILE, BloomFilter
 from qmq_broker.dedup.runs import MappedRun, read_run_header, verify_run
-from qmq_broker.delayed.recovery import recover_schedule
+from qmq_broker.delayed.recovery import HARMLESS, recover_schedule
 from qmq_broker.errors import CorruptRecord, QmqBrokerError, StorageError
 from qmq_broker.format import (
     FORMAT_VERSION,
@@ -538,6 +538,10 @@ def check_delayed_files(data_dir: Path) -> list[Finding]:
             cost=f"never acknowledged; the broker cuts these {size - start} bytes on start",
         )
         for path, start, size in scan.torn
+    )
+    findings += (
+        Finding(path=path, offset=start, damage=f"corrupt bytes [{start}, {end})", cost=HARMLESS)
+        for path, start, end in scan.harmless
     )
     return findings
 

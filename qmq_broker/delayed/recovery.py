@@ -87,6 +87,8 @@ class ScheduleRecovered:
     unreadable: list[Unreadable] = dataclasses.field(default_factory=list)
     headers: list[tuple[Path, str]] = dataclasses.field(default_factory=list)  # read past
     torn: list[tuple[Path, int, int]] = dataclasses.field(default_factory=list)  # start, size
+    # damaged bytes holding only records already dispatched or moved: nothing lost
+    harmless: list[tuple[Path, int, int]] = dataclasses.field(default_factory=list)
     seconds: float = 0.0
 
 
@@ -260,6 +262,9 @@ def _count(into: ScheduleRecovered, hour: int, subject: str, deliver: int, size:
     per_subject[1] += size
 
 
+HARMLESS = "only records already dispatched or moved into a finer bucket: nothing lost"
+
+
 def _too_short(path: Path, problems: list[str], policy: _Policy) -> bool:
     if path.stat().st_size >= HEADER_SIZE:
         return False
@@ -305,6 +310,9 @@ def _note_damage(
         found = unreadable_records(buf, path=path, kind=kind, start=start, end=end, done=done)
         into.unreadable += found
         into.problems += (lost.line() for lost in found)
+        if not found:
+            into.harmless.append((path, start, end))
+            into.problems.append(f"{path}: corrupt bytes [{start}, {end}); {HARMLESS}")
 
 
 def _cut(path: Path, walk: FrameWalk, into: ScheduleRecovered, policy: _Policy) -> None:
