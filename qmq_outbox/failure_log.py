@@ -11,6 +11,11 @@ traceback) per attempt. ``FailureLog`` follows one dependency of one loop and wr
 Every line names the dependency's URL (its password masked) and the last error. Several
 *sources* (a consumer's pullers and its acker) may share one log: the outage starts with the
 first failing source and ends when none is failing. Thread-safe; the clock is injectable.
+
+``RepeatedFailures`` does the same for failures that come between successes (a consumer
+group's handler failing on some messages): the first few lines in full, then one summary
+per interval, until the failures stop for an interval. A database error is written as its
+class and the database's one-line message, never its SQL (that goes to DEBUG).
 """
 
 from __future__ import annotations
@@ -117,6 +122,9 @@ class FailureLog:
 
     def _log_failing(self, error: BaseException, text: str, source: str, trace: bool) -> None:
         where = f" ({source})" if source else ""
+        if sql_error(error) is not None:  # its traceback would print the statement
+            self._logger.debug("%s: %s", self.what, error, exc_info=error)
+            trace = False
         self._log(
             "%s %s failing%s: %s; retrying with backoff",
             (self.what, self.target, where, text),
@@ -149,15 +157,156 @@ class FailureLog:
         self._logger.log(level, message, *args, exc_info=exc_info, extra=extra)
 
 
+class RepeatedFailures:
+    """Failures of one kind that come between successes, as a few lines and then summaries.
+
+    The first ``first_lines`` failures get a line each (with the traceback, unless it would
+    print SQL); after that one summary every ``summary_interval`` seconds with the count and
+    the last failure. A quiet interval (no failure) starts over. ``flush()`` writes a summary
+    still owed (at a stop). Lines read "<what> failed on <detail>: <error>".
+    """
+
+    def __init__(
+        self,
+        *,
+        what: str,
+        action: str,
+        logger: logging.Logger,
+        first_lines: int = 5,
+        summary_interval: float = DEFAULT_SUMMARY_INTERVAL,
+        fields: Mapping[str, Any] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.what = what
+        self.first_lines = first_lines
+        self.summary_interval = summary_interval
+        self._action = action
+        self._logger = logger
+        self._fields = dict(fields or {})
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._shown = 0
+        self._last_at: float | None = None
+        self._window_at = 0.0
+        self._held = 0  # failures since the last line
+        self._last = ("", "")  # the last held failure: detail, error
+
+    def failed(
+        self, detail: str, error: BaseException, *, extra: Mapping[str, Any] | None = None
+    ) -> None:
+        """Count one failure; ``detail`` names it ("subject s, message m, seq 3, attempt 1")."""
+        text = describe(error, with_type=True)
+        with self._lock:
+            now = self._clock()
+            owed = None
+            if self._last_at is not None and now - self._last_at >= self.summary_interval:
+                owed = self._take_summary(now)  # quiet for an interval: start over
+                self._shown = 0
+            self._last_at = now
+            full = self._shown < self.first_lines
+            if full:
+                self._shown += 1
+                self._window_at = now
+                last_full = self._shown == self.first_lines
+            else:
+                self._held += 1
+                self._last = (detail, text)
+                due = now - self._window_at >= self.summary_interval
+                summary = self._take_summary(now) if due else None
+        if owed is not None:
+            self._log_summary(*owed)
+        if full:
+            self._log_failure(detail, text, error, dict(extra or {}), last_full)
+        elif summary is not None:
+            self._log_summary(*summary)
+
+    def flush(self) -> None:
+        """Write the summary of failures not yet reported, if any."""
+        with self._lock:
+            owed = self._take_summary(self._clock())
+        if owed is not None:
+            self._log_summary(*owed)
+
+    def _take_summary(self, now: float) -> tuple[int, float, str, str] | None:
+        if not self._held:
+            return None
+        summary = (self._held, now - self._window_at, *self._last)
+        self._held, self._window_at = 0, now
+        return summary
+
+    def _log_failure(
+        self, detail: str, text: str, error: BaseException, extra: dict[str, Any], last: bool
+    ) -> None:
+        more = (
+            f"; further failures are summarised every {seconds(self.summary_interval)}"
+            if last
+            else ""
+        )
+        hides_sql = sql_error(error) is not None
+        if hides_sql:
+            self._logger.debug("%s failed on %s: %s", self.what, detail, error, exc_info=error)
+        self._logger.warning(
+            "%s failed on %s: %s%s",
+            self.what,
+            detail,
+            text,
+            more,
+            exc_info=None if hides_sql else error,
+            extra={**self._fields, **extra, "action": self._action, "error": text},
+        )
+
+    def _log_summary(self, count: int, span: float, detail: str, text: str) -> None:
+        self._logger.warning(
+            "%s failed %d more time(s) in %s; the last on %s: %s",
+            self.what,
+            count,
+            seconds(span),
+            detail,
+            text,
+            extra={
+                **self._fields,
+                "action": f"{self._action}.summary",
+                "failures": count,
+                "error": text,
+            },
+        )
+
+
 def describe(error: BaseException, *, with_type: bool = False) -> str:
-    """``error`` on one line, at most ``MAX_ERROR_CHARS`` long (driver errors span several;
-    SQLAlchemy's link to its error catalogue is left out)."""
-    text = " ".join(_CATALOGUE_LINK.sub("", str(error)).split()) or type(error).__name__
+    """``error`` on one line, at most ``MAX_ERROR_CHARS`` long (driver errors span several).
+
+    A SQLAlchemy statement error in it (or in its cause) is cut to its class and the
+    database's first line: no SQL, no parameters, no link to SQLAlchemy's catalogue."""
+    text = str(error)
+    sql = sql_error(error)
+    if sql is not None:
+        text = text.replace(str(sql), _sql_summary(sql)) if sql is not error else ""
+        text = text or _sql_summary(sql)
+    text = " ".join(_CATALOGUE_LINK.sub("", text).split()) or type(error).__name__
     if with_type and not text.startswith(type(error).__name__):
         text = f"{type(error).__name__}: {text}"
     if len(text) > MAX_ERROR_CHARS:
         text = text[: MAX_ERROR_CHARS - 3] + "..."
     return text
+
+
+def sql_error(error: BaseException) -> BaseException | None:
+    """The SQLAlchemy statement error (one with a ``statement``) in ``error``'s chain."""
+    seen: BaseException | None = error
+    for _ in range(8):  # a chain is short; a cycle is not followed
+        if seen is None:
+            return None
+        if hasattr(seen, "statement") and hasattr(seen, "orig"):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _sql_summary(error: BaseException) -> str:
+    orig = getattr(error, "orig", None)
+    first = (str(orig) if orig is not None else str(error)).strip().splitlines()
+    line = first[0] if first else ""
+    return f"{type(error).__name__}: {line}" if line else type(error).__name__
 
 
 def seconds(value: float) -> str:

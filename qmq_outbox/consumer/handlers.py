@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
-import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -23,8 +22,6 @@ from qmq_outbox.idempotent import IdempotentStore, NonTransactional, Outcome
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
     from sqlalchemy.orm import Session
-
-logger = logging.getLogger(__name__)
 
 MAX_ERROR_CHARS = 2000
 T = TypeVar("T")
@@ -71,6 +68,8 @@ class Ack:
 class Nack:
     delay_ms: int | None  # None: the broker's backoff
     error: str
+    # The handler's exception, for the runner's log (not a RetryLater or a held claim).
+    failure: BaseException | None = dataclasses.field(default=None, compare=False)
 
 
 Result = Ack | Nack
@@ -153,19 +152,8 @@ def _fail(spec: HandlerSpec, group: str, message: Message, exc: BaseException) -
         delay_ms = round(exc.retry_after.total_seconds() * 1000)
         return Nack(delay_ms=delay_ms, error=describe(exc))
     tracing.record_failure(exc)  # on the handler's span, when tracing is on
-    logger.warning(
-        "handler failed",
-        exc_info=exc,
-        extra={
-            "action": "consumer.handler_failed",
-            "group": group,
-            "subject": message.subject,
-            "seq": message.seq,
-            "message_id": message.id,
-            "attempt": message.attempt,
-        },
-    )
-    return Nack(delay_ms=None, error=describe(exc))
+    # Logged by the runner, which summarises a group's repeated failures.
+    return Nack(delay_ms=None, error=describe(exc), failure=exc)
 
 
 def _acked(outcome: Outcome) -> Ack:

@@ -9,11 +9,12 @@ from qmq_outbox.backoff import backoff_ceiling, equal_jitter
 from qmq_outbox.consumer.config import ConsumerConfig
 from qmq_outbox.envelope import Message
 from qmq_outbox.errors import BrokerUnavailable
-from qmq_outbox.failure_log import FailureLog
+from qmq_outbox.failure_log import FailureLog, RepeatedFailures, describe
 
 logger = logging.getLogger("qmq_outbox.consumer")
 
 FINAL_ACK_ATTEMPTS = 3
+HANDLER_FAILURE_LINES = 5  # a group's failures written in full before the summaries
 STOPPED_ERROR = "consumer stopped before handling"
 
 
@@ -41,6 +42,32 @@ def broker_failures(cfg: ConsumerConfig, target: str, *, summary_interval: float
     )
 
 
+def handler_failures(cfg: ConsumerConfig) -> RepeatedFailures:
+    """The group's handler failures: the first few in full, then a summary per interval."""
+    return RepeatedFailures(
+        what=f"consumer group {cfg.group}: handler",
+        action="consumer.handler_failed",
+        logger=logger,
+        first_lines=HANDLER_FAILURE_LINES,
+        summary_interval=cfg.outage_summary,
+        fields={"group": cfg.group, "consumer": cfg.consumer_id},
+    )
+
+
+def where(message: Message) -> str:
+    """A delivered message in a log line's text."""
+    return (
+        f"subject {message.subject}, message {message.id}, seq {message.seq}, "
+        f"attempt {message.attempt}"
+    )
+
+
+def log_handler_failed(
+    failures: RepeatedFailures, cfg: ConsumerConfig, message: Message, exc: BaseException
+) -> None:
+    failures.failed(where(message), exc, extra=ids(cfg, message) | {"attempt": message.attempt})
+
+
 def ids(cfg: ConsumerConfig, message: Message) -> dict[str, Any]:
     return {
         "group": cfg.group,
@@ -52,21 +79,28 @@ def ids(cfg: ConsumerConfig, message: Message) -> dict[str, Any]:
 
 def log_ack_failed(cfg: ConsumerConfig, subject: str, seqs: list[int], exc: Exception) -> None:
     logger.warning(
-        "ack rejected by the broker; those leases will expire: %s",
-        exc,
+        "consumer group %s: ack of subject %s, seqs %s rejected by the broker; those "
+        "leases will expire: %s",
+        cfg.group,
+        subject,
+        _seqs(seqs),
+        describe(exc),
         extra={
             "action": "consumer.ack_failed",
             "group": cfg.group,
             "subject": subject,
             "count": len(seqs),
-            "error": str(exc),
+            "error": describe(exc),
         },
     )
 
 
 def log_dropped(cfg: ConsumerConfig, unsent: dict[str, list[int]]) -> None:
     logger.error(
-        "acks dropped at stop; those messages will be redelivered",
+        "consumer group %s: %d ack(s) dropped at stop (%s); those messages will be redelivered",
+        cfg.group,
+        sum(len(seqs) for seqs in unsent.values()),
+        "; ".join(f"subject {subject}, seqs {_seqs(seqs)}" for subject, seqs in unsent.items()),
         extra={
             "action": "consumer.acks_dropped",
             "group": cfg.group,
@@ -77,7 +111,11 @@ def log_dropped(cfg: ConsumerConfig, unsent: dict[str, list[int]]) -> None:
 
 def log_ack_unknown(cfg: ConsumerConfig, subject: str, seqs: list[int]) -> None:
     logger.info(
-        "acks for leases the broker no longer holds for us (expired or redelivered)",
+        "consumer group %s: acks of subject %s, seqs %s for leases the broker no longer "
+        "holds for us (expired or redelivered)",
+        cfg.group,
+        subject,
+        _seqs(seqs),
         extra={
             "action": "consumer.ack_unknown",
             "group": cfg.group,
@@ -85,3 +123,8 @@ def log_ack_unknown(cfg: ConsumerConfig, subject: str, seqs: list[int]) -> None:
             "seqs": seqs[:20],
         },
     )
+
+
+def _seqs(seqs: list[int], limit: int = 10) -> str:
+    shown = ", ".join(map(str, seqs[:limit]))
+    return shown + (f" and {len(seqs) - limit} more" if len(seqs) > limit else "")

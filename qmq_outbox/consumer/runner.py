@@ -51,11 +51,19 @@ from qmq_outbox.consumer.handlers import (
     handle_batch_async,
 )
 from qmq_outbox.consumer.lanes import Lane, Lanes
-from qmq_outbox.consumer.logs import STOPPED_ERROR, broker_failures, ids, retry_pause
+from qmq_outbox.consumer.logs import (
+    STOPPED_ERROR,
+    broker_failures,
+    handler_failures,
+    ids,
+    log_handler_failed,
+    retry_pause,
+    where,
+)
 from qmq_outbox.consumer.threads import ThreadPool
 from qmq_outbox.envelope import Message
 from qmq_outbox.errors import BrokerError, BrokerUnavailable
-from qmq_outbox.failure_log import client_url
+from qmq_outbox.failure_log import client_url, describe
 from qmq_wire.ordered import split_partition_log
 
 logger = logging.getLogger(__name__)
@@ -95,6 +103,7 @@ class Runner:
         self.broker_failures = broker_failures(
             config, client_url(client), summary_interval=config.outage_summary
         )
+        self.handler_failures = handler_failures(config)
         self.acker = Acker(
             client=client,
             config=config,
@@ -120,7 +129,9 @@ class Runner:
             raise
         except BaseException as exc:
             logger.critical(
-                "consumer loop died; stopping the consumer",
+                "consumer group %s: loop %s died; stopping the consumer",
+                self.config.group,
+                name,
                 exc_info=exc,
                 extra={"action": "consumer.loop_died", "loop": name, "group": self.config.group},
             )
@@ -290,6 +301,7 @@ class Runner:
                 self.counters.add("duplicates" if result.duplicate else "processed")
                 self.acker.add(lane.key, message.seq)
             else:
+                self._log_failure(message, result)
                 await self._nack_lane(lane, message, result)
         # The broker serves this partition's next batch only once the last one is acked.
         self.acker.send_now()
@@ -319,7 +331,13 @@ class Runner:
             )
         except BrokerError as exc:  # the leases expire and the broker redelivers anyway
             logger.warning(
-                "nack failed; the leases will expire instead",
+                "consumer group %s: nack of partition %s from %s (%d message(s)) failed; "
+                "the leases will expire instead: %s",
+                cfg.group,
+                lane.partition,
+                where(batch[0]),
+                len(seqs),
+                describe(exc),
                 extra=ids(cfg, batch[0])
                 | {
                     "action": "consumer.nack_failed",
@@ -339,10 +357,15 @@ class Runner:
             self.counters.add("duplicates" if result.duplicate else "processed")
             self.acker.add(message.subject, message.seq)
             return
+        self._log_failure(message, result)
         try:
             await self.nack(message, result)
         finally:
             self.budget.release(1)
+
+    def _log_failure(self, message: Message, result: Nack) -> None:
+        if result.failure is not None:
+            log_handler_failed(self.handler_failures, self.config, message, result.failure)
 
     async def nack(self, message: Message, result: Nack) -> None:
         cfg = self.config
@@ -358,7 +381,10 @@ class Runner:
             )
         except BrokerError as exc:  # the lease expires and the broker redelivers anyway
             logger.warning(
-                "nack failed; the lease will expire instead",
+                "consumer group %s: nack of %s failed; the lease will expire instead: %s",
+                cfg.group,
+                where(message),
+                describe(exc),
                 extra=ids(cfg, message) | {"action": "consumer.nack_failed", "error": str(exc)},
             )
 
@@ -378,9 +404,13 @@ class Runner:
         await self._release_unstarted()
         if stuck:
             logger.error(
-                "handlers still running at the stop timeout; their leases will expire",
+                "consumer group %s: %d handler(s) still running at the stop timeout; their "
+                "leases will expire",
+                cfg.group,
+                stuck,
                 extra={"action": "consumer.stop_timeout", "group": cfg.group, "running": stuck},
             )
+        self.handler_failures.flush()
         self.threads.close()
         self.acker.close()
         if self._acker_task is not None:
