@@ -415,8 +415,9 @@ class Compensator:
 
 def _log_dead(row: ClaimedRow, error: str) -> None:
     logger.error(
-        "outbox message %s is dead after %d attempt(s): %s",
+        "outbox message %s of subject %s is dead after %d attempt(s): %s",
         row.message.id,
+        row.message.subject,
         row.attempts,
         error,
         extra={"action": "outbox.dead", "message_id": row.message.id, "attempts": row.attempts},

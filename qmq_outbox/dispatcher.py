@@ -214,8 +214,9 @@ def _log_report(report: SendReport, marked: int) -> None:
         )
     for message, error in report.rejected:  # only rejections of the message itself
         logger.error(
-            "broker rejected message %s: %s",
+            "broker rejected message %s of subject %s: %s",
             message.id,
+            message.subject,
             error,
             extra={"action": "outbox.rejected", "message_id": message.id, "code": error.code},
         )

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from qmq_outbox.dburl import mask_url
+from qmq_outbox.envelope import Message
 
 DEFAULT_SUMMARY_INTERVAL = 60.0
 MAX_ERROR_CHARS = 500
@@ -288,6 +289,14 @@ def describe(error: BaseException, *, with_type: bool = False) -> str:
     if len(text) > MAX_ERROR_CHARS:
         text = text[: MAX_ERROR_CHARS - 3] + "..."
     return text
+
+
+def delivery(message: Message) -> str:
+    """A delivered message as a failure line names it."""
+    return (
+        f"subject {message.subject}, message {message.id}, seq {message.seq}, "
+        f"attempt {message.attempt}"
+    )
 
 
 def sql_error(error: BaseException) -> BaseException | None:

@@ -9,7 +9,7 @@ from qmq_outbox.backoff import backoff_ceiling, equal_jitter
 from qmq_outbox.consumer.config import ConsumerConfig
 from qmq_outbox.envelope import Message
 from qmq_outbox.errors import BrokerUnavailable
-from qmq_outbox.failure_log import FailureLog, RepeatedFailures, describe
+from qmq_outbox.failure_log import FailureLog, RepeatedFailures, delivery, describe
 
 logger = logging.getLogger("qmq_outbox.consumer")
 
@@ -54,18 +54,10 @@ def handler_failures(cfg: ConsumerConfig) -> RepeatedFailures:
     )
 
 
-def where(message: Message) -> str:
-    """A delivered message in a log line's text."""
-    return (
-        f"subject {message.subject}, message {message.id}, seq {message.seq}, "
-        f"attempt {message.attempt}"
-    )
-
-
 def log_handler_failed(
     failures: RepeatedFailures, cfg: ConsumerConfig, message: Message, exc: BaseException
 ) -> None:
-    failures.failed(where(message), exc, extra=ids(cfg, message) | {"attempt": message.attempt})
+    failures.failed(delivery(message), exc, extra=ids(cfg, message) | {"attempt": message.attempt})
 
 
 def ids(cfg: ConsumerConfig, message: Message) -> dict[str, Any]:

@@ -58,12 +58,11 @@ from qmq_outbox.consumer.logs import (
     ids,
     log_handler_failed,
     retry_pause,
-    where,
 )
 from qmq_outbox.consumer.threads import ThreadPool
 from qmq_outbox.envelope import Message
 from qmq_outbox.errors import BrokerError, BrokerUnavailable
-from qmq_outbox.failure_log import client_url, describe
+from qmq_outbox.failure_log import client_url, delivery, describe
 from qmq_wire.ordered import split_partition_log
 
 logger = logging.getLogger(__name__)
@@ -335,7 +334,7 @@ class Runner:
                 "the leases will expire instead: %s",
                 cfg.group,
                 lane.partition,
-                where(batch[0]),
+                delivery(batch[0]),
                 len(seqs),
                 describe(exc),
                 extra=ids(cfg, batch[0])
@@ -383,7 +382,7 @@ class Runner:
             logger.warning(
                 "consumer group %s: nack of %s failed; the lease will expire instead: %s",
                 cfg.group,
-                where(message),
+                delivery(message),
                 describe(exc),
                 extra=ids(cfg, message) | {"action": "consumer.nack_failed", "error": str(exc)},
             )

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast
 
 from qmq_outbox.envelope import Message
+from qmq_outbox.failure_log import delivery, describe
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import CursorResult
@@ -51,16 +52,24 @@ def rowcount(result: Any) -> int:
 
 def log_takeover(group: str, message: Message) -> None:
     logger.warning(
-        "expired claim taken over: the previous holder died or outlived its lease",
+        "consumer group %s: expired claim of %s taken over: the previous holder died or "
+        "outlived its lease",
+        group,
+        delivery(message),
         extra={"action": "consumer.claim_taken_over", "group": group, "message_id": message.id},
     )
 
 
 def log_bookkeeping_failed(step: str, group: str, message: Message) -> None:
+    """In an ``except``: the error as one line (no SQL); its traceback at DEBUG."""
+    error = sys.exc_info()[1]
+    logger.debug("recording %s failed", step, exc_info=error)
     logger.error(
-        "could not record %s for a consumed message",
+        "consumer group %s: could not record %s for %s: %s",
+        group,
         step,
-        exc_info=True,
+        delivery(message),
+        describe(error) if error is not None else "unknown error",
         extra={"action": f"consumer.claim_{step}_failed", "group": group, "message_id": message.id},
     )
 

@@ -220,8 +220,10 @@ class JetStreamConsumer:
             # The message stays leased: it comes back after the lease and is tried again.
             raise BrokerUnavailable(f"JetStream dead letter of {message_id}: {exc!r}") from exc
         logger.warning(
-            "message %s dead after %d attempt(s): %s",
+            "consumer group %s: message %s of subject %s dead after %d attempt(s): %s",
+            self.spec.group,
             message_id,
+            subject,
             attempts,
             error,
             extra={

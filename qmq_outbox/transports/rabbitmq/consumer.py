@@ -235,8 +235,10 @@ class RabbitMqConsumer:
         }
         if await self._republish(lease, _copy(lease.incoming, extra), f"{queue}.dead"):
             logger.warning(
-                "message %s dead after %d attempt(s): %s",
+                "consumer group %s: message %s of subject %s dead after %d attempt(s): %s",
+                self.spec.group,
                 message_id,
+                lease.subject,
                 lease.attempt,
                 error,
                 extra={
