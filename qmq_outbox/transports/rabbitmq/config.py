@@ -32,8 +32,9 @@ class RabbitMqTransport:
 
     Producing: to the durable topic exchange ``exchange`` with routing key = subject,
     persistent, ``message_id`` = the outbox id, each awaited as a publisher confirm. With
-    ``mandatory`` a message no queue is bound for is returned and answered ``rejected``
-    (its outbox row goes ``dead``, not silently nowhere). RabbitMQ keeps no ids, so a resend
+    ``mandatory`` a message no queue is bound for is returned as unroutable, not dropped
+    silently: its outbox row stays pending and is retried until a queue takes it or the
+    compensator's ``unroutable_dead_after`` passes. RabbitMQ keeps no ids, so a resend
     is stored again: the consumer's ``IdempotentStore`` drops the second copy.
 
     Consuming: each (group, subject) has a queue ``<group>.<subject>`` (``queue_type``
