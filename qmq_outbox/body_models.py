@@ -16,20 +16,20 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import inspect as sa_inspect
-from sqlalchemy.orm import InstanceState
-
 from qmq_outbox.body_paths import key_path, non_finite, refuse, type_name
 from qmq_outbox.envelope import format_timestamp
 
 EncodeDecimal = Callable[[Decimal, str], Any]
 _ABSENT = object()
+_PLAIN = frozenset({str, int, bool, type(None)})  # JSON-mode values the rules leave alone
+_CLASS_MANAGER = "_sa_class_manager"  # sqlalchemy.orm.base.DEFAULT_MANAGER_ATTR
 
 
 def is_orm_mapped(value: object) -> bool:
     """An instance of a class mapped by SQLAlchemy (declarative, imperative, mapped
-    dataclass, SQLModel ``table=True``)."""
-    return isinstance(sa_inspect(value, raiseerr=False), InstanceState)
+    dataclass, SQLModel ``table=True``): SQLAlchemy instruments every such class with its
+    class manager, which is what its own ``inspect()`` looks for."""
+    return hasattr(type(value), _CLASS_MANAGER)
 
 
 def orm_refusal(value: object, path: str) -> Exception:
@@ -60,14 +60,20 @@ def model_value(model: Any, path: str, encode_decimal: EncodeDecimal) -> Any:
 def _align(py: Any, js: Any, path: str, encode_decimal: EncodeDecimal) -> Any:
     if isinstance(js, dict):
         fields = py if isinstance(py, dict) else {}
-        return {
-            key: _align(fields.get(key, _ABSENT), item, key_path(path, key), encode_decimal)
-            for key, item in js.items()
-        }
+        out = {}
+        for key, item in js.items():
+            own = fields.get(key, _ABSENT)
+            if type(item) in _PLAIN and type(own) is type(item):  # nothing to change
+                out[key] = item
+            else:
+                out[key] = _align(own, item, key_path(path, key), encode_decimal)
+        return out
     if isinstance(js, list):
         items = py if isinstance(py, list | tuple) and len(py) == len(js) else [_ABSENT] * len(js)
         return [
-            _align(p, j, f"{path}[{i}]", encode_decimal)
+            j
+            if type(j) in _PLAIN and type(p) is type(j)
+            else _align(p, j, f"{path}[{i}]", encode_decimal)
             for i, (p, j) in enumerate(zip(items, js, strict=True))
         ]
     if isinstance(js, float) and not math.isfinite(js):

@@ -55,6 +55,7 @@ class JsonSerializer:
         self._decimal_as_number = decimal == "number"
         self._option = (option or 0) | _OWN_OPTIONS
         self._str_keys = not self._option & orjson.OPT_NON_STR_KEYS
+        self._dataclass_fields: dict[type, tuple[str, ...]] = {}  # of classes not ORM-mapped
 
     def dumps(self, value: Any) -> bytes:
         try:
@@ -72,6 +73,9 @@ class JsonSerializer:
         return self._convert(value, ROOT)
 
     def _convert(self, value: Any, path: str) -> Any:
+        names = self._dataclass_fields.get(type(value))
+        if names is not None:
+            return {name: getattr(value, name) for name in names}
         if isinstance(value, datetime):
             try:
                 return format_timestamp(value)
@@ -86,7 +90,9 @@ class JsonSerializer:
         if is_orm_mapped(value):
             raise orm_refusal(value, path)
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+            names = tuple(f.name for f in dataclasses.fields(value))
+            self._dataclass_fields[type(value)] = names
+            return {name: getattr(value, name) for name in names}
         if is_pydantic_model(value):
             return model_value(value, path, self._encode_decimal)
         raise refuse(path, f"{type_name(value)} is not JSON serializable")
