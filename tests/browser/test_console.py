@@ -248,6 +248,7 @@ def test_the_delayed_and_routes_pages(page: Page, console_broker: Start) -> None
         expect(hours).to_have_count(3)
         counts = [number(hours.nth(i).locator('[data-col="messages"]')) for i in range(3)]
         assert sum(counts) == 30
+        expect(page.locator('[data-metric="unreadable"] .value')).to_have_text("0")
         with consuming(broker.url, "posting", "ledger", ok, consumer_id="poster-1", ordered=True):
             page.goto(f"{broker.url}/console#/subjects/ledger/routes")
             owners = page.locator('table.ranges [data-col="owner"][data-group="posting"]')

@@ -32,6 +32,7 @@ export async function render() {
       ["Dispatch lag", `${age(s.dispatch_lag_ms / 1000)}`, "lag"],
       ["In the wheel", count(s.wheel_messages), "wheel"],
       ["Dispatched", count(s.dispatched), "dispatched", s.last_dispatch ? `last ${time(s.last_dispatch.at)}` : null],
+      ["Unreadable", count(s.unreadable), "unreadable", "lost to damaged files since start"],
     ]),
     el("h2", null, "By due hour (UTC)"),
     rows.length

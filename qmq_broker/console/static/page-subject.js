@@ -46,6 +46,7 @@ export async function render({ subject }) {
       { class: "facts" },
       `${count(s.messages)} messages kept (${bytes(s.bytes)}); next seq ${count(s.next_seq)}; `,
       `${count(s.scheduled.messages)} delayed, not due yet. `,
+      s.scheduled.unreadable ? `${count(s.scheduled.unreadable)} delayed unreadable (a damaged schedule file: see the broker's log). ` : null,
       view && view.ordered ? link(["subjects", subject, "routes"], "Ordered: routes and partition owners") : null,
     ),
     el("h2", null, "Groups"),
