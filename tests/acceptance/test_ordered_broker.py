@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from qmq_broker.ordered.files import TABLE_FORMAT, seal
 from qmq_wire.ordered import LOGIC_PARTITIONS, logic_partition
 from tests.support.broker_process import BrokerProcess
 
@@ -355,11 +356,11 @@ def test_a_route_change_the_crash_interrupted_is_finished_on_start(
     broker.kill9()
     # What a crash right after the route file was written leaves: version 2, no command.
     path = broker.data_dir / "ordered" / f"{SUBJECT}.json"
-    doc = json.loads(path.read_text())
+    doc = json.loads(path.read_text())["table"]
     doc["versions"].append(
         {"version": 2, "change": "move", "ranges": [[0, 1024, 1]], "closed": [0]}
     )
-    path.write_text(json.dumps(doc))
+    path.write_bytes(seal(TABLE_FORMAT, "table", doc))
     broker.restart()
     assert [r["partition"] for r in api.produce([("m5", "k", 5)])] == [1]
     handled: dict[str, list[int]] = defaultdict(list)
