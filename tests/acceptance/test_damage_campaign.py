@@ -27,7 +27,7 @@ from qmq_broker.config import BrokerConfig, FsyncPolicy
 from qmq_broker.delayed.recovery import recover_schedule
 from qmq_broker.engine import Broker
 from qmq_broker.errors import QmqBrokerError
-from qmq_broker.format import HEADER_SIZE, list_indexed_subjects
+from qmq_broker.format import FORMAT_FILE, HEADER_SIZE, list_indexed_subjects
 from qmq_broker.http.app import create_app
 from qmq_broker.metrics import BrokerMetrics
 from qmq_broker.verify import read_index, verify
@@ -230,6 +230,12 @@ def trial(template: Path, tmp_path: Path, seed: int) -> None:
             top[log] = max(top.get(log, -1), seq)
     what, path, offset = damage(data_dir, rng)
     touched = hit(what, path, offset, where)
+    if path.name == FORMAT_FILE:  # no data dir of a known format: both refuse, naming it
+        with pytest.raises(QmqBrokerError, match=r"(?i)format"):
+            verify(data_dir)
+        with pytest.raises(QmqBrokerError, match=r"(?i)format"):
+            asyncio.run(read_back(data_dir, "skip"))
+        return
     counted = verify(data_dir).unreadable
     print(f"trial {seed}: {what} {path.relative_to(data_dir)} at {offset}; hit {len(touched)}")
     try:
