@@ -1,0 +1,35 @@
+"""The tax's baseline: the same SQLAlchemy transaction with no message in it."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.orm import sessionmaker
+
+from bench._flow.common import INSERT_ORDER, RolledBack, System, nothing_else, warm
+
+
+class PlainService:
+    def __init__(self, db_url: str, connections: int) -> None:
+        self._engine = sa.create_engine(db_url, pool_size=connections)
+        self._maker = sessionmaker(self._engine)
+        warm(self._engine, connections)
+
+    def transaction(self, order_id: int, *, rollback: bool) -> None:
+        with self._maker.begin() as session:
+            session.execute(INSERT_ORDER, {"id": order_id, "amount": 1})
+            if rollback:
+                raise RolledBack
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+
+SYSTEM = System(
+    name="plain",
+    title="no message",
+    install=lambda db_url: None,
+    deploy=nothing_else,
+    service=lambda db_url, config, connections: PlainService(db_url, connections),
+    worker=None,
+    note="no message: `with Session.begin()`: the business row only (SQLAlchemy, psycopg)",
+)
