@@ -26,7 +26,7 @@ from qmq_broker.errors import ConfigError, QmqBrokerError, StorageError
 from qmq_broker.format import FORMAT_VERSION, read_format
 from qmq_broker.http.auth import Authorizer
 from qmq_broker.http.guard import GuardPolicy
-from qmq_broker.storage.lock import DataDirLock, probe
+from qmq_broker.storage import lock
 from qmq_outbox.cli import failures
 from qmq_outbox.cli.options import (
     Parsed,
@@ -171,7 +171,7 @@ def owning(data_dir: Path) -> Iterator[None]:
     process holds it."""
     with contextlib.ExitStack() as stack:
         try:
-            stack.enter_context(DataDirLock(data_dir))
+            stack.enter_context(lock.DataDirLock(data_dir))
         except StorageError as exc:
             raise failures.Unavailable(str(exc)) from exc
         yield
@@ -248,7 +248,7 @@ def verify(ctx: click.Context, data_dir: Path, repair: bool) -> None:
             with owning(data_dir):
                 report = _check_and_repair(data_dir)
         else:
-            in_use = probe(data_dir)
+            in_use = lock.probe(data_dir)
             if in_use is not None:
                 click.echo(f"note: {in_use}; a broker may be writing as this reads")
             report = check(data_dir)

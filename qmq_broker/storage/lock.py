@@ -80,19 +80,23 @@ class DataDirLock:
         try:
             fd = os.open(self._key, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as exc:
-            raise StorageError(f"cannot lock data directory {self.data_dir}: {_why(exc)}") from exc
+            raise self._failed(exc) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except BlockingIOError:  # from flock: another process holds it
             pid = _read_pid(fd)
             os.close(fd)
             raise DataDirLocked(data_dir=self.data_dir, pid=pid) from None
         except OSError as exc:
             os.close(fd)
-            raise StorageError(f"cannot lock data directory {self.data_dir}: {_why(exc)}") from exc
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            raise self._failed(exc) from exc
         return fd
+
+    def _failed(self, exc: OSError) -> StorageError:
+        text = os.strerror(exc.errno) if exc.errno else str(exc)
+        return StorageError(f"cannot lock data directory {self.data_dir}: {text.lower()}")
 
 
 def probe(data_dir: Path) -> DataDirLocked | None:
@@ -104,8 +108,8 @@ def probe(data_dir: Path) -> DataDirLocked | None:
             return None
         try:
             fd = os.open(key, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return None  # never held by a broker that locks
+        except OSError:  # none (never locked), or no read access: the check reads on
+            return None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -120,8 +124,3 @@ def probe(data_dir: Path) -> DataDirLocked | None:
 def _read_pid(fd: int) -> int | None:
     text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
     return int(text) if text.isdigit() else None
-
-
-def _why(exc: OSError) -> str:
-    text = os.strerror(exc.errno) if exc.errno else str(exc)
-    return text[:1].lower() + text[1:]
