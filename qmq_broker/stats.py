@@ -63,9 +63,9 @@ class StatsService:
 
     def subject(self, name: str) -> SubjectDetail:
         self._gate.require(write=False)
-        routes = self._book.get(name)
-        if routes is not None:
-            return self._ordered_subject(name, routes.every_partition())
+        partitions = self._book.partitions(name)  # a fenced subject's too: reads serve it
+        if partitions is not None:
+            return self._ordered_subject(name, partitions)
         log = self._subjects.get(name)
         if log is None and self._delayed.knows(name):
             log = SubjectLog(name, self._subjects.reader, None)  # only delayed messages so far
@@ -127,13 +127,10 @@ class StatsService:
         letters are done with): its stored time in microseconds. Groups with none are left
         out; an ordered subject's partitions count together."""
         self._gate.require(write=False)
-        routes = self._book.get(name)
+        partitions = self._book.partitions(name)
         logs: list[tuple[str, int | None]] = (
-            [
-                (partition_log(name, p), self._book.command_seq(name, p))
-                for p in routes.every_partition()
-            ]
-            if routes is not None
+            [(partition_log(name, p), self._book.command_seq(name, p)) for p in partitions]
+            if partitions is not None
             else [(name, None)]
         )
         oldest: dict[str, int] = {}

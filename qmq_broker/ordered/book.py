@@ -26,20 +26,46 @@ class Target:
     earlier: tuple[str, ...]  # logs of partitions that held its logic partition before
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Fence:
+    """Why a subject is fenced (the message of its ``subject_fenced`` errors), the
+    partitions it has on disk and the seqs of the commands found at their ends (read-only:
+    listed and counted, never routed to)."""
+
+    why: str
+    partitions: tuple[int, ...]
+    commands: Mapping[int, int]  # partition -> seq
+
+
 class RouteBook:
     def __init__(
-        self, routes: Mapping[str, Routes] | None = None, *, fenced: Mapping[str, str] | None = None
+        self,
+        routes: Mapping[str, Routes] | None = None,
+        *,
+        fenced: Mapping[str, Fence] | None = None,
     ) -> None:
         self._routes = dict(routes or {})
-        self._fenced = dict(fenced or {})  # subject -> why, as its error message says it
-        self._commands: dict[tuple[str, int], int] = {}  # (subject, partition) -> seq
+        self._fenced = dict(fenced or {})
+        self._commands: dict[tuple[str, int], int] = {  # (subject, partition) -> seq
+            (subject, partition): seq
+            for subject, fence in self._fenced.items()
+            for partition, seq in fence.commands.items()
+        }
 
     def get(self, subject: str) -> Routes | None:
         """The subject's routes; None for a plain subject; ``subject_fenced`` if fenced."""
-        why = self._fenced.get(subject)
-        if why is not None:
-            raise Unavailable(code="subject_fenced", message=why, field="subject")
+        fence = self._fenced.get(subject)
+        if fence is not None:
+            raise Unavailable(code="subject_fenced", message=fence.why, field="subject")
         return self._routes.get(subject)
+
+    def partitions(self, subject: str) -> list[int] | None:
+        """Every partition of an ordered subject, fenced or not (for reads); None if plain."""
+        fence = self._fenced.get(subject)
+        if fence is not None:
+            return list(fence.partitions)
+        routes = self._routes.get(subject)
+        return None if routes is None else routes.every_partition()
 
     def is_ordered(self, subject: str) -> bool:
         return subject in self._routes or subject in self._fenced
@@ -57,10 +83,10 @@ class RouteBook:
 
     def target(self, subject: str, key: str | None, *, index: int) -> Target:
         """Where message ``index`` of a produce request (of ordered ``subject``) goes."""
-        why = self._fenced.get(subject)
-        if why is not None:
+        fence = self._fenced.get(subject)
+        if fence is not None:
             field = f"messages[{index}].subject"
-            raise Unavailable(code="subject_fenced", message=why, field=field)
+            raise Unavailable(code="subject_fenced", message=fence.why, field=field)
         if key is None:
             raise Conflict(
                 code="key_required",

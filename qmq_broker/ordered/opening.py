@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from qmq_broker.errors import CorruptRecord, StorageError
+from qmq_broker.ordered.book import Fence
 from qmq_broker.ordered.files import (
     ROUTES_DIR,
     Declaration,
@@ -41,7 +42,7 @@ class OpenedRoutes:
     """The routes to serve, the subjects fenced (with why) and what was noted on the way."""
 
     routes: dict[str, Routes]
-    fenced: dict[str, str]
+    fenced: dict[str, Fence]
     problems: list[str]
 
 
@@ -78,10 +79,13 @@ def open_routes(
     fenced = {}
     for subject, why in unbuildable.items():
         damage = files.damaged[subject]
-        fenced[subject] = (
-            f"{subject!r} is fenced: its route table {Path(ROUTES_DIR, damage.path.name)} "
+        commands, _ = partition_tails(subject, subjects, reader)
+        fenced[subject] = Fence(
+            why=f"{subject!r} is fenced: its route table {Path(ROUTES_DIR, damage.path.name)} "
             f"does not check out and cannot be rebuilt ({why}); restore that file from a "
-            "backup and restart the broker"
+            "backup and restart the broker",
+            partitions=_partitions_of(subject, subjects),
+            commands={partition: seq for partition, (seq, _) in commands.items()},
         )
         problems.append(f"{damage}; cannot be rebuilt ({why}): {subject!r} fenced")
     for problem in problems:
@@ -98,15 +102,15 @@ def rebuild_at_start(
     except RouteFileDamaged as exc:
         raise CannotRebuild(f"its declaration {exc.path} is {exc.what}") from None
     commands, stored = partition_tails(subject, subjects, reader)
-    return rebuild(declaration, commands, stored)
+    return rebuild(declaration, (command for _, command in commands.values()), stored)
 
 
 def partition_tails(
     subject: str, subjects: SubjectTable, reader: SegmentReader
-) -> tuple[list[Command], set[int]]:
-    """The commands among ``subject``'s partitions' last records, and the partitions that
-    hold messages."""
-    commands: list[Command] = []
+) -> tuple[dict[int, tuple[int, Command]], set[int]]:
+    """The commands among ``subject``'s partitions' last records (partition -> seq and
+    command), and the partitions that hold messages."""
+    commands: dict[int, tuple[int, Command]] = {}
     stored: set[int] = set()
     for name in subjects:
         owner, partition = split_partition_log(name)
@@ -122,8 +126,13 @@ def partition_tails(
             continue
         command = command_of(record)
         if command is not None:
-            commands.append(command)
+            commands[partition] = (log.end_seq - 1, command)
     return commands, stored
+
+
+def _partitions_of(subject: str, subjects: SubjectTable) -> tuple[int, ...]:
+    found = (split_partition_log(name) for name in subjects)
+    return tuple(sorted(p for owner, p in found if owner == subject and p is not None))
 
 
 def _kept_current(data_dir: str | os.PathLike[str], routes: Routes, *, sealed: bool) -> list[str]:

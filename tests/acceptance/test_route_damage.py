@@ -12,6 +12,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -216,7 +217,8 @@ def test_a_table_that_cannot_be_rebuilt_fences_its_subject_alone(
         assert f"{table} at 0: route table does not check out" in checked.stdout
         assert "restore it from a backup" in checked.stdout
 
-    broker = BrokerProcess(data_dir, extra_args=["--on-damage", "skip"]).start()
+    sampled = ["--console-sample-interval", "100ms"]
+    broker = BrokerProcess(data_dir, extra_args=["--on-damage", "skip", *sampled]).start()
     try:
         with httpx.Client(base_url=broker.url, timeout=10) as http:
             who = {"group": GROUP, "consumer": "c1"}
@@ -239,9 +241,15 @@ def test_a_table_that_cannot_be_rebuilt_fences_its_subject_alone(
                 assert error["code"] == "subject_fenced", (path, error)
                 assert error["field"] == field
                 assert f"ordered/{SUBJECT}.json" in error["message"]
-            listed = call(http, "GET", "/v1/subjects")
-            assert SUBJECT in json.dumps(listed)  # still listed, its data untouched
+            # Read-only: still listed and counted, on the console too, its data untouched.
+            listed = call(http, "GET", "/v1/subjects")["subjects"]
+            assert [s["messages"] for s in listed if s["subject"] == SUBJECT] == [120]
+            assert call(http, "GET", f"/v1/subjects/{SUBJECT}")["messages"] == 120
+            assert SUBJECT in json.dumps(call(http, "GET", "/v1/console/overview"))
+            call(http, "GET", f"/v1/console/subjects/{SUBJECT}")
         assert_every_subject_serves(broker.url, fenced=True)
+        time.sleep(0.5)  # a few console samples, which read every subject
+        assert httpx.get(f"{broker.url}/healthz", timeout=5).status_code == 200
     finally:
         broker.stop()
 
