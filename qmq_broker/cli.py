@@ -224,12 +224,13 @@ def check_address(host: str, port: int) -> None:
 @click.option(
     "--repair",
     is_flag=True,
-    help="Rewrite the derived files (indexes, checkpoints) from the logs; never a segment.",
+    help="Rewrite the derived files (indexes, checkpoints, route tables) from the logs; "
+    "never a segment.",
 )
 @click.pass_context
 @failures.reported
 def verify(ctx: click.Context, data_dir: Path, repair: bool) -> None:
-    """Check every segment, index entry and checkpoint of a data directory, offline.
+    """Check every segment, index entry, checkpoint and route table of a data dir, offline.
 
     Prints one line per damage found, with what it costs, and a summary line. Exits 0 when
     clean, 1 when damage is found (after --repair: damage left), 2 for a missing or
