@@ -79,14 +79,7 @@ def open_routes(
     fenced = {}
     for subject, why in unbuildable.items():
         damage = files.damaged[subject]
-        commands, _ = partition_tails(subject, subjects, reader)
-        fenced[subject] = Fence(
-            why=f"{subject!r} is fenced: its route table {Path(ROUTES_DIR, damage.path.name)} "
-            f"does not check out and cannot be rebuilt ({why}); restore that file from a "
-            "backup and restart the broker",
-            partitions=_partitions_of(subject, subjects),
-            commands={partition: seq for partition, (seq, _) in commands.items()},
-        )
+        fenced[subject] = _fence(subject, damage.path, why, subjects, reader)
         problems.append(f"{damage}; cannot be rebuilt ({why}): {subject!r} fenced")
     for problem in problems:
         logger.warning(problem, extra={"action": "broker.recovery_problem"})
@@ -130,17 +123,32 @@ def partition_tails(
     return commands, stored
 
 
-def _partitions_of(subject: str, subjects: SubjectTable) -> tuple[int, ...]:
+def _fence(
+    subject: str, path: Path, why: CannotRebuild, subjects: SubjectTable, reader: SegmentReader
+) -> Fence:
+    """What the book needs to keep ``subject`` read-only: the error its calls answer, its
+    partitions on disk and its commands' seqs (not counted as messages)."""
     found = (split_partition_log(name) for name in subjects)
-    return tuple(sorted(p for owner, p in found if owner == subject and p is not None))
+    commands, _ = partition_tails(subject, subjects, reader)
+    return Fence(
+        why=f"{subject!r} is fenced: its route table {Path(ROUTES_DIR, path.name)} does not "
+        f"check out and cannot be rebuilt ({why}); restore that file from a backup and "
+        "restart the broker",
+        partitions=tuple(sorted(p for owner, p in found if owner == subject and p is not None)),
+        commands={partition: seq for partition, (seq, _) in commands.items()},
+    )
 
 
 def _kept_current(data_dir: str | os.PathLike[str], routes: Routes, *, sealed: bool) -> list[str]:
-    """Rewrite a bare table sealed, and a missing or damaged declaration from the table."""
+    """Rewrite a bare table sealed, and a missing or damaged declaration from the table;
+    the damage noted."""
     noted = []
     if not sealed:
         save_routes(data_dir, routes)  # writes a missing declaration too
-        noted.append(f"{routes.subject!r}: route table rewritten with a CRC-32 (format 2)")
+        logger.info(
+            "route table rewritten with a CRC-32 (format 2)",
+            extra={"action": "broker.routes_sealed", "subject": routes.subject},
+        )
     wanted = Declaration.of(routes)
     try:
         found: Declaration | None = read_declaration(declaration_path(data_dir, routes.subject))

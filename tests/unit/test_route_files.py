@@ -8,7 +8,9 @@ from pathlib import Path
 import orjson
 import pytest
 
+from qmq_broker.errors import Unavailable
 from qmq_broker.format import MessageRecord
+from qmq_broker.ordered.book import Fence, RouteBook
 from qmq_broker.ordered.files import (
     Declaration,
     RouteFileDamaged,
@@ -185,3 +187,23 @@ def test_only_command_messages_are_read_as_commands() -> None:
 
 def _fields(record: MessageRecord) -> dict[str, object]:
     return {name: getattr(record, name) for name in MessageRecord.__dataclass_fields__}
+
+
+# --- a fenced subject in the book -----------------------------------------------------------
+
+
+def test_a_fenced_subject_is_ordered_read_only_and_answers_subject_fenced() -> None:
+    fence = Fence(why="fenced: restore it", partitions=(0, 1, 2), commands={0: 41})
+    other = Routes.create("other", partitions=1, on_dead="skip")
+    book = RouteBook({"other": other}, fenced={SUBJECT: fence})
+    assert book.is_ordered(SUBJECT)
+    assert book.subjects() == ["other"]
+    assert book.partitions(SUBJECT) == [0, 1, 2]
+    assert book.command_seq(SUBJECT, 0) == 41
+    with pytest.raises(Unavailable) as routes_error:
+        book.get(SUBJECT)
+    assert (routes_error.value.code, routes_error.value.field) == ("subject_fenced", "subject")
+    with pytest.raises(Unavailable) as produce_error:
+        book.target(SUBJECT, "k", index=3)
+    assert produce_error.value.field == "messages[3].subject"
+    assert book.target("other", "k", index=0).log == "other#0"
