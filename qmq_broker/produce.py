@@ -288,13 +288,16 @@ class ProduceService:
         return found
 
     def _confirmed(self, subject: SubjectLog, seq: int, message_id: str) -> int | None:
-        """``seq``, found in the dedup table under this id's hash, if it holds this id."""
+        """``seq``, found in the dedup table under this id's hash, if it holds this id.
+
+        A record that cannot be read holds nothing (a pull dead-letters it as unreadable): a
+        resend of its message is stored anew, which recovers it."""
         if seq >= subject.end_seq or seq < subject.first_seq:
             return seq  # in flight or past retention: the 64-bit hash decides
         try:
             same = read_message(self._reader, subject, seq).id == message_id
         except (StorageError, CorruptRecord):
-            same = True
+            same = False
         return seq if same else None
 
     def _store(
