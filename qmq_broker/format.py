@@ -77,15 +77,24 @@ def read_format(data_dir: Path) -> int | None:
     ``StorageError`` when the file cannot be read or does not hold ``{"format": N}``.
     """
     path = data_dir / FORMAT_FILE
+    # A damaged FORMAT cannot be rebuilt from the data: the fix names the value this
+    # broker writes, for the operator to confirm against the version that last ran here.
+    fix = (
+        f'if this broker version last ran here, write {{"format": {FORMAT_VERSION}}} into it '
+        f"(echo '{{\"format\": {FORMAT_VERSION}}}' > {path}), then run "
+        f"qmq broker verify --data-dir {data_dir}"
+    )
     try:
         document = orjson.loads(path.read_bytes())
     except FileNotFoundError:
         return None
-    except (OSError, orjson.JSONDecodeError) as exc:
+    except orjson.JSONDecodeError as exc:
+        raise StorageError(f"{path} is damaged ({exc}); {fix}") from exc
+    except OSError as exc:
         raise StorageError(f"{path} cannot be read: {exc}") from exc
     version = document.get("format") if isinstance(document, dict) else None
     if not isinstance(version, int) or isinstance(version, bool):
-        raise StorageError(f'{path} does not hold {{"format": N}}')
+        raise StorageError(f'{path} does not hold {{"format": N}}; {fix}')
     return version
 
 

@@ -11,8 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from qmq_broker import format as format_module
-from qmq_broker.errors import CorruptRecord
+from qmq_broker.errors import CorruptRecord, StorageError
 from qmq_broker.format import (
+    FORMAT_VERSION,
     FRAME,
     FRAME_SIZE,
     HEADER_SIZE,
@@ -26,6 +27,7 @@ from qmq_broker.format import (
     is_message_record,
     iter_frames,
     iter_message_records,
+    read_format,
     read_frame_at,
     read_segment_header,
     segment_header,
@@ -299,3 +301,14 @@ def test_rfc3339_refuses_what_no_datetime_holds() -> None:
     for micros in (-62_135_596_800_000_001, 253_402_300_800_000_000):
         with pytest.raises(OverflowError):
             rfc3339(micros)
+
+
+@pytest.mark.parametrize("content", [b'{"formbt": 4}', b'{"format": 4', b"\x00\x01"])
+def test_a_damaged_format_file_names_itself_and_the_fix(tmp_path: Path, content: bytes) -> None:
+    (tmp_path / "FORMAT").write_bytes(content)
+    with pytest.raises(StorageError) as raised:
+        read_format(tmp_path)
+    message = str(raised.value)
+    assert str(tmp_path / "FORMAT") in message
+    assert f"""echo '{{"format": {FORMAT_VERSION}}}' > {tmp_path / "FORMAT"}""" in message
+    assert f"qmq broker verify --data-dir {tmp_path}" in message
