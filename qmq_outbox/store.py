@@ -56,12 +56,6 @@ class Retry:
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class PendingStats:
-    count: int
-    oldest_created_at: datetime | None
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class NotDue:
     """Pending rows a claim passes over: in their grace (first attempt, the dispatcher's
     turn) or waiting for a retry; and when the first of them falls due."""
@@ -463,14 +457,6 @@ class OutboxStore:
         stmt = sa.delete(t).where(t.c.id.in_(old.scalar_subquery()))
         with _transaction(self.engine, "purge") as conn:
             return conn.execute(stmt).rowcount
-
-    def pending_stats(self) -> PendingStats:
-        stmt = sa.select(sa.func.count(), sa.func.min(t.c.created_at)).where(
-            t.c.status == "pending"
-        )
-        with _translated("stats"), self.engine.connect() as conn:
-            count, oldest = conn.execute(stmt).one()
-        return PendingStats(count=int(count), oldest_created_at=as_utc(oldest))
 
     def backlog(self) -> list[SubjectBacklog]:
         """Pending and dead rows per subject, in one aggregate over those two statuses
