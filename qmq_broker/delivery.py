@@ -216,6 +216,7 @@ class DeliveryService:
     def _join_ordered(
         self, subject: str, group: str, consumer: str, mode: str, start: str, ack: list[int] | None
     ) -> tuple[str, bool]:
+        self._ordered.require_served(subject)  # a fenced subject, whatever the mode asked
         if not self._ordered.ordered(subject) and subject not in self._subjects:
             raise NotFound(
                 code="subject_not_found",

@@ -70,6 +70,10 @@ class OrderedPulls:
     def ordered(self, subject: str) -> bool:
         return self._book.is_ordered(subject)
 
+    def require_served(self, subject: str) -> None:
+        """``subject_fenced`` when the subject's routes could not be recovered."""
+        self._book.get(subject)
+
     def has_partition(self, subject: str, partition: int) -> bool:
         return partition in self._routes(subject).every_partition()
 

@@ -226,6 +226,7 @@ def test_a_table_that_cannot_be_rebuilt_fences_its_subject_alone(
             fenced = [
                 ("POST", "/v1/messages", {"messages": [message]}, "messages[0].subject"),
                 ("POST", "/v1/pull", {"subject": SUBJECT, **who, "mode": "ordered"}, "subject"),
+                ("POST", "/v1/pull", {"subject": SUBJECT, **who}, "subject"),  # shared mode
                 ("GET", f"/v1/subjects/{SUBJECT}/routes", None, "subject"),
                 ("PUT", f"/v1/subjects/{SUBJECT}", {"ordered": True, "partitions": 2}, "subject"),
                 ("POST", f"/v1/subjects/{SUBJECT}/partitions/move", {"partition": 1}, "subject"),
