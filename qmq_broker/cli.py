@@ -39,7 +39,7 @@ from qmq_outbox.cli.options import (
 )
 
 if TYPE_CHECKING:
-    from qmq_broker.verify import Report
+    from qmq_broker.recovery.verify import Report
 
 ENVVAR_PREFIX = "QMQ_BROKER"
 
@@ -239,9 +239,9 @@ def verify(ctx: click.Context, data_dir: Path, repair: bool) -> None:
     says so.
     """
     # imported here: the broker's own start pays for none of the checks' modules
-    from qmq_broker.verify import NotADataDir
-    from qmq_broker.verify import check_data_dir as check_verifiable
-    from qmq_broker.verify import verify as check
+    from qmq_broker.recovery.verify import NotADataDir
+    from qmq_broker.recovery.verify import check_data_dir as check_verifiable
+    from qmq_broker.recovery.verify import verify as check
 
     try:
         if repair:
@@ -260,8 +260,8 @@ def verify(ctx: click.Context, data_dir: Path, repair: bool) -> None:
 
 
 def _check_and_repair(data_dir: Path) -> Report:
-    from qmq_broker.repair import repair as repair_derived
-    from qmq_broker.verify import verify as check
+    from qmq_broker.recovery.repair import repair as repair_derived
+    from qmq_broker.recovery.verify import verify as check
 
     report = check(data_dir)
     _print(report)

@@ -47,9 +47,9 @@ from qmq_broker.ordered.service import RouteService
 from qmq_broker.produce import ProduceService
 from qmq_broker.pulls import SCHEDULERS, ActorMetrics, PullScheduler
 from qmq_broker.pulls.service import PullService
+from qmq_broker.recovery.recover import Recovered, recover
 from qmq_broker.stats import StatsService
 from qmq_broker.storage.journal import Journal
-from qmq_broker.storage.recovery import Recovered, recover
 from qmq_broker.storage.segments import SegmentReader
 from qmq_broker.upkeep import Upkeep
 from qmq_wire.ordered import split_partition_log

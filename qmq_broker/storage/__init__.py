@@ -1,1 +1,2 @@
-"""Storage adapters: segment files, the group-commit journal, recovery and checkpoints."""
+"""Disk primitives: segment files, the group-commit journal, index files, checkpoints,
+schedule buckets, fsync and the data directory lock."""

@@ -8,7 +8,7 @@ for groups whose early action segments retention already removed, redeliveries).
 layout: ``{"crc32": <crc of the body>, "checkpoint": <body>}``, the body serialised with
 sorted keys so its bytes, and so its CRC, are canonical. Checkpoints of older formats
 (format 1 with or without a CRC, format 2) are rewritten in the current one when the data
-directory is migrated on start (``qmq_broker.storage.migrate``).
+directory is migrated on start (``qmq_broker.recovery.migrate``).
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ from pathlib import Path
 import orjson
 
 from qmq_broker.format import HEADER_SIZE, SegmentKind, list_segments, walk_frames
+from qmq_broker.recovery.verify import verify
 from qmq_broker.storage.journal import ROOM_BYTES
-from qmq_broker.verify import verify
 from qmq_outbox.client import BrokerClient
 from qmq_outbox.envelope import OutgoingMessage
 from tests.support.broker_process import BrokerProcess

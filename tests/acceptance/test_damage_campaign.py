@@ -30,7 +30,7 @@ from qmq_broker.errors import QmqBrokerError
 from qmq_broker.format import FORMAT_FILE, HEADER_SIZE, list_indexed_subjects
 from qmq_broker.http.app import create_app
 from qmq_broker.metrics import BrokerMetrics
-from qmq_broker.verify import read_index, verify
+from qmq_broker.recovery.verify import read_index, verify
 from tests.support.broker_process import BrokerProcess
 
 PLAIN, ORDERED, DELAYED = "plain", "ordered", "delayed"

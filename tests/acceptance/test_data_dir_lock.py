@@ -18,8 +18,8 @@ import orjson
 import pytest
 
 from qmq_broker.format import FORMAT_FILE
+from qmq_broker.recovery.migrate import migrate
 from qmq_broker.storage.lock import LOCK_FILE, DataDirLock, DataDirLocked
-from qmq_broker.storage.migrate import migrate
 from qmq_outbox.client import BrokerClient
 from qmq_outbox.envelope import OutgoingMessage
 from tests.support.broker_process import BrokerProcess, free_port

@@ -10,9 +10,9 @@ import pytest
 from qmq_broker.engine import Broker
 from qmq_broker.errors import StorageError
 from qmq_broker.format import FORMAT_VERSION
+from qmq_broker.recovery.migrate import migrate
+from qmq_broker.recovery.recover import recover
 from qmq_broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE, Checkpoint
-from qmq_broker.storage.migrate import migrate
-from qmq_broker.storage.recovery import recover
 from tests.support.engine import incoming, run_broker
 
 GROUPS = {"orders": {"g": {"mode": "shared", "states": {"": {"cursor": 7}}}}}

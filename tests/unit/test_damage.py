@@ -28,7 +28,7 @@ from qmq_broker.format import (
     segment_number,
 )
 from qmq_broker.messages import IncomingMessage
-from qmq_broker.storage.recovery import recover
+from qmq_broker.recovery.recover import recover
 from qmq_broker.storage.segments import segment_path
 from tests.support.engine import incoming
 from tests.support.engine import run_broker as engine_run

@@ -34,8 +34,8 @@ from qmq_broker.format import (
     list_segments,
     segment_number,
 )
+from qmq_broker.recovery.recover import recover
 from qmq_broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE
-from qmq_broker.storage.recovery import recover
 from tests.unit.test_damage import BATCH, drain, flip, message, pull, run_broker
 
 KINDS = (

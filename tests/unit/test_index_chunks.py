@@ -32,9 +32,9 @@ from qmq_broker.format import (
 )
 from qmq_broker.metrics import BrokerMetrics
 from qmq_broker.pulls.reads import read_message
+from qmq_broker.recovery.recover import recover
 from qmq_broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE
 from qmq_broker.storage.index_files import ChunkReader, read_chunk
-from qmq_broker.storage.recovery import recover
 from qmq_broker.storage.segments import SegmentReader
 from qmq_broker.subjects import SubjectStats, SubjectTable
 from tests.support.engine import incoming, run_broker

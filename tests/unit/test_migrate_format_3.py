@@ -34,12 +34,12 @@ from qmq_broker.format import (
     list_index_chunks,
     peek_message,
 )
+from qmq_broker.recovery.migrate import migrate
+from qmq_broker.recovery.recover import check_format, recover
+from qmq_broker.recovery.verify import verify
 from qmq_broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE
 from qmq_broker.storage.index_files import read_chunk, write_chunk
-from qmq_broker.storage.migrate import migrate
-from qmq_broker.storage.recovery import check_format, recover
 from qmq_broker.storage.segments import SegmentReader
-from qmq_broker.verify import verify
 from tests.support.engine import run_broker
 from tests.unit.test_index_chunks import EXPECTED, TOTAL, fill, resend_and_read
 

@@ -15,7 +15,7 @@ from qmq_broker.format import (
     list_segments,
 )
 from qmq_broker.messages import IncomingMessage
-from qmq_broker.storage.recovery import recover
+from qmq_broker.recovery.recover import recover
 from tests.support.engine import run_broker as engine_run
 
 

@@ -13,7 +13,7 @@ rebuilds it from the log.
 Format 2 -> 3: the id hash of index entries and dedup runs went from BLAKE2b-64 to XXH3-64
 (``qmq_broker.format.id_hash``). Every index entry's message is read from the log and its id
 hashed anew; the chunks are rewritten (and sealed again, if full). A sealed chunk that
-fails its seal is rebuilt from the log first (``qmq_broker.storage.index_repair``). Entries
+fails its seal is rebuilt from the log first (``qmq_broker.recovery.index_repair``). Entries
 whose message does not read back (retention took its segment, or damage) keep their old
 hash: no dedup lookup reaches them. Each checkpoint's digest of a subject's newest chunk
 is checked against the entries as they were (or as this step already rewrote them, after
@@ -60,10 +60,10 @@ from qmq_broker.format import (
     list_indexed_subjects,
     peek_message,
 )
+from qmq_broker.recovery.index_repair import rebuild_chunk
 from qmq_broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE
 from qmq_broker.storage.fsync import rewrite_file, sync_dir
 from qmq_broker.storage.index_files import read_chunk, write_chunk
-from qmq_broker.storage.index_repair import rebuild_chunk
 from qmq_broker.storage.lock import DataDirLock
 from qmq_broker.storage.segments import SegmentReader
 

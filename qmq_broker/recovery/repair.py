@@ -39,11 +39,11 @@ from qmq_broker.format import (
     walk_frames,
 )
 from qmq_broker.ordered.offline import repair_route_files
+from qmq_broker.recovery.recover import recover
+from qmq_broker.recovery.verify import Report, check_data_dir, read_index
 from qmq_broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE, Checkpoint
 from qmq_broker.storage.index_files import CHUNK_BYTES, read_chunk, write_chunk
 from qmq_broker.storage.lock import DataDirLock
-from qmq_broker.storage.recovery import recover
-from qmq_broker.verify import Report, check_data_dir, read_index
 
 CHECKPOINTS = (CHECKPOINT_FILE, PREVIOUS_FILE)
 LOGS = (KIND_DIRS[SegmentKind.MESSAGES], KIND_DIRS[SegmentKind.ACTIONS])

@@ -54,12 +54,12 @@ from qmq_broker.format import (
     walk_frames,
 )
 from qmq_broker.groups import GroupTable
+from qmq_broker.recovery.index import WorkingIndex, load_indexes
+from qmq_broker.recovery.index_repair import rebuild_chunk
+from qmq_broker.recovery.migrate import migrate
 from qmq_broker.storage.checkpoint import Checkpoint, IndexDigest
 from qmq_broker.storage.fsync import truncate_file
 from qmq_broker.storage.index_files import ChunkReader, remove_chunk
-from qmq_broker.storage.index_recovery import WorkingIndex, load_indexes
-from qmq_broker.storage.index_repair import rebuild_chunk
-from qmq_broker.storage.migrate import migrate
 from qmq_broker.storage.segments import segment_path
 from qmq_broker.subjects import RecoveredSubject, SubjectTable, window_start
 

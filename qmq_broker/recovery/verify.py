@@ -2,7 +2,7 @@
 
 Reads every segment (message, action, schedule, dispatch), every index entry and both
 checkpoints, opening each file read-only, and returns a ``Report`` of ``Finding``s. It
-never writes; ``qmq_broker.repair`` rewrites the derived files. Run it while no broker
+never writes; ``qmq_broker.recovery.repair`` rewrites the derived files. Run it while no broker
 uses the directory (``qmq broker verify``, see docs/broker.md).
 """
 

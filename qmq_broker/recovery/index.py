@@ -27,9 +27,9 @@ from qmq_broker.format import (
     list_index_chunks,
     list_indexed_subjects,
 )
+from qmq_broker.recovery.index_repair import rebuild_chunk
 from qmq_broker.storage.checkpoint import IndexDigest
 from qmq_broker.storage.index_files import CHUNK_BYTES, read_chunk, remove_chunk, write_chunk
-from qmq_broker.storage.index_repair import rebuild_chunk
 
 Entry = tuple[int, int, int, int, int]  # segment, length, offset, stored_us, id hash
 
