@@ -14,12 +14,12 @@ from collections.abc import Callable
 from qmq_broker.actions import ActionLog, action
 from qmq_broker.clock import Clock
 from qmq_broker.errors import Conflict, CorruptRecord, NotFound, StorageError
-from qmq_broker.format import ActionType
+from qmq_broker.format.actions import ActionType
 from qmq_broker.gate import Gate, durable
 from qmq_broker.groups import DeliveryState, Group, GroupTable, Policy
 from qmq_broker.messages import pulled, rfc3339
 from qmq_broker.metrics import BrokerMetrics
-from qmq_broker.ordered.pulls import OrderedPulls
+from qmq_broker.pulls.ordered import OrderedPulls
 from qmq_broker.pulls.reads import read_message
 from qmq_broker.pulls.scheduler import PullScheduler
 from qmq_broker.storage.journal import Journal

@@ -35,19 +35,19 @@ from qmq_broker.delayed.recovery import ScheduleRecovered, recover_schedule
 from qmq_broker.delayed.service import DelayedMessages
 from qmq_broker.delivery import DeliveryService
 from qmq_broker.errors import QmqBrokerError, Unavailable
-from qmq_broker.format import SegmentKind
+from qmq_broker.format.files import SegmentKind
 from qmq_broker.gate import Gate
 from qmq_broker.groups import Policy
 from qmq_broker.memory import malloc_trim
 from qmq_broker.metrics import BrokerMetrics
-from qmq_broker.ordered.book import RouteBook
 from qmq_broker.ordered.opening import open_routes
-from qmq_broker.ordered.pulls import OrderedPulls
 from qmq_broker.ordered.service import RouteService
 from qmq_broker.produce import ProduceService
 from qmq_broker.pulls import SCHEDULERS, ActorMetrics, PullScheduler
+from qmq_broker.pulls.ordered import OrderedPulls
 from qmq_broker.pulls.service import PullService
 from qmq_broker.recovery.recover import Recovered, recover
+from qmq_broker.routebook import RouteBook
 from qmq_broker.stats import StatsService
 from qmq_broker.storage.journal import Journal
 from qmq_broker.storage.segments import SegmentReader
@@ -285,7 +285,7 @@ class Broker:
             gate=self.gate,
             book=book,
             subjects=subjects,
-            producer=producer,
+            store_commands=producer.store_commands,
             ordered=ordered,
             reader=self._reader,
             clock=clock,

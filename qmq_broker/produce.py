@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING
 
 from qmq_broker.clock import Clock
 from qmq_broker.errors import Conflict, CorruptRecord, StorageError
-from qmq_broker.format import MessageRecord, id_hash, message_frames
+from qmq_broker.format.ids import id_hash
+from qmq_broker.format.messages import MessageRecord, message_frames
 from qmq_broker.gate import Gate, durable
 from qmq_broker.messages import IncomingMessage
 from qmq_broker.metrics import BrokerMetrics
-from qmq_broker.ordered.book import RouteBook, Target
 from qmq_broker.pulls.reads import read_message
+from qmq_broker.routebook import RouteBook, Target
 from qmq_broker.storage.journal import Journal
 from qmq_broker.storage.segments import SegmentReader
 from qmq_broker.subjects import SubjectLog, SubjectTable

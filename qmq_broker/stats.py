@@ -9,7 +9,7 @@ from qmq_broker.delayed.service import DelayedMessages, ScheduledCount, Schedule
 from qmq_broker.errors import NotFound
 from qmq_broker.gate import Gate
 from qmq_broker.groups import DeliveryState, GroupStats, GroupTable
-from qmq_broker.ordered.book import RouteBook
+from qmq_broker.routebook import RouteBook
 from qmq_broker.subjects import SubjectLog, SubjectStats, SubjectTable
 from qmq_wire.ordered import partition_log, split_partition_log
 

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from qmq_broker.http.answers import Count, Name, Timestamp
+from qmq_broker.answer_fields import Count, Name, Timestamp
 
 Seconds = Annotated[float, Field(ge=0)]
 Rate = Annotated[float, Field(ge=0)] | None

@@ -17,7 +17,7 @@ from qmq_broker.console.sightings import ConsumerSightings
 from qmq_broker.errors import NotFound
 from qmq_broker.gate import Gate
 from qmq_broker.messages import rfc3339
-from qmq_broker.ordered.pulls import OrderedPulls
+from qmq_broker.pulls.ordered import OrderedPulls
 from qmq_broker.stats import StatsService, SubjectDetail
 
 RECENT_CONSUMER_S = 60.0

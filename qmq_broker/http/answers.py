@@ -9,16 +9,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field
 
 import qmq_wire as wire
-
-Timestamp = AwareDatetime  # RFC 3339 in UTC on the wire
-Count = Annotated[int, Field(ge=0)]
-Seq = Annotated[int, Field(ge=0, le=wire.MAX_SEQ)]
-Name = Annotated[str, StringConstraints(pattern=wire.NAME_PATTERN)]
-"""A subject or group: only names that follow the naming rules are ever stored."""
-MessageId = Annotated[str, StringConstraints(pattern=wire.MESSAGE_ID_PATTERN)]
+from qmq_broker.answer_fields import Count, MessageId, Name, Seq, Timestamp
 
 
 class _Answer(BaseModel):

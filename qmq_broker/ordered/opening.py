@@ -16,7 +16,6 @@ import os
 from pathlib import Path
 
 from qmq_broker.errors import CorruptRecord, StorageError
-from qmq_broker.ordered.book import Fence
 from qmq_broker.ordered.files import (
     ROUTES_DIR,
     Declaration,
@@ -29,6 +28,7 @@ from qmq_broker.ordered.files import (
 )
 from qmq_broker.ordered.rebuild import CannotRebuild, Command, command_of, rebuild
 from qmq_broker.pulls.reads import read_message
+from qmq_broker.routebook import Fence
 from qmq_broker.storage.segments import SegmentReader
 from qmq_broker.subjects import SubjectTable
 from qmq_wire.ordered import split_partition_log

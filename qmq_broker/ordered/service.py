@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import orjson
@@ -20,11 +20,10 @@ from qmq_broker.clock import Clock
 from qmq_broker.errors import Conflict, CorruptRecord, Invalid, NotFound, StorageError
 from qmq_broker.gate import Gate
 from qmq_broker.messages import IncomingMessage
-from qmq_broker.ordered.book import RouteBook
 from qmq_broker.ordered.files import save_routes
-from qmq_broker.ordered.pulls import OrderedPulls
-from qmq_broker.produce import ProduceService
+from qmq_broker.pulls.ordered import OrderedPulls
 from qmq_broker.pulls.reads import read_message
+from qmq_broker.routebook import RouteBook
 from qmq_broker.storage.segments import SegmentReader
 from qmq_broker.subjects import SubjectTable
 from qmq_wire import OnDead, RoutesAnswerJson
@@ -38,6 +37,11 @@ from qmq_wire.ordered import (
 )
 from qmq_wire.routes import RouteConflict, Routes, ranges_json
 
+StoreCommands = Callable[
+    [list[tuple[str, IncomingMessage]], Callable[[list[int]], None]], Awaitable[None]
+]
+"""Appends command messages to their partition logs (``ProduceService.store_commands``)."""
+
 
 class RouteService:
     """``PUT /v1/subjects/{subject}``, the partition changes and the routes document."""
@@ -49,7 +53,7 @@ class RouteService:
         gate: Gate,
         book: RouteBook,
         subjects: SubjectTable,
-        producer: ProduceService,
+        store_commands: StoreCommands,
         ordered: OrderedPulls,
         reader: SegmentReader,
         clock: Clock,
@@ -60,7 +64,7 @@ class RouteService:
         self._gate = gate
         self._book = book
         self._subjects = subjects
-        self._producer = producer
+        self._store_commands = store_commands  # appends commands, answers once durable
         self._ordered = ordered
         self._reader = reader
         self._clock = clock
@@ -143,7 +147,7 @@ class RouteService:
                 for (subject, partition), seq in zip(where, seqs, strict=True):
                     self._book.commanded(subject, partition, seq)
 
-            await self._producer.store_commands(missing, placed)
+            await self._store_commands(missing, placed)
         return len(missing)
 
     def _stored_command(self, subject: str, partition: int, version: int) -> int | None:
@@ -184,7 +188,7 @@ class RouteService:
                 for partition, seq in zip(version.closed, seqs, strict=True):
                     self._book.commanded(subject, partition, seq)
 
-            await self._producer.store_commands(commands, placed)
+            await self._store_commands(commands, placed)
             self._wake(subject)
         return self.document(subject)
 

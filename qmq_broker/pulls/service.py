@@ -27,10 +27,10 @@ from typing import Any
 
 from qmq_broker.actions import ActionLog, action
 from qmq_broker.clock import Clock
-from qmq_broker.format import ActionRecord, ActionType
+from qmq_broker.format.actions import ActionRecord, ActionType
 from qmq_broker.groups import DeliveryState, GroupTable, Policy
 from qmq_broker.metrics import BrokerMetrics
-from qmq_broker.ordered.pulls import OrderedPulls
+from qmq_broker.pulls.ordered import OrderedPulls
 from qmq_broker.pulls.reads import Batch, Read, read_ahead, read_batches, read_cached
 from qmq_broker.pulls.request import TIMER_SLACK_S, PullOutcome, QueuedPull, Served
 from qmq_broker.storage.segments import CACHED_READS, NotCached, SegmentReader

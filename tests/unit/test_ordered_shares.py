@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from qmq_broker.ordered.pulls import share_out
+from qmq_broker.pulls.ordered import share_out
 
 
 def test_an_even_split_when_every_partition_has_enough() -> None:

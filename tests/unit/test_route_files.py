@@ -10,7 +10,6 @@ import pytest
 
 from qmq_broker.errors import Unavailable
 from qmq_broker.format import MessageRecord
-from qmq_broker.ordered.book import Fence, RouteBook
 from qmq_broker.ordered.files import (
     Declaration,
     RouteFileDamaged,
@@ -23,6 +22,7 @@ from qmq_broker.ordered.files import (
 )
 from qmq_broker.ordered.rebuild import CannotRebuild, Command, command_of, rebuild
 from qmq_broker.ordered.service import _command
+from qmq_broker.routebook import Fence, RouteBook
 from qmq_wire.ordered import partition_log
 from qmq_wire.routes import Routes
 

@@ -18,11 +18,11 @@ from typing import Any
 
 from qmq_broker.actions import ActionLog, action
 from qmq_broker.clock import Clock
-from qmq_broker.format import ActionType
+from qmq_broker.format.actions import ActionType
 from qmq_broker.groups import DeliveryState, GroupTable, Policy
-from qmq_broker.ordered.book import RouteBook
 from qmq_broker.pulls.reads import Batch
 from qmq_broker.pulls.request import QueuedPull
+from qmq_broker.routebook import RouteBook
 from qmq_broker.subjects import SubjectTable
 from qmq_wire.ordered import COMMAND_PRODUCER, partition_log
 from qmq_wire.routes import Routes
