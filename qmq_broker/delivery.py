@@ -14,9 +14,9 @@ from collections.abc import Callable
 from qmq_broker.actions import ActionLog, action
 from qmq_broker.clock import Clock
 from qmq_broker.errors import Conflict, CorruptRecord, NotFound, StorageError
-from qmq_broker.format.actions import ActionType
-from qmq_broker.gate import Gate, durable
+from qmq_broker.format import ActionType
 from qmq_broker.groups import DeliveryState, Group, GroupTable, Policy
+from qmq_broker.lifecycle import Lifecycle, durable
 from qmq_broker.messages import pulled, rfc3339
 from qmq_broker.metrics import BrokerMetrics
 from qmq_broker.pulls.ordered import OrderedPulls
@@ -63,7 +63,7 @@ class DeliveryService:
     def __init__(
         self,
         *,
-        gate: Gate,
+        lifecycle: Lifecycle,
         journal: Journal,
         subjects: SubjectTable,
         groups: GroupTable,
@@ -76,7 +76,7 @@ class DeliveryService:
         wake: Callable[[str], None],
         ordered: OrderedPulls,
     ) -> None:
-        self._gate = gate
+        self._lifecycle = lifecycle
         self._ordered = ordered
         self._journal = journal
         self._subjects = subjects
@@ -146,7 +146,7 @@ class DeliveryService:
         ``deadline_exceeded``) has still applied its acks: sent again, they answer as
         ``unknown``. The ``AckResult`` is None when ``ack`` is.
         """
-        self._gate.require()
+        self._lifecycle.require()
         if mode == "ordered" or self._ordered.ordered(subject):
             key, created = self._join_ordered(subject, group, consumer, mode, start, ack)
         else:
@@ -287,7 +287,7 @@ class DeliveryService:
         seqs: list[int],
         partition: int | None = None,
     ) -> AckResult:
-        self._gate.require()
+        self._lifecycle.require()
         result = self._record_acks(self._log_of(subject, partition), group, consumer, seqs)
         self._heard_from(subject, group, consumer)
         if result.acked:
@@ -322,7 +322,7 @@ class DeliveryService:
         error: str | None,
         partition: int | None = None,
     ) -> NackResult:
-        self._gate.require()
+        self._lifecycle.require()
         shown = subject
         subject = self._log_of(subject, partition)
         state, key = self._state_of(subject, group, consumer)
@@ -390,7 +390,7 @@ class DeliveryService:
         after_seq: int | None,
         partition: int | None = None,
     ) -> DeadLetterPage:
-        self._gate.require(write=False)
+        self._lifecycle.require(write=False)
         shown = subject
         subject = self._log_of(subject, partition)
         found = self._group(subject, group)
@@ -430,7 +430,7 @@ class DeliveryService:
         self, *, subject: str, group: str, seqs: list[int] | None, partition: int | None = None
     ) -> int:
         """Send dead letters (the given seqs, or all with None) back for another round."""
-        self._gate.require()
+        self._lifecycle.require()
         shown = subject
         subject = self._log_of(subject, partition)
         found = self._group(subject, group)

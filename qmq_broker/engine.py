@@ -7,8 +7,8 @@ consistent state, and disk writes go through the journal's group commit.
 
 Who owns what: ``SubjectTable`` (seqs, bytes, dedup) and ``GroupTable`` (delivery state)
 are the only writers of their state; ``ProduceService`` stores messages, ``DeliveryService``
-serves groups, ``DelayedMessages`` holds messages until due, ``Upkeep`` checkpoints and
-applies retention, ``StatsService`` answers operators, ``Gate`` says who may come in;
+serves groups, ``DelayedMessages`` holds messages until due, ``Maintenance`` checkpoints and
+applies retention, ``StatsService`` answers operators, ``Lifecycle`` says who may come in;
 ``RouteBook`` holds ordered subjects' routes (``RouteService`` changes them,
 ``OrderedPulls`` serves their groups); ``ConsoleService`` answers the console's pages from a
 sampled history.
@@ -27,17 +27,18 @@ from qmq_broker.actions import ActionLog
 from qmq_broker.clock import Clock, SystemClock
 from qmq_broker.config import BrokerConfig
 from qmq_broker.console.history import History
+from qmq_broker.console.recent_consumers import RecentConsumers
 from qmq_broker.console.sampler import ConsoleSampler
 from qmq_broker.console.service import ConsoleService
-from qmq_broker.console.sightings import ConsumerSightings
 from qmq_broker.delayed.metrics import ScheduleMetrics
 from qmq_broker.delayed.recovery import ScheduleRecovered, recover_schedule
 from qmq_broker.delayed.service import DelayedMessages
 from qmq_broker.delivery import DeliveryService
 from qmq_broker.errors import QmqBrokerError, Unavailable
-from qmq_broker.format.files import SegmentKind
-from qmq_broker.gate import Gate
+from qmq_broker.format import SegmentKind
 from qmq_broker.groups import Policy
+from qmq_broker.lifecycle import Lifecycle
+from qmq_broker.maintenance import Maintenance
 from qmq_broker.memory import malloc_trim
 from qmq_broker.metrics import BrokerMetrics
 from qmq_broker.ordered.opening import open_routes
@@ -51,7 +52,6 @@ from qmq_broker.routebook import RouteBook
 from qmq_broker.stats import StatsService
 from qmq_broker.storage.journal import Journal
 from qmq_broker.storage.segments import SegmentReader
-from qmq_broker.upkeep import Upkeep
 from qmq_wire.ordered import split_partition_log
 
 logger = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class Broker:
         self.config = config
         self.metrics = metrics
         self.clock = clock if clock is not None else SystemClock()
-        self.gate = Gate()
+        self.lifecycle = Lifecycle()
         self.recovered: Recovered | None = None
         self._reader = SegmentReader(config.data_dir, SegmentKind.MESSAGES)
         self._read_pool: ThreadPoolExecutor | None = None
@@ -85,18 +85,18 @@ class Broker:
         self._producer: ProduceService | None = None
         self._delivery: DeliveryService | None = None
         self._delayed: DelayedMessages | None = None
-        self._upkeep: Upkeep | None = None
+        self._maintenance: Maintenance | None = None
         self._stats: StatsService | None = None
         self._routes: RouteService | None = None
         self._console: ConsoleService | None = None
-        self.sightings = ConsumerSightings(now=self.clock.now)
+        self.recent_consumers = RecentConsumers(now=self.clock.now)
         """Consumers heard from lately, noted by the HTTP layer on pulls, acks and nacks."""
 
     # --- the services ------------------------------------------------------------------------
 
     @property
     def status(self) -> str:
-        return self.gate.status.value
+        return self.lifecycle.status.value
 
     @property
     def producer(self) -> ProduceService:
@@ -116,8 +116,8 @@ class Broker:
         return _ready(self._delayed)
 
     @property
-    def upkeep(self) -> Upkeep:
-        return _ready(self._upkeep)
+    def maintenance(self) -> Maintenance:
+        return _ready(self._maintenance)
 
     @property
     def stats(self) -> StatsService:
@@ -158,7 +158,7 @@ class Broker:
                 on_damage=self.config.on_damage,
             )
         except QmqBrokerError:
-            self.gate.fail()
+            self.lifecycle.fail()
             logger.critical(
                 "recovery failed", extra={"action": "broker.recovery_failed"}, exc_info=True
             )
@@ -173,7 +173,7 @@ class Broker:
         self.metrics.recovery_problems.set(len(problems))
         self._wire(recovered, scheduled, RouteBook(routes.routes, fenced=routes.fenced))
         commands = await self.routes.restore_commands()
-        self.gate.open(self.journal)
+        self.lifecycle.open(self.journal)
         logger.info(
             "broker recovered",
             extra={
@@ -245,7 +245,7 @@ class Broker:
             metrics=self._actor_metrics,
         )
         producer = self._producer = ProduceService(
-            gate=self.gate,
+            lifecycle=self.lifecycle,
             journal=journal,
             subjects=subjects,
             reader=self._reader,
@@ -267,7 +267,7 @@ class Broker:
         producer.attach(delayed)
         self._schedule_metrics.watch(delayed.snapshot)
         self._delivery = DeliveryService(
-            gate=self.gate,
+            lifecycle=self.lifecycle,
             journal=journal,
             subjects=subjects,
             groups=groups,
@@ -282,7 +282,7 @@ class Broker:
         )
         self._routes = RouteService(
             data_dir=config.data_dir,
-            gate=self.gate,
+            lifecycle=self.lifecycle,
             book=book,
             subjects=subjects,
             store_commands=producer.store_commands,
@@ -292,7 +292,7 @@ class Broker:
             wake=pulls.wake_subject,
             known_elsewhere=delayed.knows,
         )
-        upkeep = self._upkeep = Upkeep(
+        maintenance = self._maintenance = Maintenance(
             data_dir=config.data_dir,
             journal=journal,
             subjects=subjects,
@@ -306,11 +306,11 @@ class Broker:
             retention_check_interval_s=config.retention_check_interval_s,
         )
         self._stats = StatsService(
-            gate=self.gate, subjects=subjects, groups=groups, delayed=delayed, book=book
+            lifecycle=self.lifecycle, subjects=subjects, groups=groups, delayed=delayed, book=book
         )
         metrics.watch_groups(self._stats.group_backlogs)
         console = self._console = ConsoleService(
-            gate=self.gate,
+            lifecycle=self.lifecycle,
             stats=self._stats,
             sampler=ConsoleSampler(
                 stats=self._stats,
@@ -320,16 +320,16 @@ class Broker:
                 history=History(capacity=CONSOLE_SAMPLES, max_series=CONSOLE_MAX_SERIES),
                 interval_s=config.console_sample_interval_s,
             ),
-            sightings=self.sightings,
+            recent_consumers=self.recent_consumers,
             ordered=ordered,
             clock=clock,
         )
         self._spawn(delayed.run, "qmq-schedule-wheel")
         for index in range(config.workers):
             self._spawn(pulls.run_worker, f"qmq-pull-worker-{index}")
-        self._spawn(upkeep.checkpoint_loop, "qmq-checkpointer")
-        self._spawn(upkeep.retention_loop, "qmq-retention")
-        self._spawn(upkeep.dedup_loop, "qmq-dedup")
+        self._spawn(maintenance.checkpoint_loop, "qmq-checkpointer")
+        self._spawn(maintenance.retention_loop, "qmq-retention")
+        self._spawn(maintenance.dedup_loop, "qmq-dedup")
         self._spawn(console.sample_loop, "qmq-console-sampler")
         metrics.watch_storage(subjects)
 
@@ -341,14 +341,14 @@ class Broker:
                 raise
             except Exception:
                 logger.critical(f"{name} died", extra={"action": "broker.loop_died"}, exc_info=True)
-                self.gate.fail()
+                self.lifecycle.fail()
                 raise
 
         self._tasks.append(asyncio.create_task(supervised(), name=name))
 
     def begin_shutdown(self) -> None:
         """Stop taking requests and wake every long poll so it answers now."""
-        self.gate.begin_stop()
+        self.lifecycle.begin_stop()
         if self._pulls is not None:
             self._pulls.drain()
 
@@ -364,8 +364,8 @@ class Broker:
         if self._read_pool is not None:
             self._read_pool.shutdown(wait=False, cancel_futures=True)
         if self._journal is not None:
-            if self._journal.failed is None and self._upkeep is not None:
-                await self._upkeep.checkpoint()
+            if self._journal.failed is None and self._maintenance is not None:
+                await self._maintenance.checkpoint()
             await self._journal.close()
         if self._delayed is not None:
             self._delayed.close()

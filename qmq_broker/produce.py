@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING
 
 from qmq_broker.clock import Clock
 from qmq_broker.errors import Conflict, CorruptRecord, StorageError
-from qmq_broker.format.ids import id_hash
-from qmq_broker.format.messages import MessageRecord, message_frames
-from qmq_broker.gate import Gate, durable
+from qmq_broker.format import MessageRecord, id_hash, message_frames
+from qmq_broker.lifecycle import Lifecycle, durable
 from qmq_broker.messages import IncomingMessage
 from qmq_broker.metrics import BrokerMetrics
 from qmq_broker.pulls.reads import read_message
@@ -36,7 +35,7 @@ class ProduceService:
     def __init__(
         self,
         *,
-        gate: Gate,
+        lifecycle: Lifecycle,
         journal: Journal,
         subjects: SubjectTable,
         reader: SegmentReader,
@@ -45,7 +44,7 @@ class ProduceService:
         wake: Callable[[str], None],
         book: RouteBook | None = None,
     ) -> None:
-        self._gate = gate
+        self._lifecycle = lifecycle
         self._book = book if book is not None else RouteBook()
         self._journal = journal
         self._subjects = subjects
@@ -65,7 +64,7 @@ class ProduceService:
         A message due later (``deliver_at_us`` after now) goes to the schedule log and is
         answered ``scheduled`` with seq null; it is stored through ``store_due`` when due.
         """
-        self._gate.require()
+        self._lifecycle.require()
         delayed = self._delayed
         assert delayed is not None, "attach() the delayed-message service first"
         now = self._clock.wall_us()
@@ -219,7 +218,7 @@ class ProduceService:
         """Append command messages (each to its partition's log, as its last message) and
         answer once they are durable. ``placed`` gets their seqs as soon as they are
         allocated, before they can become visible: a pull must never take a command for a
-        message. Broker-internal: no gate, no dedup."""
+        message. Broker-internal: no lifecycle check, no dedup."""
         now = self._clock.wall_us()
         seqs = [
             self._store(log, [message], [id_hash(message.id)], now) for log, message in commands
@@ -233,7 +232,7 @@ class ProduceService:
         Returns each one's seq, or -1 when its subject already holds the id (a dispatch
         repeated after a crash), and the stored_at time, once durable.
         """
-        self._gate.require()
+        self._lifecycle.require()
         now = self._clock.wall_us()
         visible: dict[str, int] = {}
         seqs: list[int] = []

@@ -7,8 +7,8 @@ from collections.abc import Iterable, Iterator
 
 from qmq_broker.delayed.service import DelayedMessages, ScheduledCount, ScheduleStats
 from qmq_broker.errors import NotFound
-from qmq_broker.gate import Gate
 from qmq_broker.groups import DeliveryState, GroupStats, GroupTable
+from qmq_broker.lifecycle import Lifecycle
 from qmq_broker.routebook import RouteBook
 from qmq_broker.subjects import SubjectLog, SubjectStats, SubjectTable
 from qmq_wire.ordered import partition_log, split_partition_log
@@ -31,20 +31,20 @@ class StatsService:
     def __init__(
         self,
         *,
-        gate: Gate,
+        lifecycle: Lifecycle,
         subjects: SubjectTable,
         groups: GroupTable,
         delayed: DelayedMessages,
         book: RouteBook,
     ) -> None:
-        self._gate = gate
+        self._lifecycle = lifecycle
         self._book = book
         self._subjects = subjects
         self._groups = groups
         self._delayed = delayed
 
     def subjects(self) -> list[SubjectStats]:
-        self._gate.require(write=False)
+        self._lifecycle.require(write=False)
         listed: dict[str, SubjectStats] = {}
         for name in sorted(self._subjects):
             subject, partition = split_partition_log(name)
@@ -62,7 +62,7 @@ class StatsService:
         return [listed[name] for name in sorted(listed)]
 
     def subject(self, name: str) -> SubjectDetail:
-        self._gate.require(write=False)
+        self._lifecycle.require(write=False)
         partitions = self._book.partitions(name)  # a fenced subject's too: reads serve it
         if partitions is not None:
             return self._ordered_subject(name, partitions)
@@ -119,14 +119,14 @@ class StatsService:
 
     def schedule(self, *, limit: int) -> ScheduleStats:
         """Pending delayed messages by hour, next due time, dispatch lag."""
-        self._gate.require(write=False)
+        self._lifecycle.require(write=False)
         return self._delayed.stats(limit=limit)
 
     def oldest_unacked(self, name: str) -> dict[str, int]:
         """Each group's oldest message not acked yet (waiting, leased or retrying; dead
         letters are done with): its stored time in microseconds. Groups with none are left
         out; an ordered subject's partitions count together."""
-        self._gate.require(write=False)
+        self._lifecycle.require(write=False)
         partitions = self._book.partitions(name)
         logs: list[tuple[str, int | None]] = (
             [(partition_log(name, p), self._book.command_seq(name, p)) for p in partitions]

@@ -12,10 +12,10 @@ from collections.abc import Callable
 from typing import Any
 
 from qmq_broker.clock import Clock
+from qmq_broker.console.recent_consumers import RecentConsumers
 from qmq_broker.console.sampler import ConsoleSampler, backlog_key, in_key, out_key
-from qmq_broker.console.sightings import ConsumerSightings
 from qmq_broker.errors import NotFound
-from qmq_broker.gate import Gate
+from qmq_broker.lifecycle import Lifecycle
 from qmq_broker.messages import rfc3339
 from qmq_broker.pulls.ordered import OrderedPulls
 from qmq_broker.stats import StatsService, SubjectDetail
@@ -39,17 +39,17 @@ class ConsoleService:
     def __init__(
         self,
         *,
-        gate: Gate,
+        lifecycle: Lifecycle,
         stats: StatsService,
         sampler: ConsoleSampler,
-        sightings: ConsumerSightings,
+        recent_consumers: RecentConsumers,
         ordered: OrderedPulls,
         clock: Clock,
     ) -> None:
-        self._gate = gate
+        self._lifecycle = lifecycle
         self._stats = stats
         self._sampler = sampler
-        self._sightings = sightings
+        self._consumers = recent_consumers
         self._ordered = ordered
         self._clock = clock
 
@@ -97,7 +97,7 @@ class ConsoleService:
         latest = self._sampler.latest
         ages = [age for s in subjects if (age := s["oldest_unacked_age_s"]) is not None]
         return {
-            "status": self._gate.status.value,
+            "status": self._lifecycle.status.value,
             "at": rfc3339(now_us),
             "sample_interval_s": self._sampler.interval_s,
             "sampled_at": None if latest is None else rfc3339(int(latest.at * 1_000_000)),
@@ -154,7 +154,7 @@ class ConsoleService:
                     "oldest_unacked_age_s": _age(now_us, oldest.get(group)),
                     "consumers": [
                         {"consumer": s.consumer, "seen_s_ago": round(s.seconds_ago, 3)}
-                        for s in self._sightings.recent(name, group, within_s=RECENT_CONSUMER_S)
+                        for s in self._consumers.recent(name, group, within_s=RECENT_CONSUMER_S)
                     ],
                 }
                 for group in groups

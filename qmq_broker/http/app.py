@@ -184,7 +184,7 @@ class Api:
         began = time.thread_time()  # CPU, as the actors' work is counted (``Served``)
         parsed = bodies.decode(body, bodies.PullBody)
         self._require(grant, Right.CONSUME, parsed.subject, group=parsed.group, field="group")
-        self.broker.sightings.saw(parsed.subject, parsed.group, parsed.consumer)
+        self.broker.recent_consumers.saw(parsed.subject, parsed.group, parsed.consumer)
         wait_ms = min(parsed.wait_ms, self.broker.config.max_wait_ms)
         decoded = time.thread_time()
         messages, acked = await self.broker.delivery.ack_and_pull(
@@ -220,7 +220,7 @@ class Api:
         grant = self._grant(request)
         parsed = bodies.decode(await self._body(request), body)
         self._require(grant, Right.CONSUME, parsed.subject, group=parsed.group, field="group")
-        self.broker.sightings.saw(parsed.subject, parsed.group, parsed.consumer)
+        self.broker.recent_consumers.saw(parsed.subject, parsed.group, parsed.consumer)
         return parsed
 
     async def ack(self, request: Request) -> Response:

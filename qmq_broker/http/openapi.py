@@ -84,7 +84,7 @@ class _Operation:
     params: tuple[dict[str, Any], ...] = ()
     errors: tuple[int, ...] = ()
     api: bool = True
-    """Part of API v1: behind auth (when on) and the broker's status gate (503)."""
+    """Part of API v1: behind auth (when on) and the broker's lifecycle check (503)."""
 
 
 def _ref(model: type[BaseModel]) -> dict[str, str]:

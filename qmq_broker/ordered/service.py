@@ -18,7 +18,7 @@ import orjson
 
 from qmq_broker.clock import Clock
 from qmq_broker.errors import Conflict, CorruptRecord, Invalid, NotFound, StorageError
-from qmq_broker.gate import Gate
+from qmq_broker.lifecycle import Lifecycle
 from qmq_broker.messages import IncomingMessage
 from qmq_broker.ordered.files import save_routes
 from qmq_broker.pulls.ordered import OrderedPulls
@@ -50,7 +50,7 @@ class RouteService:
         self,
         *,
         data_dir: str | os.PathLike[str],
-        gate: Gate,
+        lifecycle: Lifecycle,
         book: RouteBook,
         subjects: SubjectTable,
         store_commands: StoreCommands,
@@ -61,7 +61,7 @@ class RouteService:
         known_elsewhere: Callable[[str], bool],
     ) -> None:
         self._data_dir = Path(data_dir)
-        self._gate = gate
+        self._lifecycle = lifecycle
         self._book = book
         self._subjects = subjects
         self._store_commands = store_commands  # appends commands, answers once durable
@@ -76,7 +76,7 @@ class RouteService:
 
     async def declare(self, subject: str, *, partitions: int, on_dead: OnDead) -> RoutesAnswerJson:
         """Make ``subject`` ordered; the same declaration again answers as the first did."""
-        self._gate.require()
+        self._lifecycle.require()
         if not 1 <= partitions <= MAX_PARTITIONS:
             raise Invalid(
                 code="invalid_partitions",
@@ -119,7 +119,7 @@ class RouteService:
 
     def document(self, subject: str) -> RoutesAnswerJson:
         """The routes document of an ordered subject (404/409 otherwise)."""
-        self._gate.require(write=False)
+        self._lifecycle.require(write=False)
         routes = self._routes(subject)
         ordered = self._ordered
         groups = {g: ordered.group_version(subject, g) for g in ordered.groups_of(subject)}
@@ -168,7 +168,7 @@ class RouteService:
     # --- changes ----------------------------------------------------------------------------
 
     async def _change(self, subject: str, make: Callable[[Routes], Routes]) -> RoutesAnswerJson:
-        self._gate.require()
+        self._lifecycle.require()
         async with self._lock(subject):
             routes = self._routes(subject)
             try:

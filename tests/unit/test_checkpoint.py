@@ -93,7 +93,7 @@ def test_recovery_passes_over_a_damaged_checkpoint(tmp_path: Path, damaged: list
             mode="shared",
             start="earliest",
         )
-        await broker.upkeep.checkpoint()  # the previous: before the ack
+        await broker.maintenance.checkpoint()  # the previous: before the ack
         seqs = [m["seq"] for m in pulled[:10]]
         await broker.delivery.ack(subject="orders", group="g", consumer="c", seqs=seqs)
 

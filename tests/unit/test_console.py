@@ -13,7 +13,7 @@ import pytest
 from qmq_broker.config import BrokerConfig
 from qmq_broker.console.history import History
 from qmq_broker.console.http import CONTENT_SECURITY_POLICY, load_assets
-from qmq_broker.console.sightings import ConsumerSightings
+from qmq_broker.console.recent_consumers import RecentConsumers
 from qmq_broker.engine import Broker
 from qmq_broker.http.app import create_app
 from qmq_broker.http.guard import GuardPolicy
@@ -61,7 +61,7 @@ def test_series_beyond_the_cap_are_not_tracked() -> None:
 
 def test_sightings_list_the_latest_first_within_the_window_and_stay_bounded() -> None:
     now = [0.0]
-    seen = ConsumerSightings(now=lambda: now[0], per_group=2, max_groups=2)
+    seen = RecentConsumers(now=lambda: now[0], per_group=2, max_groups=2)
     seen.saw("orders", "billing", "a")
     now[0] = 5.0
     seen.saw("orders", "billing", "b")
@@ -91,7 +91,7 @@ def test_the_views_over_a_real_broker(tmp_path: Path) -> None:
             start="earliest",
         )
         await broker.delivery.ack(subject="orders", group="billing", consumer="c1", seqs=[0, 1])
-        broker.sightings.saw("orders", "billing", "c1")
+        broker.recent_consumers.saw("orders", "billing", "c1")
         await asyncio.sleep(0.01)
         await console.sample()
         overview = console.overview()

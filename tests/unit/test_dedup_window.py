@@ -54,7 +54,7 @@ def test_an_id_just_inside_the_window_is_a_duplicate_and_one_just_outside_is_sto
     clock.skew_us += (WINDOW_S - 1) * 1_000_000 - MINUTE_US
 
     async def live(broker: Broker) -> list[tuple[str, int | None]]:
-        await broker.upkeep.apply_retention()  # moves the window (retention keeps all)
+        await broker.maintenance.apply_retention()  # moves the window (retention keeps all)
         return await produce(broker, [5, 150])
 
     assert run(tmp_path, clock, live) == [("stored", 200), ("duplicate", 150)]
@@ -81,7 +81,7 @@ def test_ids_of_every_dedup_layer_answer_after_restarts(tmp_path: Path) -> None:
         for first in range(0, total, 1000):
             await produce(broker, range(first, first + 1000))
         for _ in range(50):  # let the dedup loop flush what is due
-            if not await broker.upkeep.dedup_step():
+            if not await broker.maintenance.dedup_step():
                 break
 
     run(tmp_path, clock, fill)

@@ -182,7 +182,7 @@ def test_retention_deletes_index_chunks_with_their_segments(tmp_path: Path) -> N
             await fill(broker)
             before = broker.stats.subject("orders")
             clock.skew_us = 2 * 3600 * 1_000_000
-            await broker.upkeep.apply_retention()
+            await broker.maintenance.apply_retention()
             trimmed = subjects_of(broker)["orders"].stats()
             assert trimmed.first_seq > 2 * INDEX_CHUNK_ENTRIES  # all but the active segment
             assert trimmed.bytes < before.bytes

@@ -61,11 +61,11 @@ def test_old_segments_are_deleted_whole_and_groups_skip_ahead(tmp_path: Path) ->
             segments = list_segments(tmp_path, SegmentKind.MESSAGES)
             assert len(segments) > 2
 
-            await broker.upkeep.apply_retention()  # nothing is old yet
+            await broker.maintenance.apply_retention()  # nothing is old yet
             assert list_segments(tmp_path, SegmentKind.MESSAGES) == segments
 
             clock.skew_us = 2 * 3600 * 1_000_000
-            await broker.upkeep.apply_retention()
+            await broker.maintenance.apply_retention()
             left = list_segments(tmp_path, SegmentKind.MESSAGES)
             assert left == segments[-1:]  # the active segment stays
             after = broker.stats.subject("orders")

@@ -16,7 +16,7 @@ class BrokerStatus(enum.Enum):
     FAILED = "failed"
 
 
-class Gate:
+class Lifecycle:
     """recovering -> ready -> stopping | failed; writes also stop when the journal failed."""
 
     def __init__(self) -> None:

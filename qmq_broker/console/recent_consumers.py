@@ -14,12 +14,12 @@ GroupKey = tuple[str, str]
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Sighting:
+class RecentConsumer:
     consumer: str
     seconds_ago: float
 
 
-class ConsumerSightings:
+class RecentConsumers:
     """Last time (monotonic seconds) each consumer of a (subject, group) called the broker."""
 
     def __init__(
@@ -48,14 +48,14 @@ class ConsumerSightings:
         if len(consumers) > self._per_group:
             del consumers[next(iter(consumers))]
 
-    def recent(self, subject: str, group: str, *, within_s: float) -> list[Sighting]:
+    def recent(self, subject: str, group: str, *, within_s: float) -> list[RecentConsumer]:
         """The consumers heard from within ``within_s``, the latest first."""
         consumers = self._groups.get((subject, group))
         if not consumers:
             return []
         now = self._now()
         found = [
-            Sighting(consumer=name, seconds_ago=max(now - at, 0.0))
+            RecentConsumer(consumer=name, seconds_ago=max(now - at, 0.0))
             for name, at in reversed(consumers.items())
             if now - at <= within_s
         ]

@@ -1,4 +1,4 @@
-"""Upkeep: checkpoints, retention of old segments, the dedup window and its stores' files.
+"""Maintenance: checkpoints, retention of old segments, the dedup window and its stores' files.
 
 Three supervised loops run these (``qmq-checkpointer``, ``qmq-retention``, ``qmq-dedup``);
 shutdown writes a last checkpoint.
@@ -31,7 +31,7 @@ CHECKPOINT_EVERY_MESSAGES = 200_000  # stored since the last checkpoint: write o
 CHECKPOINT_POLL_S = 0.5
 
 
-class Upkeep:
+class Maintenance:
     """Keeps recovery short (checkpoints) and the data directory bounded (retention)."""
 
     def __init__(

@@ -1,4 +1,4 @@
-"""A dedup job still running on its thread when the broker closes: the upkeep loop waits
+"""A dedup job still running on its thread when the broker closes: the maintenance loop waits
 for it before the store changes, so the close does not write the same files beside it.
 
 A real ``DedupStore`` on a real directory; the job is slowed down so that the cancel lands
@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from qmq_broker import upkeep
+from qmq_broker import maintenance
 from qmq_broker.dedup import DedupStore
 from qmq_broker.dedup.runs import RUN_SUFFIX
 
 
 class OneStore:
-    """What ``Upkeep.dedup_step`` asks of the subject table."""
+    """What ``Maintenance.dedup_step`` asks of the subject table."""
 
     def __init__(self, store: DedupStore) -> None:
         self.store = store
@@ -36,15 +36,15 @@ def test_closing_while_a_dedup_job_runs_waits_for_it(
     store = DedupStore.open(tmp_path, flush_at=1000)
     store.add_many(list(range(1, 1501)), 0)  # past flush_at: a flush is planned
     finished = threading.Event()
-    real = upkeep._run_and_trim
+    real = maintenance._run_and_trim
 
     def slow(job: Any) -> None:
         time.sleep(0.3)
         real(job)
         finished.set()
 
-    monkeypatch.setattr(upkeep, "_run_and_trim", slow)
-    keeper = upkeep.Upkeep.__new__(upkeep.Upkeep)  # only dedup_step is used
+    monkeypatch.setattr(maintenance, "_run_and_trim", slow)
+    keeper = maintenance.Maintenance.__new__(maintenance.Maintenance)  # only dedup_step is used
     keeper._subjects = OneStore(store)  # type: ignore[assignment]
 
     async def main() -> None:
