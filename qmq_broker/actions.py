@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from qmq_broker.format import ActionRecord, ActionType
+from qmq_broker.format.actions import ActionRecord, ActionType
 from qmq_broker.groups import GroupTable
 from qmq_broker.storage.journal import Journal
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from qmq_broker.actions import ActionLog, action
 from qmq_broker.clock import Clock
 from qmq_broker.errors import Conflict, CorruptRecord, NotFound, StorageError
-from qmq_broker.format import ActionType
+from qmq_broker.format.actions import ActionType
 from qmq_broker.groups import DeliveryState, Group, GroupTable, Policy
 from qmq_broker.lifecycle import Lifecycle, durable
 from qmq_broker.messages import pulled, rfc3339

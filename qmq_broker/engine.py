@@ -35,7 +35,7 @@ from qmq_broker.delayed.recovery import ScheduleRecovered, recover_schedule
 from qmq_broker.delayed.service import DelayedMessages
 from qmq_broker.delivery import DeliveryService
 from qmq_broker.errors import QmqBrokerError, Unavailable
-from qmq_broker.format import SegmentKind
+from qmq_broker.format.files import SegmentKind
 from qmq_broker.groups import Policy
 from qmq_broker.lifecycle import Lifecycle
 from qmq_broker.maintenance import Maintenance

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from qmq_broker.format import ActionRecord, ActionType
+from qmq_broker.format.actions import ActionRecord, ActionType
 
 SHARED_STATE = ""
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from qmq_broker.clock import Clock
 from qmq_broker.dedup import DedupJob
 from qmq_broker.errors import StorageError
-from qmq_broker.format import SegmentKind, list_segments, segment_number
+from qmq_broker.format.files import SegmentKind, list_segments, segment_number
 from qmq_broker.groups import GroupTable
 from qmq_broker.memory import malloc_trim
 from qmq_broker.metrics import BrokerMetrics

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import msgspec
 
-from qmq_broker.format import FLAG_BODY_BASE64, MessageFields, MessageRecord
+from qmq_broker.format.messages import FLAG_BODY_BASE64, MessageFields, MessageRecord
 from qmq_wire import BodyEncoding, PulledMessageJson
 
 

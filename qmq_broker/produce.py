@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 from qmq_broker.clock import Clock
 from qmq_broker.errors import Conflict, CorruptRecord, StorageError
-from qmq_broker.format import MessageRecord, id_hash, message_frames
+from qmq_broker.format.ids import id_hash
+from qmq_broker.format.messages import MessageRecord, message_frames
 from qmq_broker.lifecycle import Lifecycle, durable
 from qmq_broker.messages import IncomingMessage
 from qmq_broker.metrics import BrokerMetrics

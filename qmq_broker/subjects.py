@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from qmq_broker.dedup import DedupStats, DedupStore
-from qmq_broker.format import INDEX_CHUNK_ENTRIES, INDEX_ENTRY, INDEX_ENTRY_SIZE, chunk_start
+from qmq_broker.format.index import INDEX_CHUNK_ENTRIES, INDEX_ENTRY, INDEX_ENTRY_SIZE, chunk_start
 from qmq_broker.storage.checkpoint import IndexDigest
 from qmq_broker.storage.index_files import CHUNK_BYTES, ChunkReader
 

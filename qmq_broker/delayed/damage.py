@@ -15,15 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from qmq_broker.errors import CorruptRecord
-from qmq_broker.format import (
-    FRAME,
-    FRAME_SIZE,
-    KIND_DIRS,
-    ScheduleRecord,
-    SegmentKind,
-    read_segment_header,
-    schedule_key,
-)
+from qmq_broker.format.files import KIND_DIRS, SegmentKind, read_segment_header
+from qmq_broker.format.frames import FRAME, FRAME_SIZE
+from qmq_broker.format.schedule import ScheduleRecord, schedule_key
 
 Buffer = bytes | mmap.mmap
 # whether a record at an offset (with its subject and id when they read) is already done

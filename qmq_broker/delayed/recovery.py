@@ -38,21 +38,23 @@ from qmq_broker.delayed.damage import (
 from qmq_broker.delayed.idset import HashSet64
 from qmq_broker.delayed.scan import FrameWalk, mapped
 from qmq_broker.errors import StorageError
-from qmq_broker.format import (
-    COARSE_SCHEDULE_KINDS,
-    FRAME_SIZE,
+from qmq_broker.format.files import (
     HEADER_SIZE,
-    HOUR_US,
     KIND_DIRS,
+    SegmentKind,
+    list_segments,
+    segment_number,
+)
+from qmq_broker.format.frames import FRAME_SIZE
+from qmq_broker.format.schedule import (
+    COARSE_SCHEDULE_KINDS,
+    HOUR_US,
     DispatchRecord,
     ScheduleRecord,
-    SegmentKind,
     hour_bucket,
     is_dispatch_record,
     is_schedule_record,
-    list_segments,
     schedule_bucket,
-    segment_number,
 )
 from qmq_broker.storage.buckets import BucketKey
 from qmq_broker.storage.fsync import truncate_file

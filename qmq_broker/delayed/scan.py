@@ -17,18 +17,13 @@ from array import array
 from collections.abc import Iterator
 from pathlib import Path
 
-from qmq_broker.format import (
-    FRAME,
-    FRAME_SIZE,
-    HEADER_SIZE,
-    MAX_PAYLOAD,
+from qmq_broker.format.files import HEADER_SIZE, SegmentKind
+from qmq_broker.format.frames import FRAME, FRAME_SIZE, MAX_PAYLOAD, FrameCheck, next_valid_frame
+from qmq_broker.format.schedule import (
     DispatchRecord,
-    FrameCheck,
     ScheduleRecord,
-    SegmentKind,
     is_dispatch_record,
     is_schedule_record,
-    next_valid_frame,
 )
 from qmq_broker.storage.segments import segment_path
 

@@ -40,13 +40,12 @@ from qmq_broker.delayed.scan import dispatched_offsets, pending_entries, read_pa
 from qmq_broker.delayed.tiers import Tiers
 from qmq_broker.delayed.wheel import DEFAULT_TICK_US, TimingWheel, WheelEntry
 from qmq_broker.errors import CorruptRecord, StorageError, Unavailable
-from qmq_broker.format import (
-    HEADER_SIZE,
+from qmq_broker.format.files import HEADER_SIZE, SegmentKind
+from qmq_broker.format.messages import MessageRecord
+from qmq_broker.format.schedule import (
     HOUR_US,
     DispatchRecord,
-    MessageRecord,
     ScheduleRecord,
-    SegmentKind,
     bucket_start_us,
     hour_bucket,
     schedule_key,

@@ -18,10 +18,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from qmq_broker.format import (
+from qmq_broker.format.files import SegmentKind
+from qmq_broker.format.schedule import (
     COARSE_SCHEDULE_KINDS,
     SCHEDULE_KINDS,
-    SegmentKind,
     bucket_start_us,
     bucket_width_us,
     schedule_bucket,

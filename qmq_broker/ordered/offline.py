@@ -14,19 +14,10 @@ from collections import defaultdict
 from pathlib import Path
 
 from qmq_broker.errors import CorruptRecord
-from qmq_broker.format import (
-    BadRegion,
-    MessageRecord,
-    SegmentKind,
-    index_chunk_path,
-    is_message_record,
-    list_index_chunks,
-    list_indexed_subjects,
-    list_segments,
-    peek_message,
-    read_segment_header,
-    walk_frames,
-)
+from qmq_broker.format.files import SegmentKind, list_segments, read_segment_header
+from qmq_broker.format.frames import BadRegion, walk_frames
+from qmq_broker.format.index import index_chunk_path, list_index_chunks, list_indexed_subjects
+from qmq_broker.format.messages import MessageRecord, is_message_record, peek_message
 from qmq_broker.ordered.files import (
     Declaration,
     RouteFileDamaged,

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from qmq_broker.errors import StorageError
-from qmq_broker.format import MessageRecord
+from qmq_broker.format.messages import MessageRecord
 from qmq_broker.ordered.files import Declaration
 from qmq_wire import RouteChange
 from qmq_wire.ordered import COMMAND_HEADER, command_id, split_partition_log

@@ -18,7 +18,7 @@ from typing import Any
 
 from qmq_broker.actions import ActionLog, action
 from qmq_broker.clock import Clock
-from qmq_broker.format import ActionType
+from qmq_broker.format.actions import ActionType
 from qmq_broker.groups import DeliveryState, GroupTable, Policy
 from qmq_broker.pulls.reads import Batch
 from qmq_broker.pulls.request import QueuedPull

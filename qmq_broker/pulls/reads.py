@@ -21,7 +21,8 @@ import time
 from collections.abc import Iterator
 
 from qmq_broker.errors import CorruptRecord, StorageError
-from qmq_broker.format import MessageRecord, message_fields, read_frame_at
+from qmq_broker.format.frames import read_frame_at
+from qmq_broker.format.messages import MessageRecord, message_fields
 from qmq_broker.messages import pulled_fields
 from qmq_broker.storage.segments import SegmentReader
 from qmq_broker.subjects import SubjectLog

@@ -27,7 +27,7 @@ from typing import Any
 
 from qmq_broker.actions import ActionLog, action
 from qmq_broker.clock import Clock
-from qmq_broker.format import ActionRecord, ActionType
+from qmq_broker.format.actions import ActionRecord, ActionType
 from qmq_broker.groups import DeliveryState, GroupTable, Policy
 from qmq_broker.metrics import BrokerMetrics
 from qmq_broker.pulls.ordered import OrderedPulls

@@ -16,7 +16,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from qmq_broker.format import (
+from qmq_broker.format.index import (
     INDEX_CHUNK_ENTRIES,
     INDEX_ENTRY,
     INDEX_ENTRY_SIZE,

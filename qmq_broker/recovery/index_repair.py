@@ -14,22 +14,17 @@ import logging
 import os
 from pathlib import Path
 
-from qmq_broker.format import (
-    FRAME_SIZE,
+from qmq_broker.format.files import SegmentKind, list_segments, segment_number
+from qmq_broker.format.frames import FRAME_SIZE, BadRegion, walk_frames
+from qmq_broker.format.ids import id_hash
+from qmq_broker.format.index import (
     INDEX_CHUNK_ENTRIES,
     INDEX_ENTRY,
     INDEX_ENTRY_SIZE,
     INDEX_HEADER,
-    BadRegion,
-    MessageRecord,
-    SegmentKind,
-    id_hash,
     index_chunk_path,
-    is_message_record,
-    list_segments,
-    segment_number,
-    walk_frames,
 )
+from qmq_broker.format.messages import MessageRecord, is_message_record
 from qmq_broker.storage.index_files import write_chunk
 
 logger = logging.getLogger(__name__)

@@ -43,23 +43,21 @@ import orjson
 from qmq_broker.dedup import DedupStore
 from qmq_broker.dedup.runs import write_run
 from qmq_broker.errors import CorruptRecord, StorageError
-from qmq_broker.format import (
-    FORMAT_FILE,
-    FORMAT_VERSION,
+from qmq_broker.format.files import FORMAT_FILE, FORMAT_VERSION, SegmentKind
+from qmq_broker.format.ids import id_hash
+from qmq_broker.format.index import (
     INDEX_CHUNK_ENTRIES,
     INDEX_ENTRY,
     INDEX_ENTRY_SIZE,
     INDEX_HEADER,
     INDEX_MAGIC,
     INDEX_SUFFIX,
-    SegmentKind,
     chunk_start,
-    id_hash,
     index_chunk_path,
     list_index_chunks,
     list_indexed_subjects,
-    peek_message,
 )
+from qmq_broker.format.messages import peek_message
 from qmq_broker.recovery.index_repair import rebuild_chunk
 from qmq_broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE
 from qmq_broker.storage.fsync import rewrite_file, sync_dir

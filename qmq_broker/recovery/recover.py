@@ -31,28 +31,21 @@ import orjson
 
 from qmq_broker.dedup import DedupStore
 from qmq_broker.errors import CorruptRecord, StorageError
-from qmq_broker.format import (
+from qmq_broker.format.actions import ActionRecord, is_action_record
+from qmq_broker.format.files import (
     FORMAT_FILE,
     FORMAT_VERSION,
-    FRAME_SIZE,
     HEADER_SIZE,
-    INDEX_CHUNK_ENTRIES,
-    INDEX_ENTRY,
-    INDEX_ENTRY_SIZE,
-    ActionRecord,
-    BadRegion,
     SegmentKind,
-    chunk_start,
-    id_hash,
-    is_action_record,
-    is_message_record,
     list_segments,
-    peek_message,
     read_format,
     read_segment_header,
     segment_number,
-    walk_frames,
 )
+from qmq_broker.format.frames import FRAME_SIZE, BadRegion, walk_frames
+from qmq_broker.format.ids import id_hash
+from qmq_broker.format.index import INDEX_CHUNK_ENTRIES, INDEX_ENTRY, INDEX_ENTRY_SIZE, chunk_start
+from qmq_broker.format.messages import is_message_record, peek_message
 from qmq_broker.groups import GroupTable
 from qmq_broker.recovery.index import WorkingIndex, load_indexes
 from qmq_broker.recovery.index_repair import rebuild_chunk

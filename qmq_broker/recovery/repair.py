@@ -18,26 +18,25 @@ from pathlib import Path
 from qmq_broker.dedup.filter import FILTER_FILE
 from qmq_broker.dedup.runs import parse_run_name
 from qmq_broker.errors import CorruptRecord, StorageError
-from qmq_broker.format import (
-    FRAME_SIZE,
-    INDEX_CHUNK_ENTRIES,
-    INDEX_ENTRY,
+from qmq_broker.format.files import (
     KIND_DIRS,
-    BadRegion,
-    IndexEntry,
-    MessageRecord,
     SegmentKind,
-    chunk_start,
-    id_hash,
-    index_chunk_path,
-    is_message_record,
-    list_index_chunks,
-    list_indexed_subjects,
     list_segments,
     read_segment_header,
     segment_number,
-    walk_frames,
 )
+from qmq_broker.format.frames import FRAME_SIZE, BadRegion, walk_frames
+from qmq_broker.format.ids import id_hash
+from qmq_broker.format.index import (
+    INDEX_CHUNK_ENTRIES,
+    INDEX_ENTRY,
+    IndexEntry,
+    chunk_start,
+    index_chunk_path,
+    list_index_chunks,
+    list_indexed_subjects,
+)
+from qmq_broker.format.messages import MessageRecord, is_message_record
 from qmq_broker.ordered.offline import repair_route_files
 from qmq_broker.recovery.recover import recover
 from qmq_broker.recovery.verify import Report, check_data_dir, read_index

@@ -18,30 +18,29 @@ from qmq_broker.dedup.filter import FILTER_FILE, BloomFilter
 from qmq_broker.dedup.runs import MappedRun, read_run_header, verify_run
 from qmq_broker.delayed.recovery import HARMLESS, recover_schedule
 from qmq_broker.errors import CorruptRecord, QmqBrokerError, StorageError
-from qmq_broker.format import (
+from qmq_broker.format.actions import is_action_record
+from qmq_broker.format.files import (
     FORMAT_VERSION,
-    FRAME_SIZE,
-    INDEX_CHUNK_ENTRIES,
-    INDEX_ENTRY_SIZE,
-    INDEX_HEADER,
     KIND_DIRS,
-    BadRegion,
-    IndexEntry,
-    MessageRecord,
     SegmentKind,
-    id_hash,
-    index_chunk_path,
-    is_action_record,
-    is_message_record,
-    list_index_chunks,
-    list_indexed_subjects,
     list_segments,
     read_format,
     read_segment_header,
     segment_name,
     segment_number,
-    walk_frames,
 )
+from qmq_broker.format.frames import FRAME_SIZE, BadRegion, walk_frames
+from qmq_broker.format.ids import id_hash
+from qmq_broker.format.index import (
+    INDEX_CHUNK_ENTRIES,
+    INDEX_ENTRY_SIZE,
+    INDEX_HEADER,
+    IndexEntry,
+    index_chunk_path,
+    list_index_chunks,
+    list_indexed_subjects,
+)
+from qmq_broker.format.messages import MessageRecord, is_message_record
 from qmq_broker.ordered.offline import inspect_route_files
 from qmq_broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE, Checkpoint
 from qmq_broker.storage.index_files import read_chunk

@@ -12,7 +12,7 @@ import collections
 import os
 from pathlib import Path
 
-from qmq_broker.format import HEADER_SIZE, SegmentKind, segment_header
+from qmq_broker.format.files import HEADER_SIZE, SegmentKind, segment_header
 from qmq_broker.storage.fsync import sync_data, sync_new_file
 from qmq_broker.storage.segments import Position, segment_path
 

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from qmq_broker.errors import StorageError
-from qmq_broker.format import FORMAT_VERSION, HEADER_SIZE
+from qmq_broker.format.files import FORMAT_VERSION, HEADER_SIZE
 from qmq_broker.storage.fsync import replace_keeping_previous
 
 CHECKPOINT_FILE = "checkpoint.json"

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qmq_broker.errors import StorageError
-from qmq_broker.format import (
+from qmq_broker.format.index import (
     INDEX_CHUNK_ENTRIES,
     INDEX_ENTRY_SIZE,
     INDEX_HEADER,

@@ -42,19 +42,16 @@ from pathlib import Path
 
 from qmq_broker.config import FsyncPolicy
 from qmq_broker.errors import StorageError
-from qmq_broker.format import (
-    HEADER_SIZE,
+from qmq_broker.format.files import HEADER_SIZE, KIND_DIRS, SegmentKind, segment_header
+from qmq_broker.format.frames import frame
+from qmq_broker.format.index import (
     INDEX_CHUNK_ENTRIES,
     INDEX_ENTRY,
     INDEX_ENTRY_SIZE,
     INDEX_HEADER,
-    KIND_DIRS,
-    SegmentKind,
     chunk_start,
-    frame,
     index_chunk_path,
     index_header,
-    segment_header,
 )
 from qmq_broker.storage.buckets import BucketFiles, BucketKey, BucketPlacer
 from qmq_broker.storage.fsync import sync_all, sync_data, sync_dir, sync_new_file

@@ -9,14 +9,8 @@ from pathlib import Path
 import msgspec
 
 from qmq_broker.errors import CorruptRecord, StorageError
-from qmq_broker.format import (
-    FRAME_SIZE,
-    HEADER_SIZE,
-    KIND_DIRS,
-    SegmentKind,
-    read_frame_at,
-    segment_name,
-)
+from qmq_broker.format.files import HEADER_SIZE, KIND_DIRS, SegmentKind, segment_name
+from qmq_broker.format.frames import FRAME_SIZE, read_frame_at
 
 
 class Position(msgspec.Struct, frozen=True, gc=False):

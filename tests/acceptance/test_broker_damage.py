@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from qmq_broker.format import SegmentKind, segment_header
+from qmq_broker.format import SegmentKind
+from qmq_broker.format.files import segment_header
 from qmq_outbox.client import BrokerClient
 from qmq_outbox.envelope import OutgoingMessage
 from tests.support.broker_process import BrokerProcess, free_port

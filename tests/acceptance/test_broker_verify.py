@@ -14,15 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from qmq_broker.format import (
-    FRAME_SIZE,
-    INDEX_ENTRY_SIZE,
-    INDEX_HEADER,
-    SegmentKind,
-    index_chunk_path,
-    iter_frames,
-    list_segments,
-)
+from qmq_broker.format import SegmentKind, iter_frames, list_segments
+from qmq_broker.format.frames import FRAME_SIZE
+from qmq_broker.format.index import INDEX_ENTRY_SIZE, INDEX_HEADER, index_chunk_path
 from qmq_broker.storage.checkpoint import CHECKPOINT_FILE
 from qmq_outbox.client import BrokerClient
 from qmq_outbox.envelope import OutgoingMessage

@@ -27,7 +27,8 @@ from qmq_broker.config import BrokerConfig, FsyncPolicy
 from qmq_broker.delayed.recovery import recover_schedule
 from qmq_broker.engine import Broker
 from qmq_broker.errors import QmqBrokerError
-from qmq_broker.format import FORMAT_FILE, HEADER_SIZE, list_indexed_subjects
+from qmq_broker.format import FORMAT_FILE, HEADER_SIZE
+from qmq_broker.format.index import list_indexed_subjects
 from qmq_broker.http.app import create_app
 from qmq_broker.metrics import BrokerMetrics
 from qmq_broker.recovery.verify import read_index, verify

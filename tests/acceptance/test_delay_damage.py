@@ -22,13 +22,9 @@ import httpx
 import pytest
 
 from qmq_broker.delayed.tiers import Tiers
-from qmq_broker.format import (
-    FRAME_SIZE,
-    ScheduleRecord,
-    SegmentKind,
-    iter_frames,
-    list_segments,
-)
+from qmq_broker.format import SegmentKind, iter_frames, list_segments
+from qmq_broker.format.frames import FRAME_SIZE
+from qmq_broker.format.schedule import ScheduleRecord
 from qmq_outbox.client import BrokerClient
 from qmq_outbox.envelope import Message, OutgoingMessage
 from tests.support.broker_process import BrokerProcess, free_port

@@ -19,12 +19,8 @@ import httpx
 import pytest
 
 from qmq_broker.delayed.tiers import Tiers
-from qmq_broker.format import (
-    COARSE_SCHEDULE_KINDS,
-    SegmentKind,
-    iter_message_records,
-    list_segments,
-)
+from qmq_broker.format import SegmentKind, iter_message_records, list_segments
+from qmq_broker.format.schedule import COARSE_SCHEDULE_KINDS
 from qmq_broker.storage.segments import segment_path
 from qmq_outbox.client import BrokerClient
 from qmq_outbox.envelope import Message, OutgoingMessage

@@ -21,7 +21,8 @@ from typing import Any
 import httpx
 import pytest
 
-from qmq_broker.format import SegmentKind, iter_frames, list_segments, peek_message
+from qmq_broker.format import SegmentKind, iter_frames, list_segments
+from qmq_broker.format.messages import peek_message
 from tests.support.broker_process import BrokerProcess, free_port
 
 BODY = "b" * 1_500

@@ -5,16 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from qmq_broker.format import (
-    FRAME_SIZE,
-    HEADER_SIZE,
-    ActionRecord,
-    MessageRecord,
-    SegmentKind,
-    frame,
-    segment_header,
-    segment_name,
-)
+from qmq_broker.format import HEADER_SIZE, ActionRecord, MessageRecord, SegmentKind
+from qmq_broker.format.files import segment_header, segment_name
+from qmq_broker.format.frames import FRAME_SIZE, frame
 
 US = 1_000_000
 T0 = 1_735_732_800 * US  # 2025-01-01T12:00:00Z

@@ -21,7 +21,6 @@ import pytest
 from pyspark.sql import SparkSession
 
 from qmq_broker.format import (
-    FRAME_SIZE,
     MessageRecord,
     SegmentKind,
     iter_frames,
@@ -29,6 +28,7 @@ from qmq_broker.format import (
     read_segment,
     segment_number,
 )
+from qmq_broker.format.frames import FRAME_SIZE
 from qmq_outbox.client import BrokerClient
 from qmq_reconcile import CATEGORIES, reconcile
 from tests.spark.segments import flip_byte

@@ -21,7 +21,7 @@ from pathlib import Path
 from qmq_broker.clock import SystemClock
 from qmq_broker.config import BrokerConfig, FsyncPolicy
 from qmq_broker.engine import Broker
-from qmq_broker.format import HOUR_US
+from qmq_broker.format.schedule import HOUR_US
 from qmq_broker.messages import IncomingMessage
 from qmq_broker.metrics import BrokerMetrics
 

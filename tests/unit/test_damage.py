@@ -22,11 +22,11 @@ from qmq_broker.errors import StorageError
 from qmq_broker.format import (
     ActionType,
     SegmentKind,
-    index_chunk_path,
     iter_action_records,
     list_segments,
     segment_number,
 )
+from qmq_broker.format.index import index_chunk_path
 from qmq_broker.messages import IncomingMessage
 from qmq_broker.recovery.recover import recover
 from qmq_broker.storage.segments import segment_path

@@ -25,15 +25,15 @@ import pytest
 
 from qmq_broker.engine import Broker
 from qmq_broker.format import (
-    FRAME_SIZE,
     HEADER_SIZE,
     ActionRecord,
     SegmentKind,
-    index_chunk_path,
     iter_frames,
     list_segments,
     segment_number,
 )
+from qmq_broker.format.frames import FRAME_SIZE
+from qmq_broker.format.index import index_chunk_path
 from qmq_broker.recovery.recover import recover
 from qmq_broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE
 from tests.unit.test_damage import BATCH, drain, flip, message, pull, run_broker

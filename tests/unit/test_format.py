@@ -10,29 +10,25 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from qmq_broker import format as format_module
 from qmq_broker.errors import CorruptRecord, StorageError
 from qmq_broker.format import (
     FORMAT_VERSION,
-    FRAME,
-    FRAME_SIZE,
     HEADER_SIZE,
     ActionRecord,
     ActionType,
     BadRegion,
-    IndexEntry,
     MessageRecord,
     SegmentKind,
-    frame,
-    is_message_record,
     iter_frames,
     iter_message_records,
     read_format,
-    read_frame_at,
     read_segment_header,
-    segment_header,
     walk_frames,
 )
+from qmq_broker.format.files import segment_header
+from qmq_broker.format.frames import FRAME, FRAME_SIZE, crc32, frame, read_frame_at
+from qmq_broker.format.index import IndexEntry
+from qmq_broker.format.messages import is_message_record, message_frames
 from qmq_broker.messages import IncomingMessage, rfc3339
 
 texts = st.text(min_size=0, max_size=50)
@@ -125,8 +121,8 @@ def test_frame_crc_detects_a_flipped_bit() -> None:
 def test_the_frames_crc_is_zlibs(data: bytes, start: int) -> None:
     """Every data directory's frames were checksummed with zlib's CRC-32: whatever computes
     it now must give the same values, continued from any running value."""
-    assert format_module.crc32(data) == zlib.crc32(data)
-    assert format_module.crc32(data, start) == zlib.crc32(data, start)
+    assert crc32(data) == zlib.crc32(data)
+    assert crc32(data, start) == zlib.crc32(data, start)
 
 
 def test_a_frame_written_with_zlibs_crc_reads_back() -> None:
@@ -178,7 +174,7 @@ def test_the_produce_paths_frames_are_the_frames_of_the_records() -> None:
         )
         for n, r in enumerate(expected)
     ]
-    framed = format_module.message_frames(
+    framed = message_frames(
         incoming, subject="order.created", first_seq=10, stored_at_us=1_700_000_000_000_123
     )
     assert framed == [frame(r.encode()) for r in expected]

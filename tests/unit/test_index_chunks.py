@@ -18,14 +18,13 @@ import pytest
 from qmq_broker.config import BrokerConfig
 from qmq_broker.engine import Broker
 from qmq_broker.errors import StorageError
-from qmq_broker.format import (
-    FORMAT_VERSION,
+from qmq_broker.format import FORMAT_VERSION, SegmentKind
+from qmq_broker.format.index import (
     INDEX_CHUNK_ENTRIES,
     INDEX_ENTRY,
     INDEX_ENTRY_SIZE,
     INDEX_HEADER,
     INDEX_MAGIC,
-    SegmentKind,
     chunk_start,
     index_chunk_path,
     list_index_chunks,

@@ -16,7 +16,10 @@ import pytest
 
 from qmq_broker.config import FsyncPolicy
 from qmq_broker.errors import StorageError
-from qmq_broker.format import HEADER_SIZE, INDEX_ENTRY, SegmentKind, frame, segment_header
+from qmq_broker.format import HEADER_SIZE, SegmentKind
+from qmq_broker.format.files import segment_header
+from qmq_broker.format.frames import frame
+from qmq_broker.format.index import INDEX_ENTRY
 from qmq_broker.storage.journal import INLINE_BYTES, INLINE_FSYNC_S, Journal
 
 

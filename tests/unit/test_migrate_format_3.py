@@ -21,19 +21,17 @@ import pytest
 
 from qmq_broker.dedup.runs import write_run
 from qmq_broker.errors import StorageError
-from qmq_broker.format import (
-    FORMAT_FILE,
-    FORMAT_VERSION,
+from qmq_broker.format import FORMAT_FILE, FORMAT_VERSION, SegmentKind
+from qmq_broker.format.ids import id_hash
+from qmq_broker.format.index import (
     INDEX_CHUNK_ENTRIES,
     INDEX_ENTRY,
     INDEX_ENTRY_SIZE,
-    SegmentKind,
     chunk_start,
-    id_hash,
     index_chunk_path,
     list_index_chunks,
-    peek_message,
 )
+from qmq_broker.format.messages import peek_message
 from qmq_broker.recovery.migrate import migrate
 from qmq_broker.recovery.recover import check_format, recover
 from qmq_broker.recovery.verify import verify

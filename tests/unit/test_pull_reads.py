@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from qmq_broker.format import HEADER_SIZE, MessageRecord, SegmentKind, frame, segment_header
+from qmq_broker.format import HEADER_SIZE, MessageRecord, SegmentKind
+from qmq_broker.format.files import segment_header
+from qmq_broker.format.frames import frame
 from qmq_broker.pulls.reads import Batch, read_ahead, read_batches, read_cached
 from qmq_broker.storage.segments import NotCached, SegmentReader, segment_path
 from tests.unit.page_cache import evict

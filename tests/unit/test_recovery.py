@@ -6,14 +6,10 @@ from pathlib import Path
 from typing import Any
 
 from qmq_broker.engine import Broker
-from qmq_broker.format import (
-    HEADER_SIZE,
-    SegmentKind,
-    frame,
-    id_hash,
-    index_chunk_path,
-    list_segments,
-)
+from qmq_broker.format import HEADER_SIZE, SegmentKind, list_segments
+from qmq_broker.format.frames import frame
+from qmq_broker.format.ids import id_hash
+from qmq_broker.format.index import index_chunk_path
 from qmq_broker.messages import IncomingMessage
 from qmq_broker.recovery.recover import recover
 from tests.support.engine import run_broker as engine_run

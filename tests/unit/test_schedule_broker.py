@@ -19,15 +19,14 @@ from qmq_broker.delayed.service import ScheduledCount
 from qmq_broker.engine import Broker
 from qmq_broker.format import (
     HEADER_SIZE,
-    HOUR_US,
     SegmentKind,
-    hour_bucket,
     iter_dispatch_records,
     iter_frames,
     iter_message_records,
     list_segments,
     segment_number,
 )
+from qmq_broker.format.schedule import HOUR_US, hour_bucket
 from qmq_broker.messages import IncomingMessage
 from qmq_broker.metrics import BrokerMetrics
 from qmq_broker.storage.segments import segment_path

@@ -13,20 +13,17 @@ from pathlib import Path
 from qmq_broker.delayed.recovery import recover_schedule
 from qmq_broker.delayed.tiers import Tiers
 from qmq_broker.engine import Broker
-from qmq_broker.format import (
+from qmq_broker.format import MessageRecord, SegmentKind, list_segments, segment_number
+from qmq_broker.format.files import segment_header
+from qmq_broker.format.frames import frame
+from qmq_broker.format.schedule import (
     COARSE_SCHEDULE_KINDS,
     HOUR_US,
     SCHEDULE_KINDS,
-    MessageRecord,
     ScheduleRecord,
-    SegmentKind,
     bucket_start_us,
-    frame,
-    list_segments,
     schedule_bucket,
     schedule_key,
-    segment_header,
-    segment_number,
 )
 from qmq_broker.messages import rfc3339
 from qmq_broker.storage.segments import segment_path

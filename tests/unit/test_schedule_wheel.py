@@ -10,15 +10,9 @@ import pytest
 from qmq_broker.delayed.idset import HashSet64
 from qmq_broker.delayed.wheel import TimingWheel, WheelEntry
 from qmq_broker.errors import CorruptRecord
-from qmq_broker.format import (
-    HOUR_US,
-    DispatchRecord,
-    MessageRecord,
-    ScheduleRecord,
-    hour_bucket,
-    schedule_key,
-    segment_name,
-)
+from qmq_broker.format import DispatchRecord, MessageRecord
+from qmq_broker.format.files import segment_name
+from qmq_broker.format.schedule import HOUR_US, ScheduleRecord, hour_bucket, schedule_key
 
 T0 = int(datetime(2030, 1, 1, 10, 0, tzinfo=UTC).timestamp()) * 1_000_000  # an hour start
 TICK = 500_000

@@ -1,0 +1,274 @@
+"""Message records: one stored message, as framed in the message log.
+
+A record is ``[u8 type][u8 flags][u64 seq][i64 created_us][i64 stored_us][i64 deliver_us]``,
+then the subject, id, key and producer (each ``[u16 length][UTF-8]``, length 0xFFFF for
+None), ``[u32 length][JSON headers]`` and ``[u32 length][body]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Protocol
+
+import orjson
+
+from qmq_broker.errors import CorruptRecord
+from qmq_broker.format.files import SegmentKind
+from qmq_broker.format.frames import FRAME, crc32, iter_records, record_check
+
+_MSG_FIXED = struct.Struct("<BBQqqq")  # type, flags, seq, created_us, stored_us, deliver_us
+_MSG_HEAD = struct.Struct("<BBQqqqH")  # the fixed fields and the subject's length
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+NONE_LEN = 0xFFFF  # the length of a string that is None
+_NO_STRING = _U16.pack(NONE_LEN)  # a key or producer that is None
+_NO_HEADERS = _U32.pack(0)
+RECORD_MESSAGE = 1
+FLAG_BODY_BASE64 = 1
+SUBJECT_AT = _MSG_FIXED.size  # where a message record's subject (its u16 length) starts
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class MessageRecord:
+    """One stored message, as framed in the message log."""
+
+    seq: int
+    id: str
+    subject: str
+    key: str | None
+    headers: dict[str, str]
+    body: bytes
+    body_base64: bool
+    producer: str | None
+    created_at_us: int
+    stored_at_us: int
+    deliver_at_us: int  # 0: delivered on arrival
+
+    def encode(self) -> bytes:
+        return (
+            _message_head(
+                self.seq, self.id, self.subject, self.key, self.headers, len(self.body),
+                self.body_base64, self.producer, self.created_at_us, self.stored_at_us,
+                self.deliver_at_us,
+            )
+            + self.body
+        )  # fmt: skip
+
+    @classmethod
+    def decode(cls, payload: bytes, *, path: str = "?", offset: int = -1) -> MessageRecord:
+        seq, flags, created, stored, deliver, subject, message_id, key, producer, headers, body = (
+            message_fields(payload, path=path, offset=offset)
+        )
+        return cls(
+            seq=seq,
+            id=message_id,
+            subject=subject,
+            key=key,
+            headers=headers,
+            body=body,
+            body_base64=bool(flags & FLAG_BODY_BASE64),
+            producer=producer,
+            created_at_us=created,
+            stored_at_us=stored,
+            deliver_at_us=deliver,
+        )
+
+
+MessageFields = tuple[
+    int, int, int, int, int, str, str, "str | None", "str | None", dict[str, str], bytes
+]
+
+
+def message_fields(payload: bytes, *, path: str = "?", offset: int = -1) -> MessageFields:
+    """A message record's fields as a plain tuple: ``(seq, flags, created_us, stored_us,
+    deliver_us, subject, id, key, producer, headers, body)``.
+
+    ``MessageRecord.decode`` builds its record from this; a pull turns it straight into the
+    wire form (``qmq_broker.messages.pulled_fields``), which spares a record per served message.
+    ``CorruptRecord`` when the payload does not read as a message.
+    """
+    # Unrolled, with no helper calls: a pull decodes every message it serves. Positions
+    # advance by the declared lengths; a length that overruns the payload makes a later
+    # unpack fail or the final sum miss, so one check at the end covers every field.
+    u16 = _U16.unpack_from
+    try:
+        kind, flags, seq, created, stored, deliver = _MSG_FIXED.unpack_from(payload, 0)
+        if kind != RECORD_MESSAGE:
+            raise ValueError(f"record type {kind} is not a message")
+        pos = SUBJECT_AT
+        (length,) = u16(payload, pos)
+        subject = None if length == NONE_LEN else payload[pos + 2 : pos + 2 + length].decode()
+        pos += 2 if length == NONE_LEN else 2 + length
+        (length,) = u16(payload, pos)
+        message_id = None if length == NONE_LEN else payload[pos + 2 : pos + 2 + length].decode()
+        pos += 2 if length == NONE_LEN else 2 + length
+        (length,) = u16(payload, pos)
+        key = None if length == NONE_LEN else payload[pos + 2 : pos + 2 + length].decode()
+        pos += 2 if length == NONE_LEN else 2 + length
+        (length,) = u16(payload, pos)
+        producer = None if length == NONE_LEN else payload[pos + 2 : pos + 2 + length].decode()
+        pos += 2 if length == NONE_LEN else 2 + length
+        (hlen,) = _U32.unpack_from(payload, pos)
+        pos += 4
+        headers = orjson.loads(payload[pos : pos + hlen]) if hlen else {}
+        pos += hlen
+        (blen,) = _U32.unpack_from(payload, pos)
+        pos += 4
+        if pos + blen != len(payload) or subject is None:
+            raise ValueError("lengths do not add up")
+        if message_id is None:
+            raise ValueError("message without id")
+    except (struct.error, ValueError, orjson.JSONDecodeError) as exc:
+        raise CorruptRecord(path=path, offset=offset, reason=str(exc)) from exc
+    body = payload[pos:]
+    return seq, flags, created, stored, deliver, subject, message_id, key, producer, headers, body
+
+
+_MSG_PEEK = struct.Struct("<BxQ8xq8xH")  # type, seq, stored_us, the subject's length
+
+
+def peek_message(payload: bytes) -> tuple[int, int, str, str]:
+    """``(seq, stored_at_us, subject, id)`` of a message record, decoding nothing else
+    (recovery indexes the log with it); ``CorruptRecord`` when they do not read."""
+    try:
+        kind, seq, stored, length = _MSG_PEEK.unpack_from(payload, 0)
+        if kind != RECORD_MESSAGE or length == NONE_LEN:
+            raise ValueError("not a message record")
+        at = _MSG_PEEK.size
+        raw_subject = payload[at : at + length]
+        at += length
+        (id_length,) = _U16.unpack_from(payload, at)
+        raw_id = payload[at + 2 : at + 2 + id_length]
+        if len(raw_subject) != length or id_length == NONE_LEN or len(raw_id) != id_length:
+            raise ValueError("string cut short")
+        subject, message_id = raw_subject.decode(), raw_id.decode()
+    except (struct.error, ValueError) as exc:
+        raise CorruptRecord(path="?", offset=-1, reason=str(exc)) from exc
+    return seq, stored, subject, message_id
+
+
+class Framable(Protocol):
+    """What ``message_frames`` reads of a message (the broker's ``IncomingMessage``)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def key(self) -> str | None: ...
+    @property
+    def headers(self) -> dict[str, str]: ...
+    @property
+    def body(self) -> bytes: ...
+    @property
+    def body_base64(self) -> bool: ...
+    @property
+    def producer(self) -> str | None: ...
+    @property
+    def created_at_us(self) -> int | None: ...
+    @property
+    def deliver_at_us(self) -> int: ...
+
+
+def message_frames(
+    messages: Iterable[Framable], *, subject: str, first_seq: int, stored_at_us: int
+) -> list[bytes]:
+    """``frame(record.encode())`` of each message as the next seqs of ``subject`` from
+    ``first_seq``, stored at ``stored_at_us`` (also its created time when it has none): the
+    produce path's framing, one loop over a batch with no call per message but the packing
+    (``MessageRecord.encode`` is the layout's reference). Each body is copied once, and the
+    CRC runs over the head and then the body."""
+    raw_subject = subject.encode()
+    subject_length = len(raw_subject)
+    pack_head, pack_u16, pack_u32, pack_frame = _MSG_HEAD.pack, _U16.pack, _U32.pack, FRAME.pack
+    checksum, join = crc32, b"".join
+    frames = []
+    seq = first_seq
+    for message in messages:
+        raw_id = message.id.encode()
+        key, producer, headers, body = message.key, message.producer, message.headers, message.body
+        created = message.created_at_us
+        head = join(
+            (
+                pack_head(
+                    RECORD_MESSAGE,
+                    FLAG_BODY_BASE64 if message.body_base64 else 0,
+                    seq,
+                    stored_at_us if created is None else created,
+                    stored_at_us,
+                    message.deliver_at_us,
+                    subject_length,
+                ),
+                raw_subject,
+                pack_u16(len(raw_id)),
+                raw_id,
+                _NO_STRING if key is None else _pack_str(key),
+                _NO_STRING if producer is None else _pack_str(producer),
+                _pack_headers(headers) if headers else _NO_HEADERS,
+                pack_u32(len(body)),
+            )
+        )
+        frames.append(
+            join((pack_frame(len(head) + len(body), checksum(body, checksum(head))), head, body))
+        )
+        seq += 1
+    return frames
+
+
+def _message_head(
+    seq: int,
+    message_id: str,
+    subject: str,
+    key: str | None,
+    headers: dict[str, str],
+    body_length: int,
+    body_base64: bool,
+    producer: str | None,
+    created_at_us: int,
+    stored_at_us: int,
+    deliver_at_us: int,
+) -> bytes:
+    """A message record up to its body (which follows it): ``MessageRecord.encode``'s head.
+    ``message_frames`` packs the same, inline."""
+    raw_subject = subject.encode()
+    raw_id = message_id.encode()
+    return b"".join(
+        (
+            _MSG_HEAD.pack(
+                RECORD_MESSAGE,
+                FLAG_BODY_BASE64 if body_base64 else 0,
+                seq,
+                created_at_us,
+                stored_at_us,
+                deliver_at_us,
+                len(raw_subject),
+            ),
+            raw_subject,
+            _U16.pack(len(raw_id)),
+            raw_id,
+            _NO_STRING if key is None else _pack_str(key),
+            _NO_STRING if producer is None else _pack_str(producer),
+            _pack_headers(headers) if headers else _NO_HEADERS,
+            _U32.pack(body_length),
+        )
+    )
+
+
+def _pack_headers(headers: dict[str, str]) -> bytes:
+    raw = orjson.dumps(headers)
+    return _U32.pack(len(raw)) + raw
+
+
+def _pack_str(value: str) -> bytes:
+    raw = value.encode("utf-8")
+    return _U16.pack(len(raw)) + raw
+
+
+is_message_record = record_check(MessageRecord.decode)
+"""A frame check for message segments: the payload decodes as a message record."""
+
+
+def iter_message_records(path: Path) -> Iterator[tuple[int, MessageRecord]]:
+    """Every whole message record of a segment file with its offset."""
+    return iter_records(path, SegmentKind.MESSAGES, MessageRecord.decode)

@@ -1,0 +1,197 @@
+"""Schedule and dispatch records: delayed messages and which of them went out.
+
+``schedule/<hour>.seg`` (and the coarser ``schedule-days``, ``schedule-32days``) hold
+whole messages by due time; ``dispatch/<hour>.seg`` records which records of the
+same-numbered schedule segment were appended to their subjects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import mmap
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+from qmq_broker.errors import CorruptRecord
+from qmq_broker.format.files import SegmentKind
+from qmq_broker.format.frames import iter_records, record_check
+from qmq_broker.format.messages import NONE_LEN, SUBJECT_AT, MessageRecord
+
+_U16 = struct.Struct("<H")
+HOUR_US = 3_600_000_000
+_SCHED_FIXED = struct.Struct("<BBqQ")  # type, flags, deliver_us, schedule key
+SCHEDULE_FIXED_SIZE = _SCHED_FIXED.size
+_DISPATCH_FIXED = struct.Struct("<BqI")  # type, at_us, count
+_DISPATCH_ITEM = struct.Struct("<Qq")  # schedule offset, seq stored as (-1: already stored)
+RECORD_SCHEDULE = 2
+RECORD_DISPATCH = 3
+
+
+# Schedule buckets, finest first, with their width in hours. A bucket's segment number is
+# its index at that width since the Unix epoch (an hour's is the hour since the epoch).
+# Only hours are loaded into the timing wheel; the coarser buckets hold messages due far
+# ahead and are moved into finer ones before their time comes (``qmq_broker.delayed.tiers``),
+# so a sparse schedule costs a file per occupied day or 32 days rather than per hour.
+SCHEDULE_BUCKET_HOURS = {
+    SegmentKind.SCHEDULE: 1,
+    SegmentKind.SCHEDULE_DAYS: 24,
+    SegmentKind.SCHEDULE_32DAYS: 32 * 24,
+}
+SCHEDULE_KINDS = tuple(SCHEDULE_BUCKET_HOURS)
+COARSE_SCHEDULE_KINDS = SCHEDULE_KINDS[1:]
+
+
+def hour_bucket(deliver_at_us: int) -> int:
+    """The schedule segment (hour since the Unix epoch) a due time belongs to."""
+    return deliver_at_us // HOUR_US
+
+
+def bucket_width_us(kind: SegmentKind) -> int:
+    return SCHEDULE_BUCKET_HOURS[kind] * HOUR_US
+
+
+def schedule_bucket(kind: SegmentKind, deliver_at_us: int) -> int:
+    """The segment number of the ``kind`` bucket a due time belongs to."""
+    return deliver_at_us // bucket_width_us(kind)
+
+
+def bucket_start_us(kind: SegmentKind, bucket: int) -> int:
+    return bucket * bucket_width_us(kind)
+
+
+def schedule_key(subject: str, message_id: str) -> int:
+    """64-bit hash of (subject, id): the dedup key of a scheduled message."""
+    raw = subject.encode() + b"\x00" + message_id.encode()
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleRecord:
+    """A delayed message as framed in its hour's schedule segment.
+
+    ``message`` is the whole message as it will be stored when due (``seq`` 0,
+    ``stored_at_us`` = when it was accepted, ``deliver_at_us`` = when it is due), so the
+    schedule log does not depend on the message log's retention.
+    """
+
+    message: MessageRecord
+    key: int  # schedule_key(subject, id)
+
+    @property
+    def deliver_at_us(self) -> int:
+        return self.message.deliver_at_us
+
+    def encode(self) -> bytes:
+        fixed = _SCHED_FIXED.pack(RECORD_SCHEDULE, 0, self.message.deliver_at_us, self.key)
+        return fixed + self.message.encode()
+
+    @classmethod
+    def decode(cls, payload: bytes, *, path: str = "?", offset: int = -1) -> ScheduleRecord:
+        deliver, key = cls.peek(payload, path=path, offset=offset)
+        message = MessageRecord.decode(payload[SCHEDULE_FIXED_SIZE:], path=path, offset=offset)
+        if message.deliver_at_us != deliver:
+            raise CorruptRecord(path=path, offset=offset, reason="due times do not agree")
+        return cls(message=message, key=key)
+
+    @staticmethod
+    def peek(
+        buf: bytes | memoryview | mmap.mmap, at: int = 0, *, path: str = "?", offset: int = -1
+    ) -> tuple[int, int]:
+        """``(deliver_at_us, key)`` of the payload at ``at``, decoding nothing else."""
+        try:
+            kind, _, deliver, key = _SCHED_FIXED.unpack_from(buf, at)
+        except struct.error as exc:
+            raise CorruptRecord(path=path, offset=offset, reason=str(exc)) from exc
+        if kind != RECORD_SCHEDULE:
+            raise CorruptRecord(path=path, offset=offset, reason=f"record type {kind}")
+        return deliver, key
+
+    @staticmethod
+    def peek_subject(
+        buf: bytes | memoryview | mmap.mmap, at: int = 0, *, path: str = "?", offset: int = -1
+    ) -> str:
+        """The subject of the schedule payload at ``at``, decoding nothing else."""
+        pos = at + SCHEDULE_FIXED_SIZE + SUBJECT_AT
+        try:
+            (length,) = _U16.unpack_from(buf, pos)
+            raw = buf[pos + 2 : pos + 2 + length]
+            if length == NONE_LEN or len(raw) != length:
+                raise ValueError("subject cut short or missing")
+            return bytes(raw).decode("utf-8")
+        except (struct.error, ValueError) as exc:
+            raise CorruptRecord(path=path, offset=offset, reason=str(exc)) from exc
+
+    @staticmethod
+    def identity(buf: bytes | memoryview | mmap.mmap, at: int = 0) -> tuple[str, str] | None:
+        """``(subject, id)`` of a possibly damaged schedule payload at ``at``, or None.
+
+        Only when both read and hash to the record's key: so a record whose CRC failed can
+        still be named when the damage lies elsewhere in it (its body, say).
+        """
+        try:
+            _, key = ScheduleRecord.peek(buf, at)
+            subject = ScheduleRecord.peek_subject(buf, at)
+            pos = at + SCHEDULE_FIXED_SIZE + SUBJECT_AT + 2 + len(subject.encode())
+            (length,) = _U16.unpack_from(buf, pos)
+            raw = bytes(buf[pos + 2 : pos + 2 + length])
+            message_id = raw.decode("utf-8") if len(raw) == length else None
+        except (CorruptRecord, struct.error, UnicodeDecodeError):
+            return None
+        if message_id is None or schedule_key(subject, message_id) != key:
+            return None
+        return subject, message_id
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class DispatchRecord:
+    """Records of one schedule segment that were appended to their subjects.
+
+    ``offsets[i]`` is a record's offset in the schedule segment of the same number;
+    ``seqs[i]`` the seq it got, or -1 when the message log already held it (a dispatch
+    repeated after a crash, answered as a duplicate and not stored again), or -2 when the
+    schedule record could not be read back (logged and dropped, never served).
+    """
+
+    at_us: int
+    offsets: tuple[int, ...]
+    seqs: tuple[int, ...]
+
+    def encode(self) -> bytes:
+        if len(self.offsets) != len(self.seqs):
+            raise ValueError("offsets and seqs differ in length")
+        head = _DISPATCH_FIXED.pack(RECORD_DISPATCH, self.at_us, len(self.offsets))
+        items = b"".join(
+            _DISPATCH_ITEM.pack(o, s) for o, s in zip(self.offsets, self.seqs, strict=True)
+        )
+        return head + items
+
+    @classmethod
+    def decode(cls, payload: bytes, *, path: str = "?", offset: int = -1) -> DispatchRecord:
+        try:
+            kind, at_us, count = _DISPATCH_FIXED.unpack_from(payload, 0)
+            if kind != RECORD_DISPATCH:
+                raise ValueError(f"record type {kind} is not a dispatch")
+            if len(payload) != _DISPATCH_FIXED.size + count * _DISPATCH_ITEM.size:
+                raise ValueError("lengths do not add up")
+            items = list(_DISPATCH_ITEM.iter_unpack(payload[_DISPATCH_FIXED.size :]))
+        except (struct.error, ValueError) as exc:
+            raise CorruptRecord(path=path, offset=offset, reason=str(exc)) from exc
+        return cls(
+            at_us=at_us,
+            offsets=tuple(o for o, _ in items),
+            seqs=tuple(s for _, s in items),
+        )
+
+
+is_schedule_record = record_check(ScheduleRecord.decode)
+"""A frame check for schedule segments: the payload decodes as a schedule record."""
+
+is_dispatch_record = record_check(DispatchRecord.decode)
+"""A frame check for dispatch segments: the payload decodes as a dispatch record."""
+
+
+def iter_dispatch_records(path: Path) -> Iterator[tuple[int, DispatchRecord]]:
+    """Every whole dispatch record of a segment file with its offset."""
+    return iter_records(path, SegmentKind.DISPATCH, DispatchRecord.decode)
