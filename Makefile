@@ -35,7 +35,7 @@ unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit
 
 bench: $(STAMP)
-	@echo "See bench/README.md: each benchmark is run on its own, e.g. $(BIN)/python bench/broker_throughput.py"
+	@echo "See bench/README.md: each benchmark is run on its own, e.g. $(BIN)/python bench/flow.py or $(BIN)/python bench/peers.py"
 
 clean:
 	rm -rf $(VENV) .demo .mypy_cache .ruff_cache .pytest_cache
