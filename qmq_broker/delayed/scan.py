@@ -2,10 +2,11 @@
 
 Runs on worker threads. Files are memory-mapped and walked frame by frame. After a frame
 that is cut short or fails its CRC the walk resynchronises on the next valid record, as the
-message log's does (``qmq_broker.format.next_valid_frame``): corrupt bytes in the middle cost the
-records in them. At the end, only a frame the file does not hold whole is a torn tail (a write
-a crash cut short, never acknowledged); a whole frame there that fails its CRC is damage, kept
-like damage in the middle. Segment headers are checked by recovery, not here.
+message log's does (``qmq_broker.format.frames.next_valid_frame``): corrupt bytes in the
+middle cost the records in them. At the end, only a frame the file does not hold whole is a
+torn tail (a write a crash cut short, never acknowledged); a whole frame there that fails
+its CRC is damage, kept like damage in the middle. Segment headers are checked by recovery,
+not here.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ them; an index that no longer matches its digest is not carried over, and recove
 rebuilds it from the log.
 
 Format 2 -> 3: the id hash of index entries and dedup runs went from BLAKE2b-64 to XXH3-64
-(``qmq_broker.format.id_hash``). Every index entry's message is read from the log and its id
+(``qmq_broker.format.ids.id_hash``). Every index entry's message is read from the log and its id
 hashed anew; the chunks are rewritten (and sealed again, if full). A sealed chunk that
 fails its seal is rebuilt from the log first (``qmq_broker.recovery.index_repair``). Entries
 whose message does not read back (retention took its segment, or damage) keep their old

@@ -19,7 +19,7 @@ FAN_IN = 4
 
 
 def random_hashes(count: int, *, seed: int) -> list[int]:
-    """Uniform 64-bit hashes, like ``qmq_broker.format.id_hash`` gives (distinct in practice)."""
+    """Uniform 64-bit hashes like ``qmq_broker.format.ids.id_hash``'s (distinct in practice)."""
     rng = random.Random(seed)
     return [rng.getrandbits(64) for _ in range(count)]
 
