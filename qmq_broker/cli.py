@@ -4,7 +4,7 @@ The broker's options come from ``BrokerConfig`` and ``BrokerListener``; each is 
 from ``QMQ_BROKER_<OPTION>`` (shown in ``--help``). Before it logs or listens, the broker
 checks what it needs from the machine: a data directory it can create and write, of a
 format it reads, no other process holding it (``qmq_broker.storage.lock``), and a free
-address; each failure is one line on stderr and exit 3 (``qmq_outbox.cli.failures``). A bad
+address; each failure is one line on stderr and exit 3 (``qmq_cli.failures``). A bad
 ``--auth-file`` exits 2.
 """
 
@@ -27,8 +27,8 @@ from qmq_broker.format import FORMAT_VERSION, read_format
 from qmq_broker.http.auth import Authorizer
 from qmq_broker.http.guard import GuardPolicy
 from qmq_broker.storage import lock
-from qmq_outbox.cli import failures
-from qmq_outbox.cli.options import (
+from qmq_cli import failures
+from qmq_cli.options import (
     Parsed,
     Unit,
     format_duration,

@@ -1,3 +1,3 @@
-from qmq_outbox.cli import main
+from qmq_cli.main import main
 
 main(prog_name="qmq")

@@ -19,8 +19,8 @@ from typing import Any
 import click
 import sqlalchemy as sa
 
+from qmq_cli.options import Unit, option_field, options_from, take
 from qmq_outbox.cli import failures
-from qmq_outbox.cli.options import Unit, option_field, options_from, take
 from qmq_outbox.cli.urls import DATABASE_URL, CheckedUrl, check_broker_url
 from qmq_outbox.compensator import Compensator, PassResult
 from qmq_outbox.compensator_config import CompensatorConfig

@@ -1,6 +1,6 @@
 """How the compensator is tuned: one frozen record; ``qmq compensator`` derives its options.
 
-Each field's metadata gives its option's help text and unit (``qmq_outbox.cli.options``),
+Each field's metadata gives its option's help text and unit (``qmq_cli.options``),
 so each default is written once, here.
 """
 
@@ -10,7 +10,7 @@ import dataclasses
 from datetime import timedelta
 from typing import TypedDict
 
-from qmq_outbox.cli.options import option_field
+from qmq_cli.options import option_field
 from qmq_outbox.errors import ConfigurationError
 
 

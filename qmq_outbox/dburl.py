@@ -3,11 +3,10 @@ and any URL as shown in logs and errors (its password masked)."""
 
 from __future__ import annotations
 
-import re
-
 from sqlalchemy.engine import URL, make_url
 
-_PASSWORD = re.compile(r"(://[^:/@]*:)[^@/]*@")
+from qmq_cli.failures import mask_passwords as mask_passwords  # one rule for every line
+
 _SYNC_DRIVERS = {
     "sqlite+aiosqlite": "sqlite",
     "postgresql+asyncpg": "postgresql+psycopg",
@@ -32,8 +31,3 @@ def mask_url(url: str | URL) -> str:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:  # not a SQLAlchemy URL
         return mask_passwords(url)
-
-
-def mask_passwords(text: str) -> str:
-    """``text`` with the password of every ``scheme://user:password@`` in it replaced."""
-    return _PASSWORD.sub(r"\1***@", text)

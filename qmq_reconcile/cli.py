@@ -3,7 +3,7 @@ commit (docs/reconcile.md).
 
 Exit codes: 0 clean, 1 critical findings, 2 bad input (one line on stderr), 3 an outbox
 database could not be read or the run failed for another reason (one line on stderr;
-``qmq_outbox.cli.failures``). Spark's console output goes to ``spark.log`` under ``--out``.
+``qmq_cli.failures``). Spark's console output goes to ``spark.log`` under ``--out``.
 The options come from ``ReconcileArgs``, named as ``run``'s keywords; each is also read
 from ``QMQ_RECONCILE_<OPTION>`` (shown in ``--help``).
 """
@@ -17,8 +17,8 @@ from typing import Any
 
 import click
 
-from qmq_outbox.cli import failures
-from qmq_outbox.cli.options import Parsed, Unit, option_field, options_from, take
+from qmq_cli import failures
+from qmq_cli.options import Parsed, Unit, option_field, options_from, take
 from qmq_reconcile.errors import BadInput, OutboxUnreadable, ReconcileError, StreamUnreadable
 from qmq_reconcile.job import DEFAULT_ACK_THRESHOLD, DEFAULT_GRACE, run, timings_line
 from qmq_reconcile.progress import for_stream

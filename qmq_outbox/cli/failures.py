@@ -1,27 +1,31 @@
-"""How a ``qmq`` command fails: one line on stderr naming what and where, and an exit code.
+"""How the SDK's commands fail: the ground's failures (``qmq_cli.failures``), plus what the
+SDK's own errors and its drivers' read as.
 
-Exit codes: 1 the work ran and some of it failed (or found problems); 2 usage or bad input;
-3 a dependency (database, broker, disk) could not be used. ``qmq --debug`` adds the
-traceback. A command raises a ``Failure`` (``Failed``, ``BadInput``, ``Unavailable``), or
-lets ``reported`` translate what its callback raised; ``using_database`` and
-``using_broker`` name the URL a driver error came from (passwords masked).
+A bad Alembic revision or a ``ConfigurationError`` is bad input (exit 2); ``using_database``
+and ``using_broker`` name the URL a driver error came from (passwords masked), exit 3. The
+SDK's commands decorate their callbacks with this module's ``reported``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import os
 import re
-import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
 
-import click
 import sqlalchemy as sa
 
-from qmq_outbox.dburl import mask_passwords, mask_url
+from qmq_cli import failures
+from qmq_cli.failures import (
+    BadInput,
+    Callback,
+    Failed,
+    Failure,
+    Unavailable,
+    debugging,
+    first_line,
+    reason,
+)
+from qmq_outbox.dburl import mask_url
 from qmq_outbox.errors import (
     BrokerError,
     BrokerUnavailable,
@@ -29,96 +33,40 @@ from qmq_outbox.errors import (
     OutboxStoreError,
 )
 
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_UNAVAILABLE = 3
-
-Callback = TypeVar("Callback", bound=Callable[..., Any])
+__all__ = [  # the ground's names the SDK's commands use, beside the SDK's own
+    "BadInput",
+    "Failed",
+    "Failure",
+    "Unavailable",
+    "broker_message",
+    "database_message",
+    "debugging",
+    "first_line",
+    "reason",
+    "reported",
+    "translate",
+    "using_broker",
+    "using_database",
+]
 
 # psycopg says where it failed to connect; the line already names the URL, so keep the why.
 _CONNECT_PREFIX = re.compile(r"^(?:connection failed: )?(?:connection to server .*? failed: )?")
 _SEVERITY = re.compile(r"^(?:FATAL|ERROR):\s+")
 
 
-@dataclasses.dataclass(kw_only=True)
-class Reporting:
-    """How failures are shown: ``debug`` (``qmq --debug``) adds the traceback."""
-
-    debug: bool = False
-
-
-class Failure(click.ClickException):
-    """A command failed in a way it expects; ``where`` is the command (``qmq db upgrade``)."""
-
-    exit_code = EXIT_FAILED
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        ctx = click.get_current_context(silent=True)
-        self.where = ctx.command_path if ctx is not None else "qmq"
-
-
-class Failed(Failure):
-    """The work ran and some of it failed."""
-
-
-class BadInput(Failure):
-    """An option or argument cannot be used as given."""
-
-    exit_code = EXIT_USAGE
-
-
-class Unavailable(Failure):
-    """A database, broker or directory the command needs could not be used."""
-
-    exit_code = EXIT_UNAVAILABLE
-
-
-def show(failure: Failure, reporting: Reporting) -> None:
-    """Write ``failure`` to stderr: its traceback under ``--debug``, then its one line."""
-    if reporting.debug:
-        traceback.print_exception(failure)
-    line = mask_passwords(failure.format_message())
-    click.echo(f"{failure.where}: error: {line}", err=True)
-
-
-def debugging() -> bool:
-    """Whether the running command was started with ``qmq --debug``."""
-    ctx = click.get_current_context(silent=True)
-    reporting = ctx.find_object(Reporting) if ctx is not None else None
-    return reporting is not None and reporting.debug
-
-
 def reported(callback: Callback) -> Callback:
     """Decorate a command's callback: what it raises becomes a ``Failure`` (``translate``)."""
-
-    @functools.wraps(callback)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return callback(*args, **kwargs)
-        except (click.ClickException, click.exceptions.Exit, click.Abort):
-            raise
-        except Exception as exc:
-            raise translate(exc) from exc
-
-    return run  # type: ignore[return-value]
+    return failures.reported_with(translate, callback)
 
 
 def translate(exc: Exception) -> Failure:
-    """The ``Failure`` that reports ``exc`` in one line."""
-    if isinstance(exc, Failure):
-        return exc
-    if isinstance(exc, click.ClickException):  # click's own (exit 1), e.g. a FileError
-        return Failed(exc.format_message())
+    """The ``Failure`` that reports ``exc`` in one line: the SDK's bad input, or as the
+    ground reads it."""
     from alembic.util import CommandError  # here: the SDK imports this package, not Alembic
 
     if isinstance(exc, CommandError | ConfigurationError):  # a bad revision, setting, value
         return BadInput(str(exc))
-    if isinstance(exc, OSError):
-        where = f"{exc.filename}: " if exc.filename else ""
-        return Unavailable(f"{where}{reason(exc)}")
-    first = first_line(str(exc)) or "no message"
-    return Failed(f"unexpected {type(exc).__name__}: {first} (qmq --debug shows the traceback)")
+    return failures.translate(exc)
 
 
 @contextmanager
@@ -147,7 +95,7 @@ def database_message(exc: Exception, url: str) -> str:
         return f"{where}: {first_line(str(exc))}"
     why = _SEVERITY.sub("", _CONNECT_PREFIX.sub("", first_line(str(error.orig))))
     if error.statement is None:
-        return f"cannot connect to {where}: {_lower_first(why)}"
+        return f"cannot connect to {where}: {failures.lower_first(why)}"
     return f"{where}: {why}"
 
 
@@ -156,25 +104,3 @@ def broker_message(exc: BrokerError, url: str) -> str:
     if isinstance(exc, BrokerUnavailable) and exc.__cause__ is not None:
         return f"cannot reach broker at {url}: {reason(exc.__cause__)}"
     return f"{url}: {exc}"
-
-
-def reason(exc: BaseException) -> str:
-    """Why ``exc`` happened in a few words: the OS's reason when one is in its causes."""
-    cause: BaseException | None = exc
-    while cause is not None:
-        if isinstance(cause, OSError) and cause.strerror:
-            # errno's own text: some callers append their context to strerror
-            text = os.strerror(cause.errno) if cause.errno and cause.errno > 0 else cause.strerror
-            return _lower_first(text)
-        cause = cause.__cause__ or cause.__context__
-    return first_line(str(exc)) or type(exc).__name__
-
-
-def first_line(text: str) -> str:
-    """The first non-blank line of ``text``, stripped."""
-    return next((line.strip() for line in text.splitlines() if line.strip()), "")
-
-
-def _lower_first(text: str) -> str:
-    """``Connection refused`` -> ``connection refused``; ``SSL error`` stays."""
-    return text[:1].lower() + text[1:] if text[1:2].islower() else text

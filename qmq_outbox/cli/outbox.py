@@ -20,9 +20,9 @@ import orjson
 import sqlalchemy as sa
 
 import qmq_wire
+from qmq_cli.options import Unit, option_field, options_from, take
 from qmq_outbox import operations
 from qmq_outbox.cli import failures
-from qmq_outbox.cli.options import Unit, option_field, options_from, take
 from qmq_outbox.cli.urls import DATABASE_URL
 from qmq_outbox.dburl import mask_url, sync_database_url
 from qmq_outbox.schema import outbox_table

@@ -103,7 +103,7 @@ def _convert(name: str, text: str, default: object) -> Any:
                 raise ValueError("use true or false")
             return text.lower() in ("true", "1", "yes")
         if isinstance(default, timedelta):
-            from qmq_outbox.cli.options import parse_duration  # the CLI's duration syntax
+            from qmq_cli.options import parse_duration  # the CLI's duration syntax
 
             return parse_duration(text)
         if isinstance(default, int):

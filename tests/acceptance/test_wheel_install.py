@@ -4,7 +4,7 @@ The wheel is built from a copy of the checkout, installed with the ``broker`` an
 ``postgres`` extras (dependencies from the configured index, through pip's cache), and run
 from a directory outside the checkout, so that nothing is imported from the source tree.
 The newest FastAPI is installed beside it, as in an application, and pip must find their
-requirements compatible. The wheel installs only the four ``qmq_*`` top-level names, none
+requirements compatible. The wheel installs only the five ``qmq_*`` top-level names, none
 an application could own (``broker``, ``migrations``), and ``qmq`` runs the broker (on the
 Starlette FastAPI pulled) and migrates a fresh database.
 """
@@ -29,7 +29,7 @@ from tests.support.postgres import fresh_database
 pytestmark = pytest.mark.timeout(600)
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("qmq_outbox", "qmq_wire", "qmq_broker", "qmq_reconcile")
+PACKAGES = ("qmq_outbox", "qmq_wire", "qmq_broker", "qmq_reconcile", "qmq_cli")
 SOURCES = ("pyproject.toml", "README.md", *PACKAGES)
 
 

@@ -15,8 +15,8 @@ from alembic.config import Config
 from alembic.migration import MigrationContext
 from click.testing import CliRunner
 
+from qmq_cli.main import main
 from qmq_outbox import migrate
-from qmq_outbox.cli import main
 from qmq_outbox.schema import metadata
 from tests.support.postgres import fresh_database
 

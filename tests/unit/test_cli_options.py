@@ -14,7 +14,7 @@ import pytest
 from qmq_broker.cli import BrokerListener
 from qmq_broker.cli import broker as broker_command
 from qmq_broker.config import BrokerConfig, FsyncPolicy
-from qmq_outbox.cli.options import (
+from qmq_cli.options import (
     envvar_name,
     format_duration,
     options_from,

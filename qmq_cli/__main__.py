@@ -1,0 +1,3 @@
+from qmq_cli.main import main
+
+main(prog_name="qmq")
