@@ -8,11 +8,11 @@
         ...  # produce, pull, ack, nack as against a real broker
         clock.advance(31)  # leases expire without sleeping
 
-Ordered subjects work too, without route changes (``qmq_outbox/testing/ordered.py`` says
-what is kept). Test controls on the broker: switches (``available``, ``lose_responses``,
-``forbidden_subjects``, ``fail(...)``) and what it saw (``stored``, ``received(...)``,
-``acked_seqs``, ``dead_seqs``, ``most_leased``). ``docs/testing.md`` shows them with a
-consumer and an outbox.
+Ordered subjects work too, route changes included (``qmq_outbox/testing/ordered.py`` says
+what is kept and what is left out). Test controls on the broker: switches (``available``,
+``lose_responses``, ``forbidden_subjects``, ``fail(...)``) and what it saw (``stored``,
+``received(...)``, ``acked_seqs``, ``dead_seqs``, ``most_leased``). ``docs/testing.md``
+shows them with a consumer and an outbox.
 """
 
 from __future__ import annotations

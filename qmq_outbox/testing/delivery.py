@@ -1,4 +1,4 @@
-"""Where a consumer group stands in a subject, in memory: leases, retries, dead letters.
+"""A consumer group's delivery state in one log, in memory: leases, retries, dead letters.
 
 The same rules as the broker (``docs/architecture.md`` section 3.2): due retries before new
 messages, an expired lease is a failed attempt, out of attempts means dead, redrive starts
@@ -10,20 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class RetryPolicy:
-    ack_timeout_us: int
-    max_attempts: int
-    backoff_s: tuple[float, ...]
-
-    def backoff_us(self, attempt: int) -> int:
-        index = min(max(attempt, 1), len(self.backoff_s)) - 1
-        return int(self.backoff_s[index] * 1_000_000)
+from qmq_wire.delivery import RetryPolicy
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Held:
+class Lease:
     """A leased seq: by whom, which attempt, until when."""
 
     consumer: str
@@ -32,7 +23,7 @@ class Held:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Waiting:
+class Retry:
     """A seq to deliver again once due, after ``attempts`` attempts."""
 
     attempts: int
@@ -40,7 +31,7 @@ class Waiting:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Buried:
+class DeadLetter:
     """A dead letter."""
 
     attempts: int
@@ -48,14 +39,14 @@ class Buried:
     at_us: int
 
 
-class Standing:
-    """One state owner: a shared group, or one consumer of a broadcast group."""
+class DeliveryState:
+    """Where one state owner (a shared group, or one consumer of a broadcast group) stands."""
 
     def __init__(self, cursor: int) -> None:
         self.cursor = cursor
-        self.leases: dict[int, Held] = {}
-        self.retries: dict[int, Waiting] = {}
-        self.dead: dict[int, Buried] = {}
+        self.leases: dict[int, Lease] = {}
+        self.retries: dict[int, Retry] = {}
+        self.dead: dict[int, DeadLetter] = {}
         self.acked: set[int] = set()
 
     def expire(self, *, now_us: int, policy: RetryPolicy) -> None:
@@ -64,9 +55,9 @@ class Standing:
                 continue
             del self.leases[seq]
             if lease.attempt >= policy.max_attempts:
-                self.dead[seq] = Buried(lease.attempt, "lease expired", now_us)
+                self.dead[seq] = DeadLetter(lease.attempt, "lease expired", now_us)
             else:
-                self.retries[seq] = Waiting(lease.attempt, now_us)
+                self.retries[seq] = Retry(lease.attempt, now_us)
 
     def lease(
         self, *, consumer: str, limit: int, end_seq: int, now_us: int, policy: RetryPolicy
@@ -74,13 +65,8 @@ class Standing:
         """Lease up to ``limit`` seqs (due retries first); returns (seq, attempt) pairs."""
         due = sorted((w.due_us, seq) for seq, w in self.retries.items() if w.due_us <= now_us)
         chosen = [(seq, self.retries.pop(seq).attempts + 1) for _, seq in due[:limit]]
-        while len(chosen) < limit and self.cursor < end_seq:
-            chosen.append((self.cursor, 1))
-            self.cursor += 1
-        deadline = now_us + policy.ack_timeout_us
-        for seq, attempt in chosen:
-            self.leases[seq] = Held(consumer, attempt, deadline)
-        return chosen
+        self._take_new(chosen, limit, end_seq)
+        return self._hold(chosen, consumer, now_us + policy.ack_timeout_us)
 
     def lease_in_order(
         self,
@@ -107,12 +93,20 @@ class Standing:
             for seq, _ in chosen:
                 del self.retries[seq]
         else:
-            while len(chosen) < limit and self.cursor < end_seq:
-                chosen.append((self.cursor, 1))
-                self.cursor += 1
-        deadline = now_us + policy.ack_timeout_us
+            self._take_new(chosen, limit, end_seq)
+        return self._hold(chosen, consumer, now_us + policy.ack_timeout_us)
+
+    def _take_new(self, chosen: list[tuple[int, int]], limit: int, end_seq: int) -> None:
+        """Add never-delivered seqs from the cursor to ``chosen``, up to ``limit`` in all."""
+        while len(chosen) < limit and self.cursor < end_seq:
+            chosen.append((self.cursor, 1))
+            self.cursor += 1
+
+    def _hold(
+        self, chosen: list[tuple[int, int]], consumer: str, deadline_us: int
+    ) -> list[tuple[int, int]]:
         for seq, attempt in chosen:
-            self.leases[seq] = Held(consumer, attempt, deadline)
+            self.leases[seq] = Lease(consumer, attempt, deadline_us)
         return chosen
 
     def ready(self, *, end_seq: int, now_us: int) -> int:
@@ -147,11 +141,11 @@ class Standing:
                 continue
             lease = self.leases.pop(seq)
             if lease.attempt >= policy.max_attempts:
-                self.dead[seq] = Buried(lease.attempt, error, now_us)
+                self.dead[seq] = DeadLetter(lease.attempt, error, now_us)
                 dead += 1
             else:
                 wait = delay_us if delay_us is not None else policy.backoff_us(lease.attempt)
-                self.retries[seq] = Waiting(lease.attempt, now_us + wait)
+                self.retries[seq] = Retry(lease.attempt, now_us + wait)
                 retrying += 1
         return retrying, dead
 
@@ -159,7 +153,7 @@ class Standing:
         chosen = list(self.dead) if seqs is None else [s for s in seqs if s in self.dead]
         for seq in chosen:
             del self.dead[seq]
-            self.retries[seq] = Waiting(0, now_us)
+            self.retries[seq] = Retry(0, now_us)
         return len(chosen)
 
     def next_due_us(self) -> int | None:
@@ -170,12 +164,12 @@ class Standing:
 
 
 @dataclasses.dataclass(slots=True)
-class GroupStanding:
-    """A consumer group on one subject: its mode and its state owner(s)."""
+class GroupState:
+    """A consumer group on one log: its mode and its state owners (by ``owner_key``)."""
 
     name: str
     mode: str
-    owners: dict[str, Standing] = dataclasses.field(default_factory=dict)
+    owners: dict[str, DeliveryState] = dataclasses.field(default_factory=dict)
 
     def owner_key(self, consumer: str) -> str:
         return consumer if self.mode == "broadcast" else ""

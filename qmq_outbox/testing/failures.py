@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import qmq_wire as wire
-from qmq_outbox.testing.checks import Rejected
+from qmq_wire.rules import Refused
 
 
 class PlannedFailures:
@@ -24,7 +24,7 @@ class PlannedFailures:
             self._plans[operation] = (code, times)
 
     def check(self, operation: str) -> None:
-        """Raise ``Rejected`` with the planned error for this request, if one is planned."""
+        """Raise ``Refused`` with the planned error for this request, if one is planned."""
         plan = self._plans.get(operation)
         if plan is None:
             return
@@ -34,4 +34,4 @@ class PlannedFailures:
         elif times is not None:
             self._plans[operation] = (code, times - 1)
         message = f"the in-memory broker was told to fail this {operation} with {code}"
-        raise Rejected(wire.error_status(code), code, message)
+        raise Refused(code, message)

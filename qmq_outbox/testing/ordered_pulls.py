@@ -1,0 +1,97 @@
+"""Ordered pulls in memory: each partition in seq order, one batch at a time.
+
+A group joins every partition at its first pull and consumes the partitions of the route
+version it has reached; it reaches the next once it finished every partition the change
+closed (everything handled; dead letters too unless the subject blocks on them).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import qmq_wire as wire
+from qmq_outbox.testing.delivery import DeliveryState, GroupState
+from qmq_outbox.testing.longpoll import LongPoll
+from qmq_outbox.testing.ordered import OrderedSubject
+from qmq_outbox.testing.state import BrokerState
+from qmq_wire.ordered import partition_log
+from qmq_wire.rules import Refused
+
+
+class OrderedPulls:
+    def __init__(self, state: BrokerState) -> None:
+        self.state = state
+
+    def start(self, pull: dict[str, Any]) -> LongPoll:
+        """A checked ordered pull, refused on a plain subject or with acks."""
+        subject, name = pull["subject"], pull["group"]
+        routes = self.state.ordered.get(subject)
+        if routes is None:
+            message = f"{subject!r} is not ordered: pull it in shared or broadcast mode"
+            raise Refused("not_ordered", message, "mode")
+        if pull["mode"] != "ordered":
+            message = f"{subject!r} is ordered: pull it in ordered mode"
+            raise Refused("mode_conflict", message, "mode")
+        if pull["ack"] is not None:
+            message = f"{subject!r} is ordered: ack with POST /v1/ack naming the partition"
+            raise Refused("partition_required", message, "ack")
+        if (routes.logs()[0][1], name) not in self.state.groups:  # joins: every partition now
+            for _, log in routes.logs():
+                self.owner(log, name, latest=pull["start"] == "latest")
+        deadline = time.monotonic() + pull["wait_ms"] / 1000
+        return LongPoll(subject, name, "", pull["consumer"], pull["max"], deadline, {})
+
+    def lease(
+        self, poll: LongPoll, routes: OrderedSubject, now: int
+    ) -> list[wire.PulledMessageJson]:
+        """The next batch of each partition that has nothing in flight, up to the limit."""
+        policy = self.state.policy
+        served: list[wire.PulledMessageJson] = []
+        for _, log in routes.logs():
+            self.owner(log, poll.group).expire(now_us=now, policy=policy)
+        for _, name in routes.open_for(lambda p: self.finished(routes, p, poll.group)):
+            if len(served) >= poll.limit:
+                break
+            stored = self.state.logs[name]
+            chosen = self.owner(name, poll.group).lease_in_order(
+                consumer=poll.consumer,
+                limit=poll.limit - len(served),
+                end_seq=stored.end,
+                now_us=now,
+                policy=policy,
+                hold_on_dead=routes.on_dead == "block",
+            )
+            served.extend(stored.messages[seq].to_json(attempt) for seq, attempt in chosen)
+        return served
+
+    def owner(self, log: str, group: str, *, latest: bool = False) -> DeliveryState:
+        """A group's state on an ordered subject's partition, made at its start (``latest``:
+        its end) when first needed: a partition a split made later starts empty."""
+        state = self.state.groups.get((log, group))
+        if state is None:
+            state = self.state.groups[(log, group)] = GroupState(group, "ordered")
+        owner = state.owners.get("")
+        if owner is None:
+            end = self.state.log(log).end  # made with the state, as the broker makes the log
+            owner = state.owners[""] = DeliveryState(end if latest else 0)
+        return owner
+
+    def finished(self, routes: OrderedSubject, partition: int, group: str) -> bool:
+        """Whether ``group`` is done with closed ``partition``: everything in it handled
+        (dead letters too, unless the subject blocks on them). Closed partitions take no
+        more messages, so the broker's command message would come next."""
+        if partition not in routes.routes.closed():
+            return False
+        log = partition_log(routes.name, partition)
+        owner = self.owner(log, group)
+        return (
+            owner.cursor >= self.state.log(log).end
+            and not owner.leases
+            and not owner.retries
+            and (routes.on_dead == "skip" or not owner.dead)
+        )
+
+    def group_version(self, routes: OrderedSubject, group: str) -> int:
+        """The route version whose partitions ``group`` consumes."""
+        return routes.routes.group_version(lambda p: self.finished(routes, p, group))
