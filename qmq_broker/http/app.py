@@ -7,7 +7,7 @@ import binascii
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -18,8 +18,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 import qmq_wire
+from qmq_broker.clock import Clock
+from qmq_broker.config import BrokerConfig
 from qmq_broker.console.http import ConsoleAssets
-from qmq_broker.engine import Broker
+from qmq_broker.console.recent_consumers import RecentConsumers
 from qmq_broker.errors import Denied, Invalid, NotFound, RequestError
 from qmq_broker.http import bodies
 from qmq_broker.http.auth import Authorizer, Grant, Right
@@ -35,10 +37,16 @@ from qmq_broker.http.schemas import (
     RedriveRequest,
     SplitRequest,
 )
+from qmq_broker.lifecycle import Lifecycle
 from qmq_broker.messages import IncomingMessage
+from qmq_broker.metrics import BrokerMetrics
+from qmq_broker.services import Services
 
 M = TypeVar("M", bound=BaseModel)
 Settle = TypeVar("Settle", bodies.AckBody, bodies.NackBody)
+if TYPE_CHECKING:
+    from qmq_broker.engine import Broker  # create_app unpacks it into the services above
+
 Handler = Callable[[Request], Awaitable[Response]]
 _ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}
 MAX_SCHEDULE_HOURS = 20_000
@@ -63,18 +71,34 @@ def _span(seconds: float) -> str:
 
 
 class Api:
-    """Binds HTTP requests to a ``Broker``: size limits, validation, auth, error mapping."""
+    """Binds HTTP requests to the broker's services: size limits, validation, auth, errors."""
 
-    def __init__(self, broker: Broker, *, authorizer: Authorizer | None = None) -> None:
-        self.broker = broker
+    def __init__(
+        self,
+        *,
+        config: BrokerConfig,
+        clock: Clock,
+        metrics: BrokerMetrics,
+        lifecycle: Lifecycle,
+        recent_consumers: RecentConsumers,
+        services: Callable[[], Services],
+        pull_work_s: Callable[[], float],
+        authorizer: Authorizer | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.broker_metrics = metrics
+        self.lifecycle = lifecycle
+        self.recent_consumers = recent_consumers
+        self.services = services  # answers ``recovering`` until the broker is ready
         self.authorizer = authorizer
-        self.overhead = LoopOverhead(broker.measured_pull_work_s)
+        self.overhead = LoopOverhead(pull_work_s)
 
     async def _body(self, request: Request) -> bytes:
         refusal = content_type_error(request.headers.get("content-type"))
         if refusal is not None:
             raise refusal
-        limit = self.broker.config.max_request_bytes
+        limit = self.config.max_request_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise Invalid(code="request_too_large", message=f"request body over {limit} bytes")
@@ -124,14 +148,14 @@ class Api:
                     field = f"messages[{i}].subject"
                     Authorizer.require(grant, Right.PRODUCE, envelope.subject, field=field)
                     allowed.add(envelope.subject)
-        messages = self._incoming(envelopes, self.broker.clock.wall_us())
-        results = await self.broker.producer.produce(messages)
+        messages = self._incoming(envelopes, self.clock.wall_us())
+        results = await self.services().producer.produce(messages)
         return _json({"results": results})
 
     def _incoming(self, envelopes: list[bodies.Envelope], now_us: int) -> list[IncomingMessage]:
         """The core's messages; the checks the wire leaves to the broker, in envelope order
         (base64, body size, due time, created_at range)."""
-        body_limit = self.broker.config.max_body_bytes
+        body_limit = self.config.max_body_bytes
         low, high = qmq_wire.MIN_TIME_US, qmq_wire.MAX_TIME_US
         messages: list[IncomingMessage] = []
         for index, envelope in enumerate(envelopes):
@@ -169,7 +193,7 @@ class Api:
             raise _out_of_range(index, "deliver_at")
         if due_us <= now_us:
             return 0
-        limit_s = self.broker.config.max_delay_s
+        limit_s = self.config.max_delay_s
         if due_us - now_us > limit_s * 1_000_000:
             raise Invalid(
                 code="delay_too_long",
@@ -184,10 +208,10 @@ class Api:
         began = time.thread_time()  # CPU, as the actors' work is counted (``Served``)
         parsed = bodies.decode(body, bodies.PullBody)
         self._require(grant, Right.CONSUME, parsed.subject, group=parsed.group, field="group")
-        self.broker.recent_consumers.saw(parsed.subject, parsed.group, parsed.consumer)
-        wait_ms = min(parsed.wait_ms, self.broker.config.max_wait_ms)
+        self.recent_consumers.saw(parsed.subject, parsed.group, parsed.consumer)
+        wait_ms = min(parsed.wait_ms, self.config.max_wait_ms)
         decoded = time.thread_time()
-        messages, acked = await self.broker.delivery.ack_and_pull(
+        messages, acked = await self.services().delivery.ack_and_pull(
             subject=parsed.subject,
             group=parsed.group,
             consumer=parsed.consumer,
@@ -207,7 +231,7 @@ class Api:
             response = _json(doc)
         # The request's own work outside the pull scheduler counts toward its group's share.
         spent = decoded - began + time.thread_time() - answered
-        self.broker.delivery.charge(
+        self.services().delivery.charge(
             subject=parsed.subject,
             group=parsed.group,
             measured=spent,
@@ -220,12 +244,12 @@ class Api:
         grant = self._grant(request)
         parsed = bodies.decode(await self._body(request), body)
         self._require(grant, Right.CONSUME, parsed.subject, group=parsed.group, field="group")
-        self.broker.recent_consumers.saw(parsed.subject, parsed.group, parsed.consumer)
+        self.recent_consumers.saw(parsed.subject, parsed.group, parsed.consumer)
         return parsed
 
     async def ack(self, request: Request) -> Response:
         parsed = await self._settling(request, bodies.AckBody)
-        result = await self.broker.delivery.ack(
+        result = await self.services().delivery.ack(
             subject=parsed.subject,
             group=parsed.group,
             consumer=parsed.consumer,
@@ -236,7 +260,7 @@ class Api:
 
     async def nack(self, request: Request) -> Response:
         parsed = await self._settling(request, bodies.NackBody)
-        result = await self.broker.delivery.nack(
+        result = await self.services().delivery.nack(
             subject=parsed.subject,
             group=parsed.group,
             consumer=parsed.consumer,
@@ -260,7 +284,7 @@ class Api:
 
     async def subjects(self, request: Request) -> Response:
         grant = self._grant(request)
-        listed = self.broker.stats.subjects()
+        listed = self.services().stats.subjects()
         if grant is not None:
             listed = [stats for stats in listed if grant.sees(stats.subject)]
         return _json({"subjects": listed})
@@ -269,7 +293,7 @@ class Api:
         grant = self._grant(request)
         subject = self._path_name(request, "subject")
         _require_sight(grant, subject)
-        detail = self.broker.stats.subject(subject)
+        detail = self.services().stats.subject(subject)
         if grant is not None:
             shown = [g for g in detail.groups if grant.sees(subject, g.group)]
             detail = dataclasses.replace(detail, groups=shown)
@@ -288,7 +312,7 @@ class Api:
             request, "partition", default=None, low=0, high=qmq_wire.MAX_PARTITION_NUMBER
         )
         return _json(
-            self.broker.delivery.dead_letters(
+            self.services().delivery.dead_letters(
                 subject=subject, group=group, limit=limit, after_seq=after, partition=partition
             )
         )
@@ -305,7 +329,7 @@ class Api:
                 message='give either "seqs" or "all": true',
                 field="seqs",
             )
-        redriven = await self.broker.delivery.redrive(
+        redriven = await self.services().delivery.redrive(
             subject=subject, group=group, seqs=parsed.seqs, partition=parsed.partition
         )
         return _json({"redriven": redriven})
@@ -332,7 +356,7 @@ class Api:
         subject = self._path_name(request, "subject")
         self._require_admin(request, subject)
         parsed = await self._parse(request, DeclareRequest)
-        routes = await self.broker.routes.declare(
+        routes = await self.services().routes.declare(
             subject, partitions=parsed.partitions, on_dead=parsed.on_dead
         )
         return _json(routes)
@@ -341,27 +365,27 @@ class Api:
         grant = self._grant(request)
         subject = self._path_name(request, "subject")
         _require_sight(grant, subject)
-        return _json(self.broker.routes.document(subject))
+        return _json(self.services().routes.document(subject))
 
     async def split(self, request: Request) -> Response:
         subject = self._path_name(request, "subject")
         self._require_admin(request, subject)
         parsed = await self._parse(request, SplitRequest)
         return _json(
-            await self.broker.routes.split(subject, partition=parsed.partition, at=parsed.at)
+            await self.services().routes.split(subject, partition=parsed.partition, at=parsed.at)
         )
 
     async def merge(self, request: Request) -> Response:
         subject = self._path_name(request, "subject")
         self._require_admin(request, subject)
         parsed = await self._parse(request, MergeRequest)
-        return _json(await self.broker.routes.merge(subject, partitions=parsed.partitions))
+        return _json(await self.services().routes.merge(subject, partitions=parsed.partitions))
 
     async def move(self, request: Request) -> Response:
         subject = self._path_name(request, "subject")
         self._require_admin(request, subject)
         parsed = await self._parse(request, MoveRequest)
-        return _json(await self.broker.routes.move(subject, partition=parsed.partition))
+        return _json(await self.services().routes.move(subject, partition=parsed.partition))
 
     async def schedule(self, request: Request) -> Response:
         grant = self._grant(request)
@@ -371,7 +395,7 @@ class Api:
                 message=f"token {grant.name!r} may not see the schedule: it needs manage on '*'",
             )
         limit = _int_param(request, "limit", default=48, high=MAX_SCHEDULE_HOURS)
-        return _json(self.broker.stats.schedule(limit=limit))
+        return _json(self.services().stats.schedule(limit=limit))
 
     # --- the console's views (docs/console.md) -----------------------------------------------
 
@@ -379,26 +403,26 @@ class Api:
         """Any valid token; it sees the subjects and groups it has a right on."""
         grant = self._grant(request)
         if grant is None:
-            return _json(self.broker.console.overview())
-        return _json(self.broker.console.overview(sees=grant.sees))
+            return _json(self.services().console.overview())
+        return _json(self.services().console.overview(sees=grant.sees))
 
     async def console_subject(self, request: Request) -> Response:
         grant = self._grant(request)
         subject = self._path_name(request, "subject")
         _require_sight(grant, subject)
         if grant is None:
-            return _json(self.broker.console.subject(subject))
-        return _json(self.broker.console.subject(subject, sees=grant.sees))
+            return _json(self.services().console.subject(subject))
+        return _json(self.services().console.subject(subject, sees=grant.sees))
 
     async def healthz(self, request: Request) -> Response:
-        status = self.broker.status
+        status = self.lifecycle.status.value
         if status == "ready":
             return _json({"status": "ok"})
         return _json({"status": status}, status=503)
 
     async def metrics(self, request: Request) -> Response:
         return Response(
-            generate_latest(self.broker.metrics.registry), media_type=CONTENT_TYPE_LATEST
+            generate_latest(self.broker_metrics.registry), media_type=CONTENT_TYPE_LATEST
         )
 
     async def openapi(self, request: Request) -> Response:
@@ -449,7 +473,7 @@ def _int_param(request: Request, name: str, *, default: int | None, low: int = 1
 
 
 def _endpoint(api: Api, name: str, handler: Handler) -> Handler:
-    histogram = api.broker.metrics.requests
+    histogram = api.broker_metrics.requests
 
     async def endpoint(request: Request) -> Response:
         api.overhead.request()
@@ -472,7 +496,16 @@ def create_app(
     lifespan: Any = None,
 ) -> HotRoutes:
     """The broker's HTTP app; ``guard`` defaults to a broker bound to 127.0.0.1."""
-    api = Api(broker, authorizer=authorizer)
+    api = Api(
+        config=broker.config,
+        clock=broker.clock,
+        metrics=broker.metrics,
+        lifecycle=broker.lifecycle,
+        recent_consumers=broker.recent_consumers,
+        services=lambda: broker.services,
+        pull_work_s=broker.measured_pull_work_s,
+        authorizer=authorizer,
+    )
     console = ConsoleAssets()
     routes = [
         ("/v1/messages", "produce", api.produce, ["POST"]),
