@@ -32,7 +32,7 @@ from qmq_outbox.dburl import sync_database_url
 from qmq_outbox.dispatcher import AsyncDispatcher, ThreadDispatcher
 from qmq_outbox.envelope import OutgoingMessage
 from qmq_outbox.errors import ConfigurationError, UnsupportedByTransport
-from qmq_outbox.rows import OUTBOX_MAPPER, row_for
+from qmq_outbox.rows import OUTBOX_MAPPER, OutboxRow, insert_rows, row_values
 from qmq_outbox.serializers import JsonSerializer, Serializer, serialize
 from qmq_outbox.store import utcnow
 from qmq_outbox.tracking import TransactionTracker, engine_of
@@ -129,7 +129,10 @@ class Outbox:
         self._name = dispatcher_name
         self._retry_for = retry_for
         self._compensators: list[tuple[Compensator, sa.Engine | None]] = []
-        self._tracker: TransactionTracker[Staged] = TransactionTracker(self._on_commit)
+        self._tracker: TransactionTracker[Staged] = TransactionTracker(
+            self._on_commit, before_flush=self._write_rows
+        )
+        self._rows_key = f"qmq_outbox.rows.{id(self)}"
         self._lock = threading.Lock()
         self._thread_dispatcher: ThreadDispatcher | None = None
         self._owned_client: ClosingProducer | None = None
@@ -205,9 +208,29 @@ class Outbox:
             deliver_at=due,
         )
         message = tracing.published(message)  # the publish span; adds its traceparent
-        sync.add(row_for(message, content_type))
+        values = row_values(message, content_type)
+        row = OutboxRow(**values)
+        sync.add(row)  # begins the session's transaction if it has none yet
         self._tracker.stage(sync, Staged(message, bind))
+        sync.info.setdefault(self._rows_key, []).append((row, values))
         return message.id
+
+    def _write_rows(self, session: Session) -> None:
+        """At the start of a flush: the rows ``publish`` added, still pending, leave the
+        session and go in with one Core INSERT on its connection for the current
+        transaction (the unit of work has no more to do for them)."""
+        added: list[tuple[OutboxRow, dict[str, Any]]] | None = session.info.pop(
+            self._rows_key, None
+        )
+        if not added:
+            return
+        rows = []
+        for row, values in added:
+            if sa.inspect(row).pending:  # not expunged, nor rolled back with a savepoint
+                session.expunge(row)
+                rows.append(values)
+        if rows:
+            insert_rows(session.connection(bind_arguments={"mapper": OUTBOX_MAPPER}), rows)
 
     def _installed_bind(self, session: Session) -> Engine | Connection:
         """The bind the outbox row is written through; refuses sessions not installed on."""

@@ -1,9 +1,12 @@
-"""The ORM mapping ``publish()`` adds through the caller's session.
+"""The ORM mapping ``publish()`` adds through the caller's session, and its Core INSERT.
 
 Mapped on a private registry so it never touches the application's declarative base. Adding
 an object (instead of executing an INSERT) works the same for ``Session`` and
-``AsyncSession``: the row is flushed by the caller's next flush or commit, inside the
-transaction (or savepoint) that was current when it was published.
+``AsyncSession``: the row is written by the caller's next flush or commit, inside the
+transaction (or savepoint) that was current when it was published. The outbox's
+``before_flush`` hook takes its pending rows out of the session and writes them with one
+Core ``INSERT`` (``insert_rows``), so the unit of work has nothing of them to do; without
+the hook (an uninstalled target) the ORM flushes them as any object.
 
 Per-key order needs a key's outbox ids to follow its transactions' commits: otherwise a
 transaction holding id 5 of key k could commit after the one holding id 6 was already sent.
@@ -16,6 +19,7 @@ SQLite needs nothing: one writer at a time already does that. Unkeyed rows take 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -55,23 +59,41 @@ class OutboxRow:
 OUTBOX_MAPPER = _registry.map_imperatively(OutboxRow, outbox_table)
 
 
-def row_for(message: OutgoingMessage, content_type: str) -> OutboxRow:
+def row_values(message: OutgoingMessage, content_type: str) -> dict[str, Any]:
     """A pending row for ``message``; due immediately (the compensator adds its grace)."""
     assert message.created_at is not None
-    return OutboxRow(
-        message_id=message.id,
-        subject=message.subject,
-        key=message.key,
-        headers=message.headers,
-        body=message.body,
-        content_type=content_type,
-        producer=message.producer,
-        deliver_at=message.deliver_at,
-        status="pending",
-        attempts=0,
-        next_attempt_at=message.created_at,
-        created_at=message.created_at,
-    )
+    return {
+        "message_id": message.id,
+        "subject": message.subject,
+        "key": message.key,
+        "headers": message.headers,
+        "body": message.body,
+        "content_type": content_type,
+        "producer": message.producer,
+        "deliver_at": message.deliver_at,
+        "status": "pending",
+        "attempts": 0,
+        "next_attempt_at": message.created_at,
+        "created_at": message.created_at,
+    }
+
+
+def row_for(message: OutgoingMessage, content_type: str) -> OutboxRow:
+    """``row_values`` as an ORM object."""
+    return OutboxRow(**row_values(message, content_type))
+
+
+# No RETURNING: nothing reads the ids back.
+_INSERT = sa.insert(outbox_table).inline()
+
+
+def insert_rows(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
+    """INSERT ``rows`` (``row_values``) on ``connection``, in order, in one statement; each
+    keyed row's lock is taken first."""
+    for values in rows:
+        if values["key"] is not None:
+            lock_key(connection, values["subject"], values["key"])
+    connection.execute(_INSERT, list(rows))
 
 
 def key_lock_id(subject: str, key: str) -> int:
@@ -83,13 +105,12 @@ def key_lock_id(subject: str, key: str) -> int:
 _LOCKS_TAKEN = "qmq_outbox.key_locks"
 
 
-@event.listens_for(OutboxRow, "before_insert")
-def _lock_key(_mapper: Mapper[OutboxRow], connection: Connection, row: OutboxRow) -> None:
-    """Take the row's key lock before its id is drawn (PostgreSQL, keyed rows only)."""
-    if row.key is None or connection.dialect.name != "postgresql":
+def lock_key(connection: Connection, subject: str, key: str) -> None:
+    """Take (subject, key)'s lock (PostgreSQL only), once per (sub)transaction: a rolled-back
+    savepoint gives back the locks it took."""
+    if connection.dialect.name != "postgresql":
         return
-    lock_id = key_lock_id(row.subject, row.key)
-    # Once per (sub)transaction: a rolled-back savepoint gives back the locks it took.
+    lock_id = key_lock_id(subject, key)
     transaction = connection.get_nested_transaction() or connection.get_transaction()
     owner, taken = connection.info.get(_LOCKS_TAKEN, (None, set()))
     if owner is not transaction:
@@ -98,3 +119,10 @@ def _lock_key(_mapper: Mapper[OutboxRow], connection: Connection, row: OutboxRow
     if lock_id not in taken:
         connection.execute(sa.select(sa.func.pg_advisory_xact_lock(lock_id)))
         taken.add(lock_id)
+
+
+@event.listens_for(OutboxRow, "before_insert")
+def _lock_key(_mapper: Mapper[OutboxRow], connection: Connection, row: OutboxRow) -> None:
+    """Take the row's key lock before its id is drawn, when the ORM flushes it."""
+    if row.key is not None:
+        lock_key(connection, row.subject, row.key)

@@ -9,6 +9,8 @@ savepoint's items up to its enclosing transaction or, for the root, hands them t
 them (``docs/outbox.md`` lists the event traps this avoids). Buffers are created lazily by
 ``stage()`` rather than in ``after_transaction_create``, which also fires for every flush's
 internal subtransaction; sessions that never publish pay two dict lookups per transaction.
+An optional ``before_flush`` callback runs at the start of each flush of a session that
+staged something (the outbox writes its rows there), with the same listeners' reach.
 
 Listeners go on a ``sessionmaker``'s own class, a ``Session`` subclass, a ``scoped_session``
 or a single session. Installing an *engine* (``Engine`` or ``AsyncEngine``) instead covers
@@ -37,7 +39,6 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 EventTarget = type[Session] | Session
-_EVENTS = ("after_commit", "after_transaction_end")
 
 
 def resolve_target(target: object) -> EventTarget | Engine:
@@ -103,8 +104,15 @@ class TransactionTracker(Generic[T]):
     emit SQL or touch ORM attributes. Its exceptions are logged, never raised into the commit.
     """
 
-    def __init__(self, on_commit: Callable[[list[T]], None], *, name: str = "outbox") -> None:
+    def __init__(
+        self,
+        on_commit: Callable[[list[T]], None],
+        *,
+        name: str = "outbox",
+        before_flush: Callable[[Session], None] | None = None,
+    ) -> None:
         self._on_commit = on_commit
+        self._before_flush = before_flush
         self._key = f"qmq_outbox.{name}.{id(self)}.staged"
         self._committing = f"qmq_outbox.{name}.{id(self)}.committing"
         self._classes: set[type[Session]] = set()
@@ -117,8 +125,10 @@ class TransactionTracker(Generic[T]):
         if isinstance(resolved, Engine):
             self._engines.add(resolved)
             self._listen(Session, self._session_wide_commit, self._session_wide_end)
+            self._listen_flush(Session, self._session_wide_flush)
             return
         self._listen(resolved, self._after_commit, self._after_transaction_end)
+        self._listen_flush(resolved, self._flush)
         if isinstance(resolved, Session):
             self._instances.add(resolved)
         else:
@@ -131,8 +141,10 @@ class TransactionTracker(Generic[T]):
             self._engines.discard(resolved)
             if not self._engines:
                 self._unlisten(Session, self._session_wide_commit, self._session_wide_end)
+                self._unlisten_flush(Session, self._session_wide_flush)
             return
         self._unlisten(resolved, self._after_commit, self._after_transaction_end)
+        self._unlisten_flush(resolved, self._flush)
         if isinstance(resolved, Session):
             self._instances.discard(resolved)
         else:
@@ -171,6 +183,15 @@ class TransactionTracker(Generic[T]):
             event.remove(target, "after_commit", after_commit)
             event.remove(target, "after_transaction_end", after_end)
 
+    def _listen_flush(self, target: EventTarget, hook: Callable[..., None]) -> None:
+        if self._before_flush is not None and not event.contains(target, "before_flush", hook):
+            event.listen(target, "before_flush", hook)
+
+    @staticmethod
+    def _unlisten_flush(target: EventTarget, hook: Callable[..., None]) -> None:
+        if event.contains(target, "before_flush", hook):
+            event.remove(target, "before_flush", hook)
+
     def stage(self, session: Session, item: T) -> None:
         """Buffer ``item`` on the innermost root-or-SAVEPOINT transaction of ``session``."""
         transaction = session.get_nested_transaction() or session.get_transaction()
@@ -195,6 +216,14 @@ class TransactionTracker(Generic[T]):
     def _session_wide_end(self, session: Session, transaction: SessionTransaction) -> None:
         if self._key in session.info and not self._listens_on(session):
             self._after_transaction_end(session, transaction)
+
+    def _session_wide_flush(self, session: Session, *_: object) -> None:
+        if self._key in session.info and not self._listens_on(session):
+            self._flush(session)
+
+    def _flush(self, session: Session, *_: object) -> None:
+        if self._before_flush is not None and self._key in session.info:
+            self._before_flush(session)
 
     def _after_commit(self, session: Session) -> None:
         if self._key in session.info:
