@@ -1,7 +1,7 @@
 """Giving memory back to the OS when a burst of connections has ended (glibc only).
 
-A parked long poll costs the broker about 20 KB (uvicorn's connection, the ASGI stack of
-its request, the pull). When a burst of them ends the objects are freed, but neither
+A parked long poll holds uvicorn's connection, the ASGI stack of its request and the pull.
+When a burst of them ends the objects are freed, but neither
 CPython's allocator nor glibc's heap hands the pages back by itself: RSS stays at the
 burst's peak (the next burst reuses it, so it does not grow). ``malloc_trim(0)`` releases
 glibc's free pages; CPython's own small-object arenas are released only when wholly empty,

@@ -10,8 +10,7 @@ positions cost; an insert sets one word.
 
 Sizing: a filter is sized for ``n = max(live ids, MIN_FILTER_IDS)`` with ``W = ceil(n / 4)``
 words (16 bits, 2 bytes, per id it is sized for) and takes up to ``capacity = 1.5 * n`` ids,
-where it still has 10.7 bits per id. Measured false-positive rate (random hashes): 0.4 %
-right after sizing, 1.4 % at capacity.
+where it still has 10.7 bits per id.
 
 ``filter.bin``, little-endian: a 64-byte header then the ``8 W`` bytes of the words::
 

@@ -1,8 +1,8 @@
 """A compact set of 64-bit hashes: sorted ``array('Q')`` shards, about 8 bytes per member.
 
-A million scheduled ids cost about 8 MB here, against roughly 60 MB for a Python ``set``
-of ints. Membership is a binary search in one shard; inserts and removals move at most
-one shard's worth of memory (shards stay small: the top 12 bits pick one of 4096).
+A fraction of the memory a Python ``set`` of ints takes. Membership is a binary search in
+one shard; inserts and removals move at most one shard's worth of memory (shards stay
+small: the top 12 bits pick one of 4096).
 """
 
 from __future__ import annotations

@@ -83,8 +83,7 @@ def read_cached(reader: SegmentReader, batches: list[Batch]) -> list[Read]:
     ``NotCached`` as soon as one is not (what was read is dropped: the thread reads it all).
 
     Most pulls read what was written moments ago. Served on the loop they skip the hand-off
-    to a read thread and back, which on a busy loop waits for the GIL (up to its switch
-    interval, 5 ms): most of a small pull's latency before."""
+    to a read thread and back, which on a busy loop waits for the GIL."""
     return [_read_batch(reader, batch, 0.0, cached_only=True) for batch in batches]
 
 

@@ -11,8 +11,8 @@ the dead letters, on the loop.
 
 Why not hand every cold read to a thread: a read thread must take the GIL to start, and
 again after its system call, and on a loop busy serving other groups each take waits up to
-the interpreter's switch interval (5 ms). A group whose records are on disk then got a
-fraction of its reads' speed; waiting on the loop costs it nothing of the kind.
+the interpreter's switch interval; waiting on the loop costs a cold group nothing of the
+kind.
 """
 
 from __future__ import annotations

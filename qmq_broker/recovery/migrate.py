@@ -20,7 +20,7 @@ is checked against the entries as they were (or as this step already rewrote the
 a crash) and moved to the new hashes; a digest that did not match stays as it was, so
 recovery rebuilds that index from the log, as it would have. The dedup runs and filters
 are deleted and written anew from the ids read, one run per ``RUN_CHUNKS`` chunks. The
-step reads every retained message once: about 4 us each (a minute per 16 million here).
+step reads every retained message once.
 
 Format 3 -> 4: log segments may end in room, zero bytes the writer allocated ahead of its
 appends (``qmq_broker.format``). Nothing on disk changes: the checkpoints are written again

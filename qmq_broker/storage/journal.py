@@ -81,10 +81,10 @@ class _Batch:
 
 ROOM_BYTES = 4 << 20  # how far a log segment's file is allocated ahead of its appends
 # A batch this small is written on the event loop itself when the writer thread is idle: the
-# hand-off to the thread and back costs about 50 us of CPU and 60 us of latency here, more
-# than writing a few KiB. Under --fsync always the loop then waits for the fsync too, so only
-# while fsyncs are quick (their moving average under INLINE_FSYNC_S): a slow disk's fsyncs
-# stay on the thread, and the loop goes on serving meanwhile.
+# hand-off to the thread and back costs more CPU and latency than writing a few KiB. Under
+# --fsync always the loop then waits for the fsync too, so only while fsyncs are quick
+# (their moving average under INLINE_FSYNC_S): a slow disk's fsyncs stay on the thread, and
+# the loop goes on serving meanwhile.
 INLINE_BYTES = 64 << 10
 INLINE_FSYNC_S = 0.001
 
@@ -103,7 +103,7 @@ class _AppendFiles:
 
     A log segment's file is allocated ``ROOM_BYTES`` ahead of its appends (``fallocate``;
     format 4's room, ``qmq_broker.format``): an fdatasync after an append that grew the file
-    must also commit the new size and blocks, which costs about 40 % more on this disk.
+    must also commit the new size, which makes it markedly slower.
     Rolling to the next segment and closing cut the room off.
     """
 
@@ -467,8 +467,7 @@ class Journal:
         """Whether the loop writes ``batch`` itself (module docstring): small, no jobs, quick
         fsyncs, and no action to fsync. The pulls that append leases and acks are
         scheduled fairly by group, and a loop blocked in their fsync is time no group is
-        charged for: measured, it took a group of 2 consumers from 0.45-0.49 of the pulls
-        served at ``max`` 10 down to 0.40-0.42 beside a group of 100."""
+        charged for, which would skew the shares between groups."""
         return not (
             batch.jobs
             or batch.size > INLINE_BYTES
