@@ -1,8 +1,10 @@
 """Bodies of the busy routes (produce, pull, ack, nack) decoded by msgspec, by the models' rules.
 
 pydantic's ``validate_json`` and a model object per envelope cost more than storing the
-message. The msgspec structs here state the rules of ``qmq_broker.http.schemas`` from the same
-``qmq_wire`` limits and decode a body in one pass in C. The pydantic models stay the
+message. The msgspec structs here state the same tables of ``qmq_wire.rules`` as
+``qmq_broker.http.schemas`` (bounds, patterns, choices, defaults; ``tests/unit/test_rules.py``)
+and decode a body in one pass in C; the id and subject rules stay hand-written in
+``Envelope.__post_init__`` for speed, from the same constants. The pydantic models stay the
 reference: they make the OpenAPI document, and a body msgspec refuses is handed to them, so
 its answer is their first error, exactly as when they alone validated. msgspec reads a few
 valid bodies more strictly (``104.0`` for an integer, a key given twice whose first value is
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, Final, Literal, TypeVar
+from typing import Annotated, Any, Final, TypeVar
 
 import msgspec
 import orjson
@@ -31,6 +33,7 @@ import qmq_wire as wire
 from qmq_broker.errors import RequestError
 from qmq_broker.http import schemas
 from qmq_broker.http.errors import from_validation
+from qmq_wire import rules
 
 logger = logging.getLogger(__name__)
 
@@ -82,20 +85,34 @@ def _decode_hook(kind: type[Any], value: Any) -> Any:
     raise NotImplementedError(kind)
 
 
+def _between(rule: rules.Integer) -> msgspec.Meta:
+    return msgspec.Meta(ge=rule.low, le=rule.high)
+
+
+def _text(rule: rules.Text) -> msgspec.Meta:
+    if rule.pattern is not None:
+        return msgspec.Meta(pattern=_whole(rule.pattern))
+    return msgspec.Meta(min_length=rule.low or None, max_length=rule.high)
+
+
+def _default(request: rules.Request, name: str) -> Any:
+    return request[name].default
+
+
 Name = Annotated[str, msgspec.Meta(pattern=_whole(wire.NAME_PATTERN))]
-ConsumerId = Annotated[str, msgspec.Meta(pattern=_whole(wire.CONSUMER_ID_PATTERN))]
-Key = Annotated[str, msgspec.Meta(max_length=wire.MAX_KEY)]
-HeaderName = Annotated[str, msgspec.Meta(min_length=1, max_length=wire.MAX_HEADER_NAME)]
-HeaderValue = Annotated[str, msgspec.Meta(max_length=wire.MAX_HEADER_VALUE)]
-Headers = Annotated[dict[HeaderName, HeaderValue], msgspec.Meta(max_length=wire.MAX_HEADERS)]
-Producer = Annotated[str, msgspec.Meta(min_length=1, max_length=wire.MAX_PRODUCER)]
-Seq = Annotated[int, msgspec.Meta(ge=0, le=wire.MAX_SEQ)]
-Seqs = Annotated[list[Seq], msgspec.Meta(min_length=1, max_length=wire.MAX_SEQS)]
-PullMax = Annotated[int, msgspec.Meta(ge=1, le=wire.MAX_PULL)]
-WaitMs = Annotated[int, msgspec.Meta(ge=0, le=wire.MAX_WAIT_MS)]
-NackDelayMs = Annotated[int, msgspec.Meta(ge=0, le=wire.MAX_NACK_DELAY_MS)]
-ErrorText = Annotated[str, msgspec.Meta(max_length=wire.MAX_ERROR_TEXT)]
-Partition = Annotated[int, msgspec.Meta(ge=0, le=wire.MAX_PARTITION_NUMBER)]
+ConsumerId = Annotated[str, _text(rules.CONSUMER_ID)]
+Key = Annotated[str, _text(rules.KEY)]
+HeaderName = Annotated[str, _text(rules.HEADER_NAME)]
+HeaderValue = Annotated[str, _text(rules.HEADER_VALUE)]
+Headers = Annotated[dict[HeaderName, HeaderValue], msgspec.Meta(max_length=rules.HEADERS.most)]
+Producer = Annotated[str, _text(rules.PRODUCER)]
+Seq = Annotated[int, _between(rules.SEQ)]
+Seqs = Annotated[list[Seq], msgspec.Meta(min_length=rules.SEQS.low, max_length=rules.SEQS.high)]
+PullMax = Annotated[int, _between(rules.PULL_MAX)]
+WaitMs = Annotated[int, _between(rules.WAIT_MS)]
+NackDelayMs = Annotated[int, _between(rules.NACK_DELAY_MS)]
+ErrorText = Annotated[str, _text(rules.ERROR_TEXT)]
+Partition = Annotated[int, _between(rules.PARTITION)]
 
 
 _VALID_SUBJECTS: set[str] = set()
@@ -104,7 +121,7 @@ lookup instead of a regular expression per message, kept to a bounded size."""
 _VALID_SUBJECTS_KEPT: Final = 4096
 _MESSAGE_ID_RULE: Final = rf"^[\x20-\x7e]{{1,{wire.MAX_MESSAGE_ID}}}$"
 """The id rule ``Envelope.__post_init__`` checks without the pattern: the wire's must be it."""
-assert wire.MESSAGE_ID_PATTERN == _MESSAGE_ID_RULE, wire.MESSAGE_ID_PATTERN
+assert rules.MESSAGE_ID.pattern == _MESSAGE_ID_RULE, rules.MESSAGE_ID.pattern
 
 
 class _Body(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -115,12 +132,12 @@ class Envelope(_Body, frozen=True, gc=False):
     """One message of a produce; ``gc=False``: it holds no containers but a dict of strings,
     so it cannot be part of a reference cycle."""
 
-    id: str  # the id and subject rules are checked by __post_init__, at a third of the cost
+    id: str  # the id and subject rules are checked by __post_init__: cheaper than a pattern
     subject: str
     body: str
     key: Key | None = None
     headers: Headers = {}
-    body_encoding: Literal["utf-8", "base64"] = "utf-8"
+    body_encoding: wire.BodyEncoding = _default(rules.ENVELOPE, "body_encoding")
     producer: Producer | None = None
     created_at: TimestampUs | None = None
     deliver_at: TimestampUs | None = None
@@ -143,7 +160,8 @@ class Envelope(_Body, frozen=True, gc=False):
 
 class ProduceBody(_Body, frozen=True):
     messages: Annotated[
-        list[Envelope], msgspec.Meta(min_length=1, max_length=wire.MAX_PRODUCE_BATCH)
+        list[Envelope],
+        msgspec.Meta(min_length=rules.MESSAGES.low, max_length=rules.MESSAGES.high),
     ]
 
 
@@ -151,13 +169,13 @@ class PullBody(_Body, frozen=True):
     subject: Name
     group: Name
     consumer: ConsumerId
-    max: PullMax = wire.DEFAULT_PULL
-    wait_ms: WaitMs = 0
-    mode: Literal["shared", "broadcast", "ordered"] = "shared"
-    start: Literal["earliest", "latest"] = "earliest"
+    max: PullMax = _default(rules.PULL, "max")
+    wait_ms: WaitMs = _default(rules.PULL, "wait_ms")
+    mode: wire.PullMode = _default(rules.PULL, "mode")
+    start: wire.StartPosition = _default(rules.PULL, "start")
     ack: Seqs | None = None
-    min: PullMax = 1
-    linger_ms: WaitMs = 0
+    min: PullMax = _default(rules.PULL, "min")
+    linger_ms: WaitMs = _default(rules.PULL, "linger_ms")
 
 
 class AckBody(_Body, frozen=True):

@@ -1,4 +1,7 @@
-"""Request models of API v1 (pydantic, strict); the rules themselves come from ``qmq_wire``.
+"""Request models of API v1 (pydantic, strict): the tables of ``qmq_wire.rules`` as models.
+
+Every bound, pattern, choice and default is read from those tables (the in-memory broker
+checks with the same ones; ``tests/unit/test_rules.py`` proves the models state them).
 
 They are the OpenAPI document's request schemas too (``qmq_broker.http.openapi``), so a rule the
 broker checks elsewhere (a base64 body, ``seqs`` or ``all`` in a redrive, the timestamp
@@ -21,6 +24,7 @@ from pydantic import (
 )
 
 import qmq_wire as wire
+from qmq_wire import rules
 
 
 def _json_integer(value: object) -> object:
@@ -32,22 +36,37 @@ def _json_integer(value: object) -> object:
 
 
 _AS_JSON_INTEGER = BeforeValidator(_json_integer)
+
+
+def _between(rule: rules.Integer, description: str | None = None) -> Any:
+    """An integer field's bounds, from its rule."""
+    return Field(ge=rule.low, le=rule.high, description=description)
+
+
+def _text(rule: rules.Text) -> StringConstraints:
+    """A text field's length or pattern, from its rule."""
+    if rule.pattern is not None:
+        return StringConstraints(pattern=rule.pattern)
+    return StringConstraints(min_length=rule.low or None, max_length=rule.high)
+
+
+def _default(request: rules.Request, name: str) -> Any:
+    return request[name].default
+
+
 Subject = Annotated[str, StringConstraints(pattern=wire.NAME_PATTERN)]
 GroupName = Annotated[str, StringConstraints(pattern=wire.NAME_PATTERN)]
-MessageId = Annotated[str, StringConstraints(pattern=wire.MESSAGE_ID_PATTERN)]
-ConsumerId = Annotated[str, StringConstraints(pattern=wire.CONSUMER_ID_PATTERN)]
-HeaderName = Annotated[str, StringConstraints(min_length=1, max_length=wire.MAX_HEADER_NAME)]
-HeaderValue = Annotated[str, StringConstraints(max_length=wire.MAX_HEADER_VALUE)]
-Seq = Annotated[int, Field(ge=0, le=wire.MAX_SEQ), _AS_JSON_INTEGER]
-Seqs = Annotated[list[Seq], Field(min_length=1, max_length=wire.MAX_SEQS)]
+MessageId = Annotated[str, _text(rules.MESSAGE_ID)]
+ConsumerId = Annotated[str, _text(rules.CONSUMER_ID)]
+HeaderName = Annotated[str, _text(rules.HEADER_NAME)]
+HeaderValue = Annotated[str, _text(rules.HEADER_VALUE)]
+Seq = Annotated[int, _between(rules.SEQ), _AS_JSON_INTEGER]
+Seqs = Annotated[list[Seq], Field(min_length=rules.SEQS.low, max_length=rules.SEQS.high)]
 Partition = Annotated[
-    int,
-    Field(ge=0, le=wire.MAX_PARTITION_NUMBER, description="an ordered subject's partition"),
-    _AS_JSON_INTEGER,
+    int, _between(rules.PARTITION, "an ordered subject's partition"), _AS_JSON_INTEGER
 ]
 
-BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
-"""Standard base64 with its padding: what ``body_encoding: "base64"`` bodies must be."""
+BASE64_PATTERN = rules.BASE64_PATTERN
 _OUT_OF_RANGE = r"^(?:0001-01-01T[^+]*\+(?!00:00)|9999-12-31T.*-(?!00:00)\d\d:\d\d$)"
 """RFC 3339 times on the range's first day with a positive offset or its last day with a
 negative one: some of them fall outside ``wire.MIN_TIME``..``wire.MAX_TIME`` in UTC, so the
@@ -85,8 +104,8 @@ class Envelope(_Strict):
 
     id: MessageId
     subject: Subject
-    key: Annotated[str, StringConstraints(max_length=wire.MAX_KEY)] | None = None
-    headers: Annotated[dict[HeaderName, HeaderValue], Field(max_length=wire.MAX_HEADERS)] = Field(
+    key: Annotated[str, _text(rules.KEY)] | None = None
+    headers: Annotated[dict[HeaderName, HeaderValue], Field(max_length=rules.HEADERS.most)] = Field(
         default_factory=dict
     )
     body: str = Field(
@@ -95,10 +114,8 @@ class Envelope(_Strict):
             "bytes once decoded by default (--max-body-size; 413 beyond)"
         )
     )
-    body_encoding: Literal["utf-8", "base64"] = "utf-8"
-    producer: (
-        Annotated[str, StringConstraints(min_length=1, max_length=wire.MAX_PRODUCER)] | None
-    ) = None
+    body_encoding: wire.BodyEncoding = _default(rules.ENVELOPE, "body_encoding")
+    producer: Annotated[str, _text(rules.PRODUCER)] | None = None
     created_at: Timestamp | None = None
     deliver_at: Timestamp | None = Field(
         default=None,
@@ -110,19 +127,25 @@ class Envelope(_Strict):
 
 
 class ProduceRequest(_Strict):
-    messages: Annotated[list[Envelope], Field(min_length=1, max_length=wire.MAX_PRODUCE_BATCH)]
+    messages: Annotated[
+        list[Envelope],
+        Field(min_length=rules.MESSAGES.low, max_length=rules.MESSAGES.high),
+    ]
 
 
 class PullRequest(_Strict):
     subject: Subject
     group: GroupName
     consumer: ConsumerId
-    max: Annotated[int, Field(ge=1, le=wire.MAX_PULL), _AS_JSON_INTEGER] = wire.DEFAULT_PULL
-    wait_ms: Annotated[int, Field(ge=0, le=wire.MAX_WAIT_MS), _AS_JSON_INTEGER] = 0
-    mode: Literal["shared", "broadcast", "ordered"] = Field(
-        default="shared", description="ordered: the only mode of an ordered subject"
+    max: Annotated[int, _between(rules.PULL_MAX), _AS_JSON_INTEGER] = _default(rules.PULL, "max")
+    wait_ms: Annotated[int, _between(rules.WAIT_MS), _AS_JSON_INTEGER] = _default(
+        rules.PULL, "wait_ms"
     )
-    start: Literal["earliest", "latest"] = "earliest"
+    mode: wire.PullMode = Field(
+        default=_default(rules.PULL, "mode"),
+        description="ordered: the only mode of an ordered subject",
+    )
+    start: wire.StartPosition = _default(rules.PULL, "start")
     ack: Annotated[
         Seqs | None,
         Field(
@@ -134,22 +157,17 @@ class PullRequest(_Strict):
     ] = None
     min: Annotated[
         int,
-        Field(
-            ge=1,
-            le=wire.MAX_PULL,
-            description="During linger_ms, answer only with at least this many (above max: max).",
+        _between(
+            rules.PULL_MAX,
+            "During linger_ms, answer only with at least this many (above max: max).",
         ),
         _AS_JSON_INTEGER,
-    ] = 1
+    ] = _default(rules.PULL, "min")
     linger_ms: Annotated[
         int,
-        Field(
-            ge=0,
-            le=wire.MAX_WAIT_MS,
-            description="How long the pull may wait for min messages (within wait_ms).",
-        ),
+        _between(rules.WAIT_MS, "How long the pull may wait for min messages (within wait_ms)."),
         _AS_JSON_INTEGER,
-    ] = 0
+    ] = _default(rules.PULL, "linger_ms")
 
 
 class AckRequest(_Strict):
@@ -163,8 +181,8 @@ class AckRequest(_Strict):
 
 
 class NackRequest(AckRequest):
-    delay_ms: Annotated[int, Field(ge=0, le=wire.MAX_NACK_DELAY_MS), _AS_JSON_INTEGER] | None = None
-    error: Annotated[str, StringConstraints(max_length=wire.MAX_ERROR_TEXT)] | None = None
+    delay_ms: Annotated[int, _between(rules.NACK_DELAY_MS), _AS_JSON_INTEGER] | None = None
+    error: Annotated[str, _text(rules.ERROR_TEXT)] | None = None
 
 
 def _seqs_or_all(schema: dict[str, Any]) -> None:
@@ -191,12 +209,10 @@ class RedriveRequest(_Strict):
 class DeclareRequest(_Strict):
     ordered: Literal[True] = Field(description="only ordered subjects are declared")
     partitions: Annotated[
-        int,
-        Field(ge=1, le=wire.MAX_PARTITIONS, description="physical partitions"),
-        _AS_JSON_INTEGER,
-    ] = 1
-    on_dead: Literal["skip", "block"] = Field(
-        default="skip",
+        int, _between(rules.DECLARED_PARTITIONS, "physical partitions"), _AS_JSON_INTEGER
+    ] = _default(rules.DECLARE, "partitions")
+    on_dead: wire.OnDead = Field(
+        default=_default(rules.DECLARE, "on_dead"),
         description="block: a partition waits while it has dead letters, until redriven",
     )
 
@@ -205,11 +221,7 @@ class SplitRequest(_Strict):
     partition: Partition
     at: Annotated[
         int,
-        Field(
-            ge=1,
-            le=wire.LOGIC_PARTITIONS - 1,
-            description="the first logic partition of the second half (inside the range)",
-        ),
+        _between(rules.SPLIT_AT, "the first logic partition of the second half (inside the range)"),
         _AS_JSON_INTEGER,
     ]
 
@@ -217,7 +229,11 @@ class SplitRequest(_Strict):
 class MergeRequest(_Strict):
     partitions: Annotated[
         list[Partition],
-        Field(min_length=2, max_length=2, description="two partitions with adjacent ranges"),
+        Field(
+            min_length=rules.MERGED_PARTITIONS.low,
+            max_length=rules.MERGED_PARTITIONS.high,
+            description="two partitions with adjacent ranges",
+        ),
     ]
 
 
