@@ -26,6 +26,13 @@ outside the send; they go in outbox id order. A row held back (its earlier row i
 being sent elsewhere, or its commit's hand-off has not arrived yet) waits in its lane and is
 tried again after ``hold_delay`` seconds, doubling, ``max_holds`` times; then it is left to
 the compensator. Unkeyed messages share one backlog that every sender takes from, as before.
+
+``ThreadDispatcher`` marks a send of unkeyed messages sent off the senders' path: a marker
+thread (``Marks``) gathers their ids for up to ``mark_interval`` seconds (or ``MARK_BATCH``
+ids) and marks them in one UPDATE per engine, and flushes what it holds at ``close()``.
+Meanwhile those rows read ``pending`` (to the compensator, whose grace is far longer, and to
+``qmq outbox status``). A send with keyed or rejected messages is marked at once: a key's
+next row waits for its earlier one to read ``sent``.
 """
 
 from __future__ import annotations
@@ -60,6 +67,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_NAME = "qmq-outbox-dispatcher"
 HOLD_DELAY = 0.02
 MAX_HOLDS = 6  # 20 ms doubling: about 1.3 s in all before the compensator takes over
+MARK_INTERVAL = 0.05
+MARK_BATCH = 1000
 Item = tuple[Engine, OutgoingMessage]
 
 
@@ -553,16 +562,111 @@ class _Driver(Generic[Client]):
         return f"{self._name}-{lane + 1}"
 
 
+class Marks:
+    """Sent marks gathered from the sender threads and written by one thread of its own
+    (``<name>-marks``): every ``interval`` seconds, or once ``limit`` ids wait, one
+    ``mark_dispatched`` per engine; then ``settled(engine, report, marked)`` for each send.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        interval: float,
+        limit: int,
+        store: Callable[[Engine], OutboxStore],
+        settled: Callable[[Engine, SendReport, int | QmqError], None],
+    ) -> None:
+        self._name = name
+        self._interval = interval
+        self._limit = limit
+        self._store = store
+        self._settled = settled
+        self._cond = threading.Condition()
+        self._waiting: dict[Engine, list[SendReport]] = {}
+        self._count = 0
+        self._closing = False
+        self._thread: threading.Thread | None = None
+
+    def add(self, engine: Engine, report: SendReport) -> None:
+        """Mark ``report``'s sent messages within ``interval`` seconds."""
+        with self._cond:
+            self._waiting.setdefault(engine, []).append(report)
+            self._count += len(report.results)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            if self._count >= self._limit:
+                self._cond.notify()
+
+    def close(self, timeout: float) -> bool:
+        """Write what waits and stop; True if done within ``timeout``."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is None:
+            return True
+        thread.join(timeout)
+        return not thread.is_alive()
+
+    def _run(self) -> None:
+        try:
+            while batch := self._next():
+                for engine, reports in batch.items():
+                    self._mark(engine, reports)
+        except BaseException:
+            logger.critical(
+                "dispatcher marker died; sent rows it held stay pending (resent, deduplicated)",
+                exc_info=True,
+                extra={"action": "outbox.dispatcher_died"},
+            )
+            raise
+
+    def _next(self) -> dict[Engine, list[SendReport]]:
+        """The marks to write now; empty once closing and nothing waits."""
+        with self._cond:
+            while not self._waiting and not self._closing:
+                self._cond.wait()
+            deadline = time.monotonic() + self._interval
+            while self._count < self._limit and not self._closing:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            batch, self._waiting, self._count = self._waiting, {}, 0
+            return batch
+
+    def _mark(self, engine: Engine, reports: list[SendReport]) -> None:
+        sent_ids = [result.id for report in reports for result in report.results]
+        try:
+            self._store(engine).mark_dispatched(sent_ids=sent_ids, dead=[], now=utcnow())
+        except QmqError as exc:
+            for report in reports:
+                self._settled(engine, report, exc)
+            return
+        for report in reports:
+            self._settled(engine, report, len(report.results))
+
+
 class ThreadDispatcher(_Driver[Producer]):
     """Background senders for sync engines, started by the first ``submit()``.
 
     ``senders`` threads (named ``<name>-<n>``) take unkeyed messages from one backlog, so a
     batch can go out while another waits for the broker's durable answer; batches of
     different transactions may therefore be stored in either order. Keyed messages go by
-    lanes, one per thread, and keep their key's order.
+    lanes, one per thread, and keep their key's order. A send of unkeyed messages only is
+    marked by ``Marks`` within ``MARK_INTERVAL`` seconds, the others at once.
     """
 
     def _setup(self) -> None:
+        self._marks = Marks(
+            name=f"{self._name}-marks",
+            interval=MARK_INTERVAL,
+            limit=MARK_BATCH,
+            store=self._store,
+            settled=self._dispatch.settled,
+        )
         self._cond = threading.Condition()
         self._abandon = False
         self._threads: list[threading.Thread | None] = [None] * self._senders
@@ -605,8 +709,9 @@ class ThreadDispatcher(_Driver[Producer]):
                 self._abandon = True
                 self._cond.notify_all()
             _log_drain_timeout(drain_timeout, self._dispatch.queued)
+            self._marks.close(max(0.0, deadline - time.monotonic()))
             return False
-        return True
+        return self._marks.close(max(0.0, deadline - time.monotonic()))
 
     def _run(self, lane: int) -> None:
         try:
@@ -642,6 +747,9 @@ class ThreadDispatcher(_Driver[Producer]):
         with self._cond:
             completion = self._dispatch.completion(report)
             self._dispatch.requeue(lane, engine, report.unsent)
+        if report.results and not report.rejected and all(m.key is None for m in messages):
+            self._marks.add(engine, report)
+            return
         try:
             marked: int | QmqError = self._store(engine).mark_dispatched(**completion)
         except QmqError as exc:
