@@ -21,6 +21,15 @@ from qmq_outbox.transports.base import ClosingAsyncProducer, Outcome
 T = TypeVar("T")
 
 
+def run_blocking(name: str, coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` to its end on a ``LoopThread`` named ``name`` made for it, then close it."""
+    loop = LoopThread(name)
+    try:
+        return loop.run(coro)
+    finally:
+        loop.close()
+
+
 class LoopThread:
     """An event loop on a daemon thread named ``name``, started at once."""
 

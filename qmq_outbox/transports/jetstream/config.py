@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from qmq_outbox.dburl import mask_url
 from qmq_outbox.errors import ConfigurationError
 from qmq_outbox.transports.base import Capabilities, ConsumerSpec
-from qmq_outbox.transports.blocking import BlockingProducer, LoopThread
+from qmq_outbox.transports.blocking import BlockingProducer, run_blocking
 from qmq_outbox.transports.topology import Groups, group_pairs
 
 if TYPE_CHECKING:
@@ -143,20 +143,12 @@ class JetStreamTransport:
         """Make every declared group's stream and durable consumer now (again: harmless)."""
         from qmq_outbox.transports.jetstream.durables import declare_topology
 
-        loop = LoopThread("qmq-jetstream-declare")
-        try:
-            return loop.run(declare_topology(self))
-        finally:
-            loop.close()
+        return run_blocking("qmq-jetstream-declare", declare_topology(self))
 
     def check(self) -> None:
         from qmq_outbox.transports.jetstream.connection import probe
 
-        loop = LoopThread("qmq-jetstream-check")
-        try:
-            loop.run(probe(self))
-        finally:
-            loop.close()
+        run_blocking("qmq-jetstream-check", probe(self))
 
 
 def transport_from_url(url: str) -> JetStreamTransport:

@@ -26,7 +26,7 @@ import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from qmq_outbox.client import AckedPull, PullMode, StartAt
+from qmq_outbox.client import PullMode, StartAt
 from qmq_outbox.envelope import Message
 from qmq_outbox.errors import BrokerUnavailable
 from qmq_outbox.transports import headers
@@ -104,15 +104,7 @@ class JetStreamConsumer:
             messages.append(_message(msg))
         return messages
 
-    async def ack_and_pull(
-        self,
-        subject: str,
-        group: str,
-        consumer: str,
-        ack: Sequence[int],
-        **options: Any,
-    ) -> AckedPull:
-        return await ack_then_pull(self, subject, group, consumer, ack, **options)
+    ack_and_pull = ack_then_pull  # its pull cannot carry acks: the ack, then the pull
 
     async def _subscription(
         self, subject: str, start: StartAt

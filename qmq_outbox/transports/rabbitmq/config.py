@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from qmq_outbox.dburl import mask_url
 from qmq_outbox.errors import ConfigurationError
 from qmq_outbox.transports.base import Capabilities, ConsumerSpec
-from qmq_outbox.transports.blocking import BlockingProducer, LoopThread
+from qmq_outbox.transports.blocking import BlockingProducer, run_blocking
 from qmq_outbox.transports.topology import Groups, group_pairs
 
 if TYPE_CHECKING:
@@ -111,20 +111,12 @@ class RabbitMqTransport:
         """Declare the exchange and every declared group's queues now (again: harmless)."""
         from qmq_outbox.transports.rabbitmq.connection import declare_topology
 
-        loop = LoopThread("qmq-rabbitmq-declare")
-        try:
-            return loop.run(declare_topology(self))
-        finally:
-            loop.close()
+        return run_blocking("qmq-rabbitmq-declare", declare_topology(self))
 
     def check(self) -> None:
         from qmq_outbox.transports.rabbitmq.connection import probe
 
-        loop = LoopThread("qmq-rabbitmq-check")
-        try:
-            loop.run(probe(self))
-        finally:
-            loop.close()
+        run_blocking("qmq-rabbitmq-check", probe(self))
 
 
 def transport_from_url(url: str) -> RabbitMqTransport:

@@ -29,7 +29,7 @@ from typing import Any
 import aio_pika
 import aio_pika.abc
 
-from qmq_outbox.client import AckedPull, PullMode, StartAt
+from qmq_outbox.client import PullMode, StartAt
 from qmq_outbox.envelope import Message
 from qmq_outbox.errors import BrokerUnavailable
 from qmq_outbox.transports import headers
@@ -155,15 +155,7 @@ class RabbitMqConsumer:
             messages.append(_message(lease, seq))
         return messages
 
-    async def ack_and_pull(
-        self,
-        subject: str,
-        group: str,
-        consumer: str,
-        ack: Sequence[int],
-        **options: Any,
-    ) -> AckedPull:
-        return await ack_then_pull(self, subject, group, consumer, ack, **options)
+    ack_and_pull = ack_then_pull  # its pull cannot carry acks: the ack, then the pull
 
     # -- finishing -------------------------------------------------------------------------
 
