@@ -6,6 +6,7 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from qmq_reconcile.report import words
 from qmq_reconcile.report.summary import (
     ACKED,
     ACKED_OUT_OF_ORDER_MEANING,
@@ -22,13 +23,6 @@ from qmq_reconcile.report.summary import (
     UNREADABLE_SEVERITY,
     Disorder,
     RunInfo,
-)
-from qmq_reconcile.report.words import (
-    created_words,
-    fmt_ms,
-    fmt_seconds,
-    fmt_time,
-    in_flight_words,
 )
 from qmq_reconcile.transforms import (
     CATEGORIES,
@@ -104,7 +98,7 @@ def render_html(
     ]
     latency_rows = [
         f"<tr><td>{metric}</td><td>{s['count']:,}</td>"
-        + "".join(f"<td>{fmt_ms(s[k])}</td>" for k in ("p50", "p90", "p99", "max"))
+        + "".join(f"<td>{words.fmt_ms(s[k])}</td>" for k in ("p50", "p90", "p99", "max"))
         + "</tr>"
         for metric, s in doc["latency_ms"].items()
     ]
@@ -116,10 +110,10 @@ def render_html(
 <html><head><meta charset="utf-8"><title>qmq reconcile</title><style>{_CSS}</style></head>
 <body>
 <h1>qmq reconcile: {verdict} (exit {doc["exit_code"]})</h1>
-<p>Run at {e(fmt_time(info.started_at))}. Outboxes: {e(", ".join(info.outboxes))}.
+<p>Run at {e(words.fmt_time(info.started_at))}. Outboxes: {e(", ".join(info.outboxes))}.
 Broker data: {e(", ".join(info.broker_dirs) or "none (categories not judged)")}.</p>
-<p>Checked outbox rows and broker messages {e(created_words(info.since, info.until))}.
-Not judged: {e(in_flight_words(info))}.</p>
+<p>Checked outbox rows and broker messages {e(words.created_words(info.since, info.until))}.
+Not judged: {e(words.in_flight_words(info))}.</p>
 <h2>Categories</h2>
 <table><tr><th>category</th><th>count</th><th>severity</th><th>meaning</th></tr>
 {"".join(rows)}</table>
@@ -132,7 +126,7 @@ Not judged: {e(in_flight_words(info))}.</p>
 {_out_of_order_html(doc[OUT_OF_ORDER]["acked"], ACKED, ACKED_OUT_OF_ORDER_MEANING)}
 <h2>Consumer groups</h2>
 <table><tr><th>subject</th><th>group</th><th>mode</th><th>acked</th>
-<th>unacked past {fmt_seconds(info.ack_threshold_s)}</th><th>dead letters</th>
+<th>unacked past {words.fmt_seconds(info.ack_threshold_s)}</th><th>dead letters</th>
 <th>never acked</th></tr>
 {"".join(group_rows)}</table>
 <h2>Latency (ms)</h2>
@@ -164,7 +158,7 @@ def _consumed_html(entry: Mapping[str, Any] | None, info: RunInfo) -> str:
         f"<p>Consumer database {e(entry['database'])}, subjects "
         f"{e(', '.join(entry['subjects']))}.</p>"
         f'<p class="{cls}">Never consumed (sent more than '
-        f"{fmt_seconds(info.ack_threshold_s)} ago, critical): {never['count']:,}</p>"
+        f"{words.fmt_seconds(info.ack_threshold_s)} ago, critical): {never['count']:,}</p>"
         f"{table(never['messages'], UNCONSUMED_COLUMNS)}"
         f"<p>Consumed without an outbox row (info): {extra['count']:,}</p>"
         f"{table(extra['messages'], CONSUMED_ONLY_COLUMNS)}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from qmq_reconcile.report import words
 from qmq_reconcile.report.summary import (
     ACKED_OUT_OF_ORDER,
     CONSUMED,
@@ -16,13 +17,6 @@ from qmq_reconcile.report.summary import (
     UNREADABLE_SEVERITY,
     RunInfo,
 )
-from qmq_reconcile.report.words import (
-    created_words,
-    fmt_ms,
-    fmt_seconds,
-    fmt_time,
-    in_flight_words,
-)
 from qmq_reconcile.transforms import (
     CATEGORIES,
     CRITICAL,
@@ -32,11 +26,12 @@ from qmq_reconcile.unreadable import NAME as UNREADABLE
 
 def render_text(doc: Mapping[str, Any], info: RunInfo) -> str:
     lines = [
-        f"qmq reconcile  {fmt_time(info.started_at)}",
+        f"qmq reconcile  {words.fmt_time(info.started_at)}",
         f"outboxes:     {', '.join(info.outboxes)}",
         f"broker data:  {', '.join(info.broker_dirs) or '(none: categories not judged)'}",
-        f"checked:      outbox rows and broker messages {created_words(info.since, info.until)}",
-        f"not judged:   {in_flight_words(info)}",
+        "checked:      outbox rows and broker messages "
+        + words.created_words(info.since, info.until),
+        f"not judged:   {words.in_flight_words(info)}",
         f"producers:    {', '.join(info.producers or ['(those of the outbox rows)'])}",
         "",
         f"{'category':<22}{'count':>12}  severity",
@@ -49,7 +44,7 @@ def render_text(doc: Mapping[str, Any], info: RunInfo) -> str:
     lines += [*_consumed_lines(doc[CONSUMED], info)]
     lines += ["", *_unreadable_lines(doc[UNREADABLE])]
     lines += [*_out_of_order_lines(doc[OUT_OF_ORDER])]
-    lines += ["", f"consumer groups (unacked past {fmt_seconds(info.ack_threshold_s)})"]
+    lines += ["", f"consumer groups (unacked past {words.fmt_seconds(info.ack_threshold_s)})"]
     lines.append(f"{'subject/group':<40}{'mode':>10}{'acked':>10}{'unacked':>10}{'dead':>8}")
     for subject, groups in doc["groups"].items():
         for group, g in groups.items():
@@ -62,7 +57,7 @@ def render_text(doc: Mapping[str, Any], info: RunInfo) -> str:
         lines.append("(no consumer groups)")
     lines += ["", f"{'latency (ms)':<22}{'count':>10}{'p50':>12}{'p90':>12}{'p99':>12}{'max':>12}"]
     for metric, s in doc["latency_ms"].items():
-        cells = "".join(f"{fmt_ms(s[k]):>12}" for k in ("p50", "p90", "p99", "max"))
+        cells = "".join(f"{words.fmt_ms(s[k]):>12}" for k in ("p50", "p90", "p99", "max"))
         lines.append(f"{metric:<22}{s['count']:>10,}{cells}")
     critical = sum(doc["categories"][c] for c in CRITICAL)
     verdict = f"{critical:,} critical finding(s)" if critical else "clean"
@@ -108,7 +103,7 @@ def _consumed_lines(entry: Mapping[str, Any] | None, info: RunInfo) -> list[str]
         f"consumed by group {entry['group']} ({entry['database']}), subjects {subjects}",
         f"{NEVER_CONSUMED:<22}{never['count']:>12,}  "
         f"{'CRITICAL' if never['count'] else 'critical'}  "
-        f"(sent more than {fmt_seconds(info.ack_threshold_s)} ago)",
+        f"(sent more than {words.fmt_seconds(info.ack_threshold_s)} ago)",
     ]
     lines += [
         f"  {m['message_id']} {m['subject']} created {m['created_at']} sent {m['sent_at']}"
