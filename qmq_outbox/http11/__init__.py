@@ -1,9 +1,9 @@
 """Lean HTTP/1.1 transports for httpx: the SDK's default for a plain ``http://`` broker.
 
 Through httpx's default path (``httpx.Client`` over httpcore and h11) one produce of 100
-pre-encoded messages cost 1.2-1.3 ms of client CPU on the 2-core dev box, more than the
-client's own work on the 100 messages; through these transports, sent to directly by
-``qmq_outbox.client``, 0.37-0.44 ms (``bench/client_cpu.py`` has the whole picture).
+pre-encoded messages cost more client CPU than the client's own work on the 100 messages;
+through these transports, sent to directly by ``qmq_outbox.client``, about a third of it
+(responses are framed by httptools, in C).
 ``fits`` says when they are used: plain ``http://``, and no proxy configured in the
 environment (httpx would route through it; these transports do not speak to proxies).
 Any transport given to a client explicitly is used as it is.

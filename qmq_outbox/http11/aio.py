@@ -1,7 +1,7 @@
 """``AsyncHttp11Transport``: the asyncio twin of ``sync.Http11Transport``.
 
-Each connection is an ``asyncio.Protocol`` that feeds ``parse.ResponseParser`` from
-``data_received`` and resolves one future per exchange: no stream objects, no task per
+Each connection is an ``asyncio.Protocol`` that feeds ``parse.ResponseParser`` (httptools)
+from ``data_received`` and resolves one future per exchange: no stream objects, no task per
 request. The read timeout runs from the moment the request is handed to the socket. A
 cancelled or failed exchange closes its connection (what was left on it is unknown).
 asyncio only (the SDK's async side is asyncio throughout).

@@ -2,8 +2,11 @@
 
 ``RequestHead`` is a request's line and headers, to which each request adds its body.
 ``ResponseParser`` is fed whatever the socket gave and answers a ``Parsed`` response once
-one is complete: bodies framed by ``Content-Length``, by chunked transfer coding, or by the
-end of the connection; informational (1xx) answers skipped; anything else raises
+one is complete. The framing is httptools' (llhttp, uvicorn's parser too): bodies framed by
+``Content-Length``, by chunked transfer coding, or by the end of the connection, and its
+strict refusals (conflicting lengths, both framings at once, bare LF, bytes past the
+response). On top of it: informational (1xx) answers skipped, a Transfer-Encoding other
+than chunked, another HTTP version or a head past ``MAX_HEAD`` refused. Every refusal is a
 ``ProtocolError``, which the transports turn into httpx's ``RemoteProtocolError``. The
 transports in ``sync.py`` and ``aio.py`` only move bytes.
 """
@@ -12,10 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import httptools
 import httpx
 
 MAX_HEAD = 64 * 1024  # status line and headers
-_NO_BODY = frozenset((204, 304))
 _FRAMING = frozenset((b"content-length", b"transfer-encoding"))
 
 
@@ -89,139 +92,120 @@ def request_bytes(request: httpx.Request, body: bytes) -> bytes:
     return RequestHead.of(request).request(body)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Head:
-    status: int
-    reason: bytes
-    http_version: bytes
-    headers: list[tuple[bytes, bytes]]
-    keep_alive: bool  # as the headers say (a body framed by the connection's end: no)
-    length: int | None  # None: chunked, or until the connection ends
-    chunked: bool
-    encoded: bool
-
-
-def _parse_head(block: bytes) -> _Head:
-    lines = block.split(b"\r\n")
-    version, _, rest = lines[0].partition(b" ")
-    code, _, reason = rest.partition(b" ")
-    if version not in (b"HTTP/1.1", b"HTTP/1.0") or len(code) != 3 or not code.isdigit():
-        raise ProtocolError(f"not an HTTP/1.1 status line: {lines[0][:100]!r}")
-    headers: list[tuple[bytes, bytes]] = []
-    length: int | None = None
-    chunked = encoded = False
-    connection = b""
-    for line in lines[1:]:
-        name, colon, value = line.partition(b":")
-        if not colon or not name or name != name.strip() or line[:1] in (b" ", b"\t"):
-            raise ProtocolError(f"malformed header line: {line[:100]!r}")
-        value = value.strip()
-        headers.append((name, value))
-        lowered = name.lower()
-        if lowered == b"content-length":
-            if not value.isdigit() or (length is not None and int(value) != length):
-                raise ProtocolError(f"bad Content-Length: {value[:40]!r}")
-            length = int(value)
-        elif lowered == b"transfer-encoding":
-            if value.lower().rsplit(b",", 1)[-1].strip() != b"chunked":
-                raise ProtocolError(f"unsupported Transfer-Encoding: {value[:40]!r}")
-            chunked = True
-        elif lowered == b"connection":
-            connection = value.lower()
-        elif lowered == b"content-encoding":
-            encoded = value.lower() not in (b"", b"identity")
-    keep_alive = b"close" not in connection and (
-        version == b"HTTP/1.1" or b"keep-alive" in connection
-    )
-    if chunked:  # it wins over a Content-Length, but such a server is not to be trusted twice
-        keep_alive = keep_alive and length is None
-        length = None
-    return _Head(int(code), reason, version, headers, keep_alive, length, chunked, encoded)
-
-
 class ResponseParser:
-    """One response, from the bytes of one connection (``head_only`` for a HEAD request)."""
+    """One response, from the bytes of one connection (``head_only`` for a HEAD request),
+    framed by httptools (llhttp); this class only keeps what its callbacks report."""
 
     def __init__(self, *, head_only: bool = False) -> None:
-        self._buffer = bytearray()
+        self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         self._head_only = head_only
-        self._head: _Head | None = None
-        self._at = 0  # where the unparsed bytes start: the head, the body, the next chunk
-        self._chunks: list[bytes] = []
-
-    @property
-    def started(self) -> bool:
-        """Whether any byte of a response has come."""
-        return bool(self._buffer)
+        self._status = 0
+        self._reason = b""
+        self._version = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._body: list[bytes] = []
+        self._framed = False  # a Content-Length or a Transfer-Encoding: not ended by EOF
+        self._encoded = False
+        self._headed = False  # the final (not 1xx) head is complete
+        self._head_size = 0  # bytes fed before that
+        self._parsed: Parsed | None = None
+        self.started = False  # whether any byte of a response has come
 
     def feed(self, data: bytes | memoryview) -> Parsed | None:
         """Take ``data``; the response once it is complete (bytes past it are an error)."""
-        buffer = self._buffer
-        buffer += data
-        while self._head is None:
-            end = buffer.find(b"\r\n\r\n", self._at)
-            if end < 0:
-                if len(buffer) - self._at > MAX_HEAD:
-                    raise ProtocolError(f"response head longer than {MAX_HEAD} bytes")
-                return None
-            head = _parse_head(bytes(buffer[self._at : end]))
-            self._at = end + 4
-            if 100 <= head.status < 200:
-                continue  # informational: the real answer follows
-            self._head = head
-            if self._head_only or head.status in _NO_BODY:
-                return self._done(b"", self._at, head.keep_alive)
-        head = self._head
-        if head.chunked:
-            return self._feed_chunks(head.keep_alive)
-        if head.length is not None and len(buffer) - self._at >= head.length:
-            end = self._at + head.length
-            return self._done(bytes(memoryview(buffer)[self._at : end]), end, head.keep_alive)
-        return None
+        parser = self._parser
+        if parser is None:
+            raise ProtocolError("bytes after the response (no request was pipelined)")
+        if data:
+            self.started = True
+        try:
+            parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            self._parser = None
+            raise _refusal(exc) from exc
+        if self._parsed is not None:
+            # done: the parser holds our callbacks, so it goes now rather than at the next
+            # garbage collection, and the body's pieces with it
+            self._parser = None
+        elif not self._headed:
+            self._head_size += len(data)
+            if self._head_size > MAX_HEAD:
+                raise ProtocolError(f"response head longer than {MAX_HEAD} bytes")
+        return self._parsed
 
     def feed_eof(self) -> Parsed:
         """The connection ended: the response if its body was framed by that, else raise."""
-        head = self._head
-        if head is not None and head.length is None and not head.chunked:
-            body = bytes(memoryview(self._buffer)[self._at :])
-            return self._done(body, len(self._buffer), keep_alive=False)  # it ended
+        self._parser = None
+        if self._headed and self._parsed is None and not self._framed:
+            return self._response(keep_alive=False)  # it ended
         raise ProtocolError("server disconnected without sending a complete response")
 
-    def _feed_chunks(self, keep_alive: bool) -> Parsed | None:
-        buffer = self._buffer
-        while True:
-            line_end = buffer.find(b"\r\n", self._at)
-            if line_end < 0:
-                return None
-            size_text = bytes(buffer[self._at : line_end]).split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise ProtocolError(f"bad chunk size: {size_text[:20]!r}") from None
-            if size == 0:  # the last chunk, then trailers (ignored) up to an empty line
-                end = buffer.find(b"\r\n\r\n", line_end)
-                if end < 0:
-                    return None
-                return self._done(b"".join(self._chunks), end + 4, keep_alive)
-            data_end = line_end + 2 + size
-            if len(buffer) < data_end + 2:
-                return None
-            if buffer[data_end : data_end + 2] != b"\r\n":
-                raise ProtocolError("chunk data not followed by CRLF")
-            self._chunks.append(bytes(memoryview(buffer)[line_end + 2 : data_end]))
-            self._at = data_end + 2
+    # -- httptools' callbacks -----------------------------------------------------------
 
-    def _done(self, body: bytes, end: int, keep_alive: bool) -> Parsed:
-        head = self._head
-        assert head is not None
-        if len(self._buffer) > end:
+    def on_message_begin(self) -> None:
+        if self._parsed is not None:
             raise ProtocolError("bytes after the response (no request was pipelined)")
+        self._reason = b""
+        self._headers = []  # an informational answer's are not the response's
+
+    def on_status(self, reason: bytes) -> None:
+        self._reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._headed:
+            return  # a chunked body's trailers: ignored, as httpx does
+        value = value.rstrip(b" \t")  # llhttp drops the leading whitespace only
+        self._headers.append((name, value))
+        lowered = name.lower()
+        if lowered == b"transfer-encoding":
+            if value.lower().rsplit(b",", 1)[-1].strip() != b"chunked":
+                raise ProtocolError(f"unsupported Transfer-Encoding: {value[:40]!r}")
+            self._framed = True
+        elif lowered == b"content-length":
+            self._framed = True
+        elif lowered == b"content-encoding":
+            self._encoded = value.lower() not in (b"", b"identity")
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        assert parser is not None
+        status = parser.get_status_code()
+        if status < 200:
+            return  # informational: the real answer follows
+        version = parser.get_http_version()
+        if version not in ("1.1", "1.0"):
+            raise ProtocolError(f"not an HTTP/1.1 response: HTTP/{version}")
+        self._status, self._version, self._headed = status, b"HTTP/" + version.encode(), True
+        if self._head_only:
+            self._parsed = self._response(parser.should_keep_alive())
+
+    def on_body(self, body: bytes) -> None:
+        if self._parsed is not None:  # after a HEAD answer
+            raise ProtocolError("bytes after the response (no request was pipelined)")
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._headed and self._parsed is None:
+            parser = self._parser
+            assert parser is not None
+            self._parsed = self._response(parser.should_keep_alive())
+
+    def _response(self, keep_alive: bool) -> Parsed:
         return Parsed(
-            head.status,
-            head.reason,
-            head.http_version,
-            head.headers,
-            body,
+            self._status,
+            self._reason,
+            self._version,
+            self._headers,
+            b"".join(self._body),  # of one piece: that piece, not a copy
             keep_alive,
-            head.encoded,
+            self._encoded,
         )
+
+
+def _refusal(exc: Exception) -> ProtocolError:
+    """``exc`` from httptools as ``ProtocolError``: ours if a callback raised it."""
+    if isinstance(exc.__context__, ProtocolError):
+        return exc.__context__
+    if isinstance(exc, httptools.HttpParserUpgrade):
+        return ProtocolError("a protocol upgrade nobody asked for")
+    return ProtocolError(f"not an HTTP/1.1 response: {exc}")

@@ -2,9 +2,8 @@
 
 It does what httpx's default transport does for the SDK (a pool of keep-alive connections
 of at most ``max_connections``, connect/read/write/pool timeouts, httpx's exceptions) for a
-quarter of its CPU per request (~70 µs instead of ~260 µs on the 2-core box): one
-``sendall`` and a few ``recv_into`` per exchange, the response parsed by
-``parse.ResponseParser``. Thread-safe.
+fraction of its CPU per request: one ``sendall`` and a few ``recv_into`` per exchange, the
+response parsed by ``parse.ResponseParser`` (httptools). Thread-safe.
 """
 
 from __future__ import annotations

@@ -1,20 +1,30 @@
-"""A real TCP server that answers HTTP/1.1 requests as a test scripts it.
+"""A real TCP server that answers HTTP/1.1 requests as a test scripts it, and the clients
+that drive the SDK's transports against it.
 
 For the transports' tests: real sockets and real timing, but answers a broker would never
-give on purpose (chunked bodies, early closes, silence) on demand. Each request is handed
-to ``answer(request) -> Reply``; the server writes the reply's bytes (in pieces if asked)
-and then keeps the connection, closes it, or stays silent.
+give on purpose (chunked bodies, early closes, silence, malformed bytes) on demand. Each
+request is handed to ``answer(request) -> Reply``; the server writes the reply's bytes (in
+pieces if asked) and then keeps the connection, closes it, or stays silent. ``Blocking``,
+``Awaited`` and ``AwaitedOnUvloop`` send a list of requests through ``httpx.Client`` /
+``httpx.AsyncClient`` over the SDK's transports, as a user of a transport sees them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import pytest
+
+from qmq_outbox.http11 import AsyncHttp11Transport, Http11Transport
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +86,7 @@ class ScriptedServer:
                 sock, _ = self._listener.accept()
             except OSError:
                 return
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # pieces go as pieces
             self.connections += 1
             self._open.append(sock)
             args = (sock, self.connections)
@@ -129,3 +140,83 @@ def scripted(answer: Callable[[Seen], Reply]) -> Iterator[ScriptedServer]:
         yield server
     finally:
         server.close()
+
+
+# -- the clients --------------------------------------------------------------------------
+
+Call = tuple[str, str, dict[str, Any]] | Callable[[], None]  # a request, or a pause
+
+
+def get(path: str = "/", **options: Any) -> tuple[str, str, dict[str, Any]]:
+    return ("GET", path, options)
+
+
+def post(path: str, body: bytes, **options: Any) -> tuple[str, str, dict[str, Any]]:
+    return ("POST", path, {"content": body, **options})
+
+
+class Blocking:
+    """``run(url, [(method, path, options), ...])`` with the blocking transport: each
+    request's response, or the ``httpx.HTTPError`` it raised."""
+
+    name = "sync"
+
+    def __init__(self, **limits: Any) -> None:
+        self.transport = Http11Transport(limits=httpx.Limits(**limits))
+
+    def run(self, url: str, calls: list[Call]) -> list[Any]:
+        results: list[Any] = []
+        with httpx.Client(base_url=url, transport=self.transport) as client:
+            for call in calls:
+                if callable(call):
+                    call()
+                    continue
+                method, path, options = call
+                try:
+                    results.append(client.request(method, path, **options))
+                except httpx.HTTPError as exc:
+                    results.append(exc)
+        return results
+
+
+class Awaited(Blocking):
+    name = "async"
+
+    def __init__(self, **limits: Any) -> None:
+        self.async_transport = AsyncHttp11Transport(limits=httpx.Limits(**limits))
+
+    def run(self, url: str, calls: list[Call]) -> list[Any]:
+        async def main() -> list[Any]:
+            results: list[Any] = []
+            transport = self.async_transport
+            async with httpx.AsyncClient(base_url=url, transport=transport) as client:
+                for call in calls:
+                    if callable(call):
+                        call()
+                        continue
+                    method, path, options = call
+                    try:
+                        results.append(await client.request(method, path, **options))
+                    except httpx.HTTPError as exc:
+                        results.append(exc)
+            return results
+
+        return self.loop_run(main())
+
+    def loop_run(self, main: Coroutine[Any, Any, list[Any]]) -> list[Any]:
+        return asyncio.run(main)
+
+
+class AwaitedOnUvloop(Awaited):
+    """uvloop's transports are not asyncio's classes; the protocol must not care."""
+
+    name = "uvloop"
+
+    def loop_run(self, main: Coroutine[Any, Any, list[Any]]) -> list[Any]:
+        uvloop = pytest.importorskip("uvloop")
+        result: list[Any] = uvloop.run(main)
+        return result
+
+
+KINDS = [Blocking, Awaited, AwaitedOnUvloop]
+KIND_IDS = ["sync", "async", "uvloop"]

@@ -9,93 +9,32 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any
 
 import httpx
 import pytest
 
 from qmq_outbox.http11 import AsyncHttp11Transport, Http11Transport
-from tests.unit.http_script import Reply, Seen, chunked, ok, scripted
+from tests.unit.http_script import (
+    KIND_IDS,
+    KINDS,
+    Blocking,
+    Call,
+    Reply,
+    Seen,
+    chunked,
+    get,
+    ok,
+    post,
+    scripted,
+)
 
 pytestmark = pytest.mark.timeout(30)
-Call = tuple[str, str, dict[str, Any]] | Callable[[], None]  # a request, or a pause
 
 
-class Blocking:
-    """``requests(url, [(method, path, options), ...])`` with the blocking transport."""
-
-    name = "sync"
-
-    def __init__(self, **limits: Any) -> None:
-        self.transport = Http11Transport(limits=httpx.Limits(**limits))
-
-    def run(self, url: str, calls: list[Call]) -> list[Any]:
-        results: list[Any] = []
-        with httpx.Client(base_url=url, transport=self.transport) as client:
-            for call in calls:
-                if callable(call):
-                    call()
-                    continue
-                method, path, options = call
-                try:
-                    results.append(client.request(method, path, **options))
-                except httpx.HTTPError as exc:
-                    results.append(exc)
-        return results
-
-
-class Awaited(Blocking):
-    name = "async"
-
-    def __init__(self, **limits: Any) -> None:
-        self.async_transport = AsyncHttp11Transport(limits=httpx.Limits(**limits))
-
-    def run(self, url: str, calls: list[Call]) -> list[Any]:
-        async def main() -> list[Any]:
-            results: list[Any] = []
-            transport = self.async_transport
-            async with httpx.AsyncClient(base_url=url, transport=transport) as client:
-                for call in calls:
-                    if callable(call):
-                        call()
-                        continue
-                    method, path, options = call
-                    try:
-                        results.append(await client.request(method, path, **options))
-                    except httpx.HTTPError as exc:
-                        results.append(exc)
-            return results
-
-        return self.loop_run(main())
-
-    def loop_run(self, main: Coroutine[Any, Any, list[Any]]) -> list[Any]:
-        return asyncio.run(main)
-
-
-class AwaitedOnUvloop(Awaited):
-    """uvloop's transports are not asyncio's classes; the protocol must not care."""
-
-    name = "uvloop"
-
-    def loop_run(self, main: Coroutine[Any, Any, list[Any]]) -> list[Any]:
-        uvloop = pytest.importorskip("uvloop")
-        result: list[Any] = uvloop.run(main)
-        return result
-
-
-@pytest.fixture(params=[Blocking, Awaited, AwaitedOnUvloop], ids=["sync", "async", "uvloop"])
+@pytest.fixture(params=KINDS, ids=KIND_IDS)
 def kind(request: pytest.FixtureRequest) -> type[Blocking]:
     kind_: type[Blocking] = request.param
     return kind_
-
-
-def get(path: str = "/", **options: Any) -> tuple[str, str, dict[str, Any]]:
-    return ("GET", path, options)
-
-
-def post(path: str, body: bytes, **options: Any) -> tuple[str, str, dict[str, Any]]:
-    return ("POST", path, {"content": body, **options})
 
 
 def test_requests_reuse_one_kept_alive_connection(kind: type[Blocking]) -> None:
