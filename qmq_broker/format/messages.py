@@ -8,6 +8,7 @@ None), ``[u32 length][JSON headers]`` and ``[u32 length][body]``.
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import struct
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -263,6 +264,17 @@ def _pack_headers(headers: dict[str, str]) -> bytes:
 def _pack_str(value: str) -> bytes:
     raw = value.encode("utf-8")
     return _U16.pack(len(raw)) + raw
+
+
+def read_string(buf: bytes | memoryview | mmap.mmap, pos: int) -> tuple[str, int]:
+    """The ``[u16 length][UTF-8]`` string at ``pos`` (not None) and the position after it;
+    ``ValueError`` or ``struct.error`` when it does not read."""
+    (length,) = _U16.unpack_from(buf, pos)
+    end = pos + 2 + length
+    raw = buf[pos + 2 : end]
+    if length == NONE_LEN or len(raw) != length:
+        raise ValueError("string cut short or missing")
+    return bytes(raw).decode("utf-8"), end
 
 
 is_message_record = record_check(MessageRecord.decode)

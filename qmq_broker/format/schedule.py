@@ -17,9 +17,8 @@ from pathlib import Path
 from qmq_broker.errors import CorruptRecord
 from qmq_broker.format.files import SegmentKind
 from qmq_broker.format.frames import iter_records, record_check
-from qmq_broker.format.messages import NONE_LEN, SUBJECT_AT, MessageRecord
+from qmq_broker.format.messages import SUBJECT_AT, MessageRecord, read_string
 
-_U16 = struct.Struct("<H")
 HOUR_US = 3_600_000_000
 _SCHED_FIXED = struct.Struct("<BBqQ")  # type, flags, deliver_us, schedule key
 SCHEDULE_FIXED_SIZE = _SCHED_FIXED.size
@@ -113,15 +112,11 @@ class ScheduleRecord:
         buf: bytes | memoryview | mmap.mmap, at: int = 0, *, path: str = "?", offset: int = -1
     ) -> str:
         """The subject of the schedule payload at ``at``, decoding nothing else."""
-        pos = at + SCHEDULE_FIXED_SIZE + SUBJECT_AT
         try:
-            (length,) = _U16.unpack_from(buf, pos)
-            raw = buf[pos + 2 : pos + 2 + length]
-            if length == NONE_LEN or len(raw) != length:
-                raise ValueError("subject cut short or missing")
-            return bytes(raw).decode("utf-8")
+            subject, _ = read_string(buf, at + SCHEDULE_FIXED_SIZE + SUBJECT_AT)
         except (struct.error, ValueError) as exc:
-            raise CorruptRecord(path=path, offset=offset, reason=str(exc)) from exc
+            raise CorruptRecord(path=path, offset=offset, reason=f"subject: {exc}") from exc
+        return subject
 
     @staticmethod
     def identity(buf: bytes | memoryview | mmap.mmap, at: int = 0) -> tuple[str, str] | None:
@@ -132,14 +127,11 @@ class ScheduleRecord:
         """
         try:
             _, key = ScheduleRecord.peek(buf, at)
-            subject = ScheduleRecord.peek_subject(buf, at)
-            pos = at + SCHEDULE_FIXED_SIZE + SUBJECT_AT + 2 + len(subject.encode())
-            (length,) = _U16.unpack_from(buf, pos)
-            raw = bytes(buf[pos + 2 : pos + 2 + length])
-            message_id = raw.decode("utf-8") if len(raw) == length else None
-        except (CorruptRecord, struct.error, UnicodeDecodeError):
+            subject, pos = read_string(buf, at + SCHEDULE_FIXED_SIZE + SUBJECT_AT)
+            message_id, _ = read_string(buf, pos)
+        except (CorruptRecord, struct.error, ValueError):
             return None
-        if message_id is None or schedule_key(subject, message_id) != key:
+        if schedule_key(subject, message_id) != key:
             return None
         return subject, message_id
 
