@@ -23,7 +23,7 @@ import click
 from qmq_broker import logs
 from qmq_broker.config import BrokerConfig, FsyncPolicy
 from qmq_broker.errors import ConfigError, QmqBrokerError, StorageError
-from qmq_broker.format import FORMAT_VERSION, read_format
+from qmq_broker.format.files import FORMAT_VERSION, read_format
 from qmq_broker.http.auth import Authorizer
 from qmq_broker.http.guard import GuardPolicy
 from qmq_broker.storage import lock
