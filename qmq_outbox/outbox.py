@@ -321,16 +321,19 @@ class Outbox:
                 client = self._client
                 if client is None:
                     client = self._owned_client = self._require_transport().producer()
-                self._thread_dispatcher = ThreadDispatcher(
-                    client,
-                    capacity=self._queue_size,
-                    batch_size=self._batch_size,
-                    senders=self._senders,
-                    name=self._name,
-                    outage_summary_interval=self._outage_summary,
-                    retry_for=self._retry_for,
-                )
+                self._thread_dispatcher = ThreadDispatcher(client, **self._dispatch_settings())
             return self._thread_dispatcher
+
+    def _dispatch_settings(self) -> dict[str, Any]:
+        """What both dispatchers are built with."""
+        return {
+            "capacity": self._queue_size,
+            "batch_size": self._batch_size,
+            "senders": self._senders,
+            "name": self._name,
+            "outage_summary_interval": self._outage_summary,
+            "retry_for": self._retry_for,
+        }
 
     def _loop_dispatcher(self) -> AsyncDispatcher:
         loop = asyncio.get_running_loop()  # commit of an AsyncSession: we are on its loop
@@ -340,15 +343,7 @@ class Outbox:
             client = self._async_client
             if client is None:
                 client = owned = self._require_transport().async_producer()
-            dispatcher = AsyncDispatcher(
-                client,
-                capacity=self._queue_size,
-                batch_size=self._batch_size,
-                senders=self._senders,
-                name=self._name,
-                outage_summary_interval=self._outage_summary,
-                retry_for=self._retry_for,
-            )
+            dispatcher = AsyncDispatcher(client, **self._dispatch_settings())
             entry = self._loop_dispatchers[loop] = (dispatcher, owned)
         return entry[0]
 
