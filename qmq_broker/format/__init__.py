@@ -24,7 +24,7 @@ Layout of a data directory (format 4)::
 Format 1 kept each subject's whole index in one file, ``index/<subject>.idx``; format 2
 split it into chunks; format 3 changed the id hash in index entries and dedup runs from
 BLAKE2b-64 to XXH3-64 (``id_hash``); format 4 lets a log segment end in room (below). A
-broker migrates an older data directory on start (``qmq_broker.storage.migrate``).
+broker migrates an older data directory on start (``qmq_broker.recovery.migrate``).
 
 Every segment starts with a 16-byte header (magic, kind, format version) and then holds
 frames ``[u32 payload length][u32 crc32(payload)][payload]``. A frame that is cut short or
