@@ -21,6 +21,7 @@ import qmq_wire as wire
 from qmq_broker.console import answers as console_answers
 from qmq_broker.http import answers
 from qmq_broker.http.schemas import (
+    REQUEST_MODELS,
     AckRequest,
     DeclareRequest,
     MergeRequest,
@@ -33,17 +34,6 @@ from qmq_broker.http.schemas import (
 )
 
 _REF = "#/components/schemas/{model}"
-_REQUESTS: tuple[type[BaseModel], ...] = (
-    ProduceRequest,
-    PullRequest,
-    AckRequest,
-    NackRequest,
-    RedriveRequest,
-    DeclareRequest,
-    SplitRequest,
-    MergeRequest,
-    MoveRequest,
-)
 MAX_SCHEDULE_HOURS = 20_000
 """Largest ``limit`` of ``GET /v1/schedule`` (``qmq_broker.http.app`` enforces the same)."""
 DEFAULT_SCHEDULE_HOURS = 48
@@ -170,7 +160,7 @@ def _error_schema(status: int) -> dict[str, Any]:
 
 def _components() -> dict[str, Any]:
     modes: list[tuple[type[BaseModel], JsonSchemaMode]] = [
-        *((model, "validation") for model in _REQUESTS),
+        *((model, "validation") for model in REQUEST_MODELS),
         *((model, "serialization") for model in answers.ANSWERS),
         *((model, "serialization") for model in console_answers.ANSWERS),
     ]

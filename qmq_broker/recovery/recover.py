@@ -50,6 +50,7 @@ from qmq_broker.groups import GroupTable
 from qmq_broker.recovery.index import WorkingIndex, load_indexes
 from qmq_broker.recovery.index_repair import rebuild_chunk
 from qmq_broker.recovery.migrate import migrate
+from qmq_broker.recovery.ranges import seq_ranges
 from qmq_broker.storage.checkpoint import Checkpoint, IndexDigest
 from qmq_broker.storage.fsync import truncate_file
 from qmq_broker.storage.index_files import ChunkReader, remove_chunk
@@ -334,7 +335,7 @@ def _report_lost(
         if not still:
             continue
         lost[name] = len(still)
-        ranges = _ranges(still)
+        ranges = seq_ranges(still)
         problems.append(
             f"{name}: {len(still)} stored messages lost, seqs {ranges}: their records are "
             "gone from the log; the seqs stay allocated and are dead-lettered as unreadable "
@@ -350,17 +351,6 @@ def _report_lost(
             },
         )
     return lost
-
-
-def _ranges(seqs: list[int]) -> str:
-    """``1..3, 7`` for sorted ``[1, 2, 3, 7]``."""
-    spans: list[list[int]] = []
-    for seq in seqs:
-        if spans and spans[-1][1] == seq - 1:
-            spans[-1][1] = seq
-        else:
-            spans.append([seq, seq])
-    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in spans)
 
 
 def _keep_checkpointed_seqs(

@@ -39,7 +39,8 @@ from qmq_broker.format.index import (
 from qmq_broker.format.messages import MessageRecord, is_message_record
 from qmq_broker.ordered.offline import repair_route_files
 from qmq_broker.recovery.recover import recover
-from qmq_broker.recovery.verify import Report, check_data_dir, read_index
+from qmq_broker.recovery.verify import Report, check_data_dir
+from qmq_broker.recovery.verify_log import read_index
 from qmq_broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE, Checkpoint
 from qmq_broker.storage.index_files import CHUNK_BYTES, read_chunk, write_chunk
 from qmq_broker.storage.lock import DataDirLock

@@ -31,7 +31,8 @@ from qmq_broker.format import FORMAT_FILE, HEADER_SIZE
 from qmq_broker.format.index import list_indexed_subjects
 from qmq_broker.http.app import create_app
 from qmq_broker.metrics import BrokerMetrics
-from qmq_broker.recovery.verify import read_index, verify
+from qmq_broker.recovery.verify import verify
+from qmq_broker.recovery.verify_log import read_index
 from tests.support.broker_process import BrokerProcess
 
 PLAIN, ORDERED, DELAYED = "plain", "ordered", "delayed"
