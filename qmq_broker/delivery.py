@@ -15,7 +15,7 @@ from qmq_broker.actions import ActionLog, action
 from qmq_broker.clock import Clock
 from qmq_broker.errors import Conflict, CorruptRecord, NotFound, StorageError
 from qmq_broker.format.actions import ActionType
-from qmq_broker.groups import DeliveryState, Group, GroupTable, Policy
+from qmq_broker.groups import DeliveryState, Group, GroupTable
 from qmq_broker.lifecycle import Lifecycle, durable
 from qmq_broker.messages import pulled, rfc3339
 from qmq_broker.metrics import BrokerMetrics
@@ -26,6 +26,7 @@ from qmq_broker.storage.journal import Journal
 from qmq_broker.storage.segments import SegmentReader
 from qmq_broker.subjects import SubjectTable
 from qmq_wire import PulledMessageJson
+from qmq_wire.delivery import RetryPolicy
 from qmq_wire.ordered import partition_log
 
 
@@ -70,7 +71,7 @@ class DeliveryService:
         actions: ActionLog,
         pulls: PullScheduler,
         reader: SegmentReader,
-        policy: Policy,
+        policy: RetryPolicy,
         clock: Clock,
         metrics: BrokerMetrics,
         wake: Callable[[str], None],

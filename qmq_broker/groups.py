@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from qmq_broker.format.actions import ActionRecord, ActionType
+from qmq_wire.delivery import RetryPolicy
 
 SHARED_STATE = ""
 
@@ -45,15 +46,7 @@ class DeadLetter:
     at_us: int
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Policy:
-    ack_timeout_us: int
-    max_attempts: int
-    backoff_s: tuple[float, ...]
-
-    def backoff_us(self, attempt: int) -> int:
-        index = min(max(attempt, 1), len(self.backoff_s)) - 1
-        return int(self.backoff_s[index] * 1_000_000)
+Policy = RetryPolicy  # the pulls import it by this name
 
 
 class DeliveryState:
@@ -73,7 +66,7 @@ class DeliveryState:
     # --- decisions (return records; nothing changes until they are applied) --------------
 
     def expire(
-        self, *, now_us: int, policy: Policy
+        self, *, now_us: int, policy: RetryPolicy
     ) -> list[tuple[ActionType, list[int], dict[str, Any]]]:
         """Leases past their deadline count as failed attempts: retry now, or dead."""
         retry: list[int] = []
@@ -129,7 +122,7 @@ class DeliveryState:
         consumer: str,
         now_us: int,
         delay_us: int | None,
-        policy: Policy,
+        policy: RetryPolicy,
     ) -> tuple[dict[int, list[int]], list[int]]:
         """Group the seqs ``consumer`` holds by retry due time; seqs out of attempts go dead."""
         retry: dict[int, list[int]] = {}

@@ -18,7 +18,7 @@ from qmq_broker.delayed.metrics import ScheduleMetrics
 from qmq_broker.delayed.recovery import ScheduleRecovered
 from qmq_broker.delayed.service import DelayedMessages
 from qmq_broker.delivery import DeliveryService
-from qmq_broker.groups import GroupTable, Policy
+from qmq_broker.groups import GroupTable
 from qmq_broker.lifecycle import Lifecycle
 from qmq_broker.maintenance import Maintenance
 from qmq_broker.metrics import BrokerMetrics
@@ -33,6 +33,7 @@ from qmq_broker.stats import StatsService
 from qmq_broker.storage.journal import Journal
 from qmq_broker.storage.segments import SegmentReader
 from qmq_broker.subjects import SubjectTable
+from qmq_wire.delivery import RetryPolicy
 from qmq_wire.ordered import split_partition_log
 
 CONSOLE_SAMPLES = 360  # the console's charts: an hour at the default 10 s interval
@@ -90,7 +91,7 @@ def build_services(
     journal = _journal(shared, recovered, scheduled)
     journal.start()
     actions = ActionLog(journal=journal, groups=groups)
-    policy = Policy(
+    policy = RetryPolicy(
         ack_timeout_us=int(config.ack_timeout_s * 1_000_000),
         max_attempts=config.max_attempts,
         backoff_s=config.backoff_s,
@@ -178,7 +179,7 @@ def _pull_scheduler(
     shared: Shared,
     recovered: Recovered,
     actions: ActionLog,
-    policy: Policy,
+    policy: RetryPolicy,
     ordered: OrderedPulls,
     read_pool: ThreadPoolExecutor,
 ) -> PullScheduler:
