@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from qmq_cli.options import Unit, option_field, options_from, take
 from qmq_outbox.cli import failures
-from qmq_outbox.cli.urls import DATABASE_URL, CheckedUrl, check_broker_url
+from qmq_outbox.cli.urls import DATABASE_URL, CheckedUrl, check_broker_url, database_url_field
 from qmq_outbox.compensator import Compensator, PassResult
 from qmq_outbox.compensator_config import CompensatorConfig
 from qmq_outbox.dburl import mask_url, sync_database_url
@@ -60,12 +60,7 @@ UNITS = {"database_url": Unit(type=DATABASE_URL), "broker_url": Unit(type=TRANSP
 class CompensatorService:
     """What the compensator process needs besides the ``CompensatorConfig``."""
 
-    database_url: str = dataclasses.field(
-        metadata={
-            "help": "SQLAlchemy URL of the outbox's database (PostgreSQL or SQLite).",
-            "unit": "database_url",
-        }
-    )
+    database_url: str = database_url_field()
     broker_url: str = dataclasses.field(
         metadata={
             "help": "Where to send: the qmq broker (http://127.0.0.1:8931), NATS JetStream "

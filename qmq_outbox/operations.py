@@ -8,16 +8,14 @@ become ``OutboxStoreError`` here. Purging sent rows is ``OutboxStore.purge_sent`
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from datetime import datetime
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from qmq_outbox.errors import OutboxStoreError
 from qmq_outbox.schema import outbox_table as t
-from qmq_outbox.store import as_utc, ids_match
+from qmq_outbox.store import as_utc, ids_match, translated
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,14 +45,6 @@ class DeadRow:
     reason: str | None
 
 
-@contextmanager
-def _translated(what: str) -> Iterator[None]:
-    try:
-        yield
-    except sa.exc.SQLAlchemyError as exc:
-        raise OutboxStoreError(f"outbox {what} failed: {exc}") from exc
-
-
 def status(engine: Engine) -> list[StatusRow]:
     """Every (app, subject) with rows, by app then subject (one scan of the table)."""
     pending = t.c.status == "pending"
@@ -70,7 +60,7 @@ def status(engine: Engine) -> list[StatusRow]:
         .group_by(t.c.producer, t.c.subject)
         .order_by(t.c.producer, t.c.subject)
     )
-    with _translated("status"), engine.connect() as conn:
+    with translated("status"), engine.connect() as conn:
         rows = conn.execute(stmt).all()
     return [
         StatusRow(
@@ -104,7 +94,7 @@ def dead_rows(engine: Engine, *, subjects: Sequence[str] = (), limit: int) -> li
     )
     if subjects:
         stmt = stmt.where(t.c.subject.in_(list(subjects)))
-    with _translated("dead rows"), engine.connect() as conn:
+    with translated("dead rows"), engine.connect() as conn:
         rows = conn.execute(stmt).all()
     return [
         DeadRow(
@@ -154,5 +144,5 @@ def retry_dead(
         stmt = stmt.where(ids_match(ids, engine.dialect.name))
     if subjects:
         stmt = stmt.where(t.c.subject.in_(list(subjects)))
-    with _translated("retry"), engine.begin() as conn:
+    with translated("retry"), engine.begin() as conn:
         return sorted(row.id for row in conn.execute(stmt))

@@ -93,7 +93,7 @@ _ASYNC_COMMIT = sa.text("SET LOCAL synchronous_commit TO OFF")
 @contextmanager
 def _transaction(engine: Engine, what: str) -> Iterator[sa.Connection]:
     """A short transaction that does not wait for its commit to be flushed (PostgreSQL)."""
-    with _translated(what), engine.begin() as conn:
+    with translated(what), engine.begin() as conn:
         _no_flush_wait(conn)
         yield conn
 
@@ -104,7 +104,8 @@ def _no_flush_wait(conn: sa.Connection) -> None:
 
 
 @contextmanager
-def _translated(what: str) -> Iterator[None]:
+def translated(what: str) -> Iterator[None]:
+    """Raise the database's errors within as ``OutboxStoreError`` (``outbox <what> failed``)."""
     try:
         yield
     except sa.exc.SQLAlchemyError as exc:
@@ -371,7 +372,7 @@ class OutboxStore:
 
     def insert(self, rows: Sequence[dict[str, Any]]) -> None:
         """Insert fully specified rows in one transaction (bulk loads, tests, benchmarks)."""
-        with _translated("insert"), self.engine.begin() as conn:
+        with translated("insert"), self.engine.begin() as conn:
             conn.execute(sa.insert(t), list(rows))
 
     def claim(
@@ -448,7 +449,7 @@ class OutboxStore:
 
     def order_check(self, *, message_ids: Sequence[str]) -> OrderCheck:
         """Which of these keyed messages may be sent now, and in which order."""
-        with _translated("order check"), self.engine.connect() as conn:
+        with translated("order check"), self.engine.connect() as conn:
             return _order_check(conn, message_ids=message_ids)
 
     def purge_sent(self, *, before: datetime, batch_size: int) -> int:
@@ -473,7 +474,7 @@ class OutboxStore:
             .group_by(t.c.subject)
             .order_by(t.c.subject)
         )
-        with _translated("backlog"), self.engine.connect() as conn:
+        with translated("backlog"), self.engine.connect() as conn:
             rows = conn.execute(stmt).all()
         return [
             SubjectBacklog(
@@ -495,7 +496,7 @@ class OutboxStore:
             sa.func.count().filter(retry),
             sa.func.min(t.c.next_attempt_at).filter(retry),
         ).where(t.c.status == "pending")
-        with _translated("not due"), self.engine.connect() as conn:
+        with translated("not due"), self.engine.connect() as conn:
             in_grace, oldest, retrying, next_retry = conn.execute(stmt).one()
         first = as_utc(oldest)
         dues = [d for d in (first + grace if first else None, as_utc(next_retry)) if d]
@@ -516,14 +517,14 @@ class AsyncOutboxStore:
         """``OutboxStore.mark_dispatched``, the same statements through ``run_sync``."""
         if not sent_ids and not dead:
             return 0
-        with _translated("mark dispatched"):
+        with translated("mark dispatched"):
             async with self.engine.begin() as conn:
                 await conn.run_sync(_no_flush_wait)
                 return await conn.run_sync(_mark_dispatched, sent_ids=sent_ids, dead=dead, now=now)
 
     async def order_check(self, *, message_ids: Sequence[str]) -> OrderCheck:
         """``OutboxStore.order_check`` through ``run_sync``."""
-        with _translated("order check"):
+        with translated("order check"):
             async with self.engine.connect() as conn:
                 return await conn.run_sync(_order_check, message_ids=message_ids)
 

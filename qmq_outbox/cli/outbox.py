@@ -23,7 +23,7 @@ import qmq_wire
 from qmq_cli.options import Unit, option_field, options_from, take
 from qmq_outbox import operations
 from qmq_outbox.cli import failures
-from qmq_outbox.cli.urls import DATABASE_URL
+from qmq_outbox.cli.urls import DATABASE_URL, database_url_field
 from qmq_outbox.dburl import mask_url, sync_database_url
 from qmq_outbox.schema import outbox_table
 from qmq_outbox.store import OutboxStore, utcnow
@@ -37,12 +37,7 @@ UNITS = {"database_url": Unit(type=DATABASE_URL)}
 class OutboxDatabase:
     """The database every ``qmq outbox`` command works on."""
 
-    database_url: str = dataclasses.field(
-        metadata={
-            "help": "SQLAlchemy URL of the outbox's database (PostgreSQL or SQLite).",
-            "unit": "database_url",
-        }
-    )
+    database_url: str = database_url_field()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -7,6 +7,7 @@ naming the option (exit 2), before the command does any work.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +42,16 @@ def check_database_url(text: str) -> URL:
         message = f"the {dialect.driver} driver for {backend} is not installed ({exc})"
         raise ValueError(message) from None
     return url
+
+
+def database_url_field() -> Any:
+    """The ``database_url`` setting of a command (required; its option checks it)."""
+    return dataclasses.field(
+        metadata={
+            "help": "SQLAlchemy URL of the outbox's database (PostgreSQL or SQLite).",
+            "unit": "database_url",
+        }
+    )
 
 
 def check_broker_url(text: str) -> str:
