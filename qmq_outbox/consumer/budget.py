@@ -53,11 +53,7 @@ class LeaseBudget:
         while not self._closed and self._used >= self.capacity:
             self._freed.clear()
             await self._freed.wait()
-        if self._closed:
-            return 0
-        got = grant(want, capacity=self.capacity, used=self._used)
-        self._used += got
-        return got
+        return self.try_acquire(want)
 
     def try_acquire(self, want: int) -> int:
         """Take up to ``want`` free slots without waiting; how many were taken (0 if closed)."""
