@@ -7,8 +7,7 @@ the compensator's scheduler, the consumer and SQLAlchemy's ORM up front.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from qmq_outbox.errors import (
     BrokerError,
@@ -27,6 +26,7 @@ from qmq_outbox.errors import (
     SerializationError,
     UnsupportedByTransport,
 )
+from qmq_outbox.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from qmq_outbox.client import AsyncBrokerClient, BrokerClient
@@ -56,13 +56,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'qmq_outbox' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # once imported, a plain attribute
-    return value
+__getattr__ = lazy_attributes(__name__, _LAZY, globals())
 
 
 __all__ = [

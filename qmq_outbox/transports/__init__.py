@@ -8,9 +8,9 @@ when used, so this package imports without the extras.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from qmq_outbox.lazy import lazy_attributes
 from qmq_outbox.transports.base import (
     AsyncProducer,
     Capabilities,
@@ -35,11 +35,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'qmq_outbox.transports' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_attributes(__name__, _LAZY, globals())
 
 
 __all__ = [
