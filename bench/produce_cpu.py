@@ -144,7 +144,7 @@ def stages(api: Api, caller: AsgiCaller) -> list[Stage]:
         incoming(api, raw)
 
     async def core(messages: list[IncomingMessage]) -> None:
-        await api.broker.producer.produce(messages)
+        await api.broker.services.producer.produce(messages)
 
     async def app(raw: bytes) -> None:
         status, answer = await caller.post("/v1/messages", raw)

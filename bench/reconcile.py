@@ -172,10 +172,10 @@ async def write_broker(data_dir: Path, rows: int, created: datetime) -> float:
         chunk = ids[start : start + BATCH]
         batch = [incoming(i, n, created_us(created, n)) for i, n in chunk]
         clock.now_us = max(clock.now_us, batch[-1].created_at_us or 0) + 2_000 + start % 7_000
-        await broker.producer.produce(batch)
+        await broker.services.producer.produce(batch)
     for subject in SUBJECTS:
         while True:
-            pulled = await broker.delivery.pull(
+            pulled = await broker.services.delivery.pull(
                 subject=subject,
                 group="billing",
                 consumer="c1",
@@ -190,7 +190,9 @@ async def write_broker(data_dir: Path, rows: int, created: datetime) -> float:
             # acked about 200 ms after the batch's last message was stored
             last = datetime.fromisoformat(pulled[-1]["stored_at"].replace("Z", "+00:00"))
             clock.now_us = int(last.timestamp() * 1_000_000) + 200_000
-            await broker.delivery.ack(subject=subject, group="billing", consumer="c1", seqs=seqs)
+            await broker.services.delivery.ack(
+                subject=subject, group="billing", consumer="c1", seqs=seqs
+            )
     await broker.close()
     return time.perf_counter() - began
 

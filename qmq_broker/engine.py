@@ -16,26 +16,18 @@ from collections.abc import Awaitable, Callable
 from qmq_broker.clock import Clock, SystemClock
 from qmq_broker.config import BrokerConfig
 from qmq_broker.console.recent_consumers import RecentConsumers
-from qmq_broker.console.service import ConsoleService
 from qmq_broker.delayed.metrics import ScheduleMetrics
 from qmq_broker.delayed.recovery import recover_schedule
-from qmq_broker.delayed.service import DelayedMessages
-from qmq_broker.delivery import DeliveryService
 from qmq_broker.errors import QmqBrokerError, Unavailable
 from qmq_broker.format.files import SegmentKind
 from qmq_broker.lifecycle import Lifecycle
-from qmq_broker.maintenance import Maintenance
 from qmq_broker.memory import malloc_trim
 from qmq_broker.metrics import BrokerMetrics
 from qmq_broker.ordered.opening import open_routes
-from qmq_broker.ordered.service import RouteService
-from qmq_broker.produce import ProduceService
 from qmq_broker.pulls import ActorMetrics
 from qmq_broker.recovery.recover import Recovered, recover
 from qmq_broker.routebook import RouteBook
 from qmq_broker.services import Services, Shared, build_services
-from qmq_broker.stats import StatsService
-from qmq_broker.storage.journal import Journal
 from qmq_broker.storage.segments import SegmentReader
 
 logger = logging.getLogger(__name__)
@@ -88,39 +80,6 @@ class Broker:
     def measured_pull_work_s(self) -> float:
         """CPU seconds of pull work measured so far; 0 before the broker is ready."""
         return 0.0 if self._services is None else self._services.delivery.measured_s()
-
-    # shorthands for tests and tools
-    @property
-    def producer(self) -> ProduceService:
-        return self.services.producer
-
-    @property
-    def delivery(self) -> DeliveryService:
-        return self.services.delivery
-
-    @property
-    def delayed(self) -> DelayedMessages:
-        return self.services.delayed
-
-    @property
-    def maintenance(self) -> Maintenance:
-        return self.services.maintenance
-
-    @property
-    def stats(self) -> StatsService:
-        return self.services.stats
-
-    @property
-    def routes(self) -> RouteService:
-        return self.services.routes
-
-    @property
-    def console(self) -> ConsoleService:
-        return self.services.console
-
-    @property
-    def journal(self) -> Journal:
-        return self.services.journal
 
     # --- lifecycle ---------------------------------------------------------------------------
 

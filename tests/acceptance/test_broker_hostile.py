@@ -109,7 +109,7 @@ def _store_unservable(data_dir: Path) -> None:
             "producer": None,
             "deliver_at_us": 0,
         }
-        await broker.producer.produce(
+        await broker.services.producer.produce(
             [
                 IncomingMessage(
                     id="p1", body=b"x", created_at_us=qmq_wire.MAX_TIME_US + 1, **common

@@ -82,7 +82,7 @@ async def consume(broker: Broker, group: str = GROUP) -> tuple[int, frozenset[st
     acked before a message of the same key stored ahead of them in the same batch."""
     got, idle, early = 0, 0, set()
     while idle < 3:
-        pulled = await broker.delivery.pull(
+        pulled = await broker.services.delivery.pull(
             subject=LEDGER, group=group, consumer="c1", max_messages=100, wait_ms=0,
             mode="ordered", start="earliest",
         )  # fmt: skip
@@ -94,12 +94,12 @@ async def consume(broker: Broker, group: str = GROUP) -> tuple[int, frozenset[st
         for partition, batch in batches.items():
             seqs = [m["seq"] for m in batch]
             if group != SLOPPY:
-                await broker.delivery.ack(
+                await broker.services.delivery.ack(
                     subject=LEDGER, group=group, consumer="c1", seqs=seqs, partition=partition
                 )
                 continue
             for seq in reversed(seqs):
-                await broker.delivery.ack(
+                await broker.services.delivery.ack(
                     subject=LEDGER, group=group, consumer="c1", seqs=[seq], partition=partition
                 )
             keys = [m["key"] for m in batch]
@@ -115,10 +115,12 @@ async def write_broker(data_dir: Path, created: dict[str, datetime]) -> tuple[in
     )
     await broker.start()
     try:
-        await broker.routes.declare(LEDGER, partitions=2, on_dead="skip")
+        await broker.services.routes.declare(LEDGER, partitions=2, on_dead="skip")
 
         async def produce(*names: str) -> None:
-            results = await broker.producer.produce([incoming(n, created[n]) for n in names])
+            results = await broker.services.producer.produce(
+                [incoming(n, created[n]) for n in names]
+            )
             assert {r["status"] for r in results} == {"stored"}
 
         await produce("a1", "a3")
@@ -126,11 +128,11 @@ async def write_broker(data_dir: Path, created: dict[str, datetime]) -> tuple[in
         await produce("b1", "b2")
         await produce("c2")
         await produce("plain")
-        routes = broker.routes.document(LEDGER)
+        routes = broker.services.routes.document(LEDGER)
         logic = logic_partition(KEYS["c"])
         (closed,) = [r for r in routes["ranges"] if r["lo"] <= logic < r["hi"]]
         at = logic if logic > closed["lo"] else logic + 1  # c moves to the upper half
-        await broker.routes.split(LEDGER, partition=closed["partition"], at=at)
+        await broker.services.routes.split(LEDGER, partition=closed["partition"], at=at)
         await produce("c1")
         await produce("b3")
         assert (await consume(broker))[0] == len(OUTBOX_ORDER)

@@ -55,7 +55,9 @@ async def schedule(broker: Broker, day: int, count: int, body_bytes: int) -> Non
     step = DAY_US // count
     for first in range(0, count, 1000):
         batch = range(first, min(first + 1000, count))
-        await broker.producer.produce([message(i, day * DAY_US + i * step, body) for i in batch])
+        await broker.services.producer.produce(
+            [message(i, day * DAY_US + i * step, body) for i in batch]
+        )
     print("scheduled", flush=True)
 
 
@@ -67,8 +69,8 @@ async def watch(broker: Broker, count: int) -> None:
         if moved != last:
             print(f"moved {int(moved)}", flush=True)
             last = moved
-        stored = broker.stats.subject("orders").messages
-        if stored >= count and broker.stats.schedule(limit=1).messages == 0:
+        stored = broker.services.stats.subject("orders").messages
+        if stored >= count and broker.services.stats.schedule(limit=1).messages == 0:
             print("done", flush=True)
             return
         await asyncio.sleep(0.001)

@@ -83,8 +83,8 @@ def test_a_crash_between_the_two_renames_leaves_the_previous(tmp_path: Path) -> 
 @pytest.mark.parametrize("damaged", [[CHECKPOINT_FILE], [CHECKPOINT_FILE, PREVIOUS_FILE]])
 def test_recovery_passes_over_a_damaged_checkpoint(tmp_path: Path, damaged: list[str]) -> None:
     async def work(broker: Broker) -> None:
-        await broker.producer.produce([incoming(i) for i in range(30)])
-        pulled = await broker.delivery.pull(
+        await broker.services.producer.produce([incoming(i) for i in range(30)])
+        pulled = await broker.services.delivery.pull(
             subject="orders",
             group="g",
             consumer="c",
@@ -93,9 +93,9 @@ def test_recovery_passes_over_a_damaged_checkpoint(tmp_path: Path, damaged: list
             mode="shared",
             start="earliest",
         )
-        await broker.maintenance.checkpoint()  # the previous: before the ack
+        await broker.services.maintenance.checkpoint()  # the previous: before the ack
         seqs = [m["seq"] for m in pulled[:10]]
-        await broker.delivery.ack(subject="orders", group="g", consumer="c", seqs=seqs)
+        await broker.services.delivery.ack(subject="orders", group="g", consumer="c", seqs=seqs)
 
     run_broker(tmp_path, work)  # closing writes the current one
     expected = recover(tmp_path, dedup_window_s=3600).groups[("orders", "g")].snapshot()

@@ -78,10 +78,10 @@ def test_sightings_list_the_latest_first_within_the_window_and_stay_bounded() ->
 
 def test_the_views_over_a_real_broker(tmp_path: Path) -> None:
     async def script(broker: Broker) -> None:
-        console = broker.console
+        console = broker.services.console
         await console.sample()  # the first sample: counters, no rates yet
-        await broker.producer.produce([incoming(i) for i in range(10)])
-        pulled = await broker.delivery.pull(
+        await broker.services.producer.produce([incoming(i) for i in range(10)])
+        pulled = await broker.services.delivery.pull(
             subject="orders",
             group="billing",
             consumer="c1",
@@ -90,7 +90,9 @@ def test_the_views_over_a_real_broker(tmp_path: Path) -> None:
             mode="shared",
             start="earliest",
         )
-        await broker.delivery.ack(subject="orders", group="billing", consumer="c1", seqs=[0, 1])
+        await broker.services.delivery.ack(
+            subject="orders", group="billing", consumer="c1", seqs=[0, 1]
+        )
         broker.recent_consumers.saw("orders", "billing", "c1")
         await asyncio.sleep(0.01)
         await console.sample()
@@ -123,8 +125,8 @@ def test_the_views_over_a_real_broker(tmp_path: Path) -> None:
 
 def test_an_ordered_subjects_partition_owners(tmp_path: Path) -> None:
     async def script(broker: Broker) -> None:
-        await broker.routes.declare("ledger", partitions=2, on_dead="skip")
-        await broker.delivery.pull(
+        await broker.services.routes.declare("ledger", partitions=2, on_dead="skip")
+        await broker.services.delivery.pull(
             subject="ledger",
             group="posting",
             consumer="p1",
@@ -133,7 +135,7 @@ def test_an_ordered_subjects_partition_owners(tmp_path: Path) -> None:
             mode="ordered",
             start="earliest",
         )
-        view = broker.console.subject("ledger")
+        view = broker.services.console.subject("ledger")
         assert view["ordered"] is True
         owners = [(p["group"], p["partition"], p["consumer"]) for p in view["partitions"]]
         assert owners == [("posting", 0, "p1"), ("posting", 1, "p1")]

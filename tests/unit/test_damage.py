@@ -48,12 +48,14 @@ def run_broker(data_dir: Path, script: Any, **config: Any) -> Any:
 
 async def produce_all(broker: Broker) -> None:
     for start in range(0, MESSAGES, BATCH):
-        results = await broker.producer.produce([message(i) for i in range(start, start + BATCH)])
+        results = await broker.services.producer.produce(
+            [message(i) for i in range(start, start + BATCH)]
+        )
         assert {r["status"] for r in results} == {"stored"}
 
 
 async def pull(broker: Broker, group: str) -> list[dict[str, Any]]:
-    messages = await broker.delivery.pull(
+    messages = await broker.services.delivery.pull(
         subject="orders",
         group=group,
         consumer="c",
@@ -71,7 +73,7 @@ async def drain(broker: Broker, group: str) -> list[dict[str, Any]]:
     while batch := await pull(broker, group):
         served.extend(batch)
         seqs = [m["seq"] for m in batch]
-        await broker.delivery.ack(subject="orders", group=group, consumer="c", seqs=seqs)
+        await broker.services.delivery.ack(subject="orders", group=group, consumer="c", seqs=seqs)
     return served
 
 
@@ -104,10 +106,10 @@ def check_served_around(
 
     async def after(broker: Broker) -> tuple[list[dict[str, Any]], Any, list[dict[str, Any]]]:
         served = await drain(broker, "fresh")
-        dead = broker.delivery.dead_letters(
+        dead = broker.services.delivery.dead_letters(
             subject="orders", group="fresh", limit=1000, after_seq=None
         )
-        again = await broker.producer.produce([message(MESSAGES)])
+        again = await broker.services.producer.produce([message(MESSAGES)])
         registry = broker.metrics.registry
         assert registry.get_sample_value("qmq_broker_unreadable_messages_total") == len(damaged)
         assert registry.get_sample_value("qmq_broker_recovery_problems") >= (0 if repaired else 1)
@@ -221,10 +223,10 @@ def test_a_segment_cut_below_the_checkpoint_reuses_no_seq(tmp_path: Path) -> Non
         handle.truncate(offset)  # the last two records are gone (say, an older backup)
 
     async def after(broker: Broker) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Any]:
-        stored = await broker.producer.produce([message(MESSAGES)])
+        stored = await broker.services.producer.produce([message(MESSAGES)])
         new = await drain(broker, "g")
         fresh = await drain(broker, "fresh")
-        dead = broker.delivery.dead_letters(
+        dead = broker.services.delivery.dead_letters(
             subject="orders", group="fresh", limit=1000, after_seq=None
         )
         return list(stored), new, (fresh, dead)
@@ -277,7 +279,7 @@ def test_a_damaged_index_is_rebuilt_from_the_log(tmp_path: Path, field: str) -> 
     check_served_around(tmp_path, set(), repaired=True)
 
     async def resend(broker: Broker) -> list[dict[str, Any]]:
-        return list(await broker.producer.produce([message(123)]))
+        return list(await broker.services.producer.produce([message(123)]))
 
     assert run_broker(tmp_path, resend)[0]["status"] == "duplicate"
 
@@ -291,7 +293,7 @@ def test_an_index_entry_past_the_checkpoint_is_corrected_from_the_log(tmp_path: 
     assert [p for p in problems if "seq 200 corrected from the log" in p] != []
 
     async def resend(broker: Broker) -> list[dict[str, Any]]:
-        return list(await broker.producer.produce([message(200)]))
+        return list(await broker.services.producer.produce([message(200)]))
 
     assert run_broker(tmp_path, resend)[0]["status"] == "duplicate"
     check_served_around(tmp_path, set(), repaired=True)

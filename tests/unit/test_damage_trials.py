@@ -63,18 +63,22 @@ def write(data_dir: Path) -> set[int]:
         for _ in range(batches):
             batch = await pull(broker, "g")
             seqs = [m["seq"] for m in batch]
-            await broker.delivery.ack(subject="orders", group="g", consumer="c", seqs=seqs)
+            await broker.services.delivery.ack(subject="orders", group="g", consumer="c", seqs=seqs)
             acked.update(seqs)
 
     async def first(broker: Broker) -> None:
         for start in range(0, FIRST, BATCH):
-            await broker.producer.produce([message(i) for i in range(start, start + BATCH)])
+            await broker.services.producer.produce(
+                [message(i) for i in range(start, start + BATCH)]
+            )
         await ack_some(broker, 3)
         await pull(broker, "g")  # leased, never acked
 
     async def second(broker: Broker) -> None:
         for start in range(FIRST, FIRST + SECOND, BATCH):
-            await broker.producer.produce([message(i) for i in range(start, start + BATCH)])
+            await broker.services.producer.produce(
+                [message(i) for i in range(start, start + BATCH)]
+            )
         await ack_some(broker, 1)
 
     run_broker(data_dir, first)
@@ -158,11 +162,11 @@ def check(data_dir: Path, acked: set[int], broken: set[int], lost_changes: set[i
     total = FIRST + SECOND
 
     async def after(broker: Broker) -> dict[str, Any]:
-        seen_before = max(broker.stats.subject("orders").groups[0].backlog, 0)
+        seen_before = max(broker.services.stats.subject("orders").groups[0].backlog, 0)
         again = await drain(broker, "g")
         fresh = await drain(broker, "fresh")
-        stored = await broker.producer.produce([message(10**6)])
-        resent = await broker.producer.produce([message(i) for i in range(0, total, 7)])
+        stored = await broker.services.producer.produce([message(10**6)])
+        resent = await broker.services.producer.produce([message(i) for i in range(0, total, 7)])
         return {
             "again": again,
             "fresh": fresh,

@@ -35,7 +35,7 @@ def run(data_dir: Path, clock: SkewedClock, script: Any) -> Any:
 
 
 async def produce(broker: Broker, numbers: range | list[int]) -> list[tuple[str, int | None]]:
-    answers = await broker.producer.produce([incoming(n) for n in numbers])
+    answers = await broker.services.producer.produce([incoming(n) for n in numbers])
     return [(a["status"], a["seq"]) for a in answers]
 
 
@@ -54,7 +54,8 @@ def test_an_id_just_inside_the_window_is_a_duplicate_and_one_just_outside_is_sto
     clock.skew_us += (WINDOW_S - 1) * 1_000_000 - MINUTE_US
 
     async def live(broker: Broker) -> list[tuple[str, int | None]]:
-        await broker.maintenance.apply_retention()  # moves the window (retention keeps all)
+        # moves the window (retention keeps all)
+        await broker.services.maintenance.apply_retention()
         return await produce(broker, [5, 150])
 
     assert run(tmp_path, clock, live) == [("stored", 200), ("duplicate", 150)]
@@ -81,7 +82,7 @@ def test_ids_of_every_dedup_layer_answer_after_restarts(tmp_path: Path) -> None:
         for first in range(0, total, 1000):
             await produce(broker, range(first, first + 1000))
         for _ in range(50):  # let the dedup loop flush what is due
-            if not await broker.maintenance.dedup_step():
+            if not await broker.services.maintenance.dedup_step():
                 break
 
     run(tmp_path, clock, fill)
@@ -128,7 +129,7 @@ def test_one_request_over_two_subjects_with_an_id_twice_in_each(tmp_path: Path) 
             incoming(8),  # twice in this request
             incoming(8, subject="refunds"),  # same id, another subject: its own
         ]
-        answers = await broker.producer.produce(batch)
+        answers = await broker.services.producer.produce(batch)
         return [(a["status"], a["seq"]) for a in answers]
 
     assert run(tmp_path, clock, script) == [

@@ -50,7 +50,7 @@ def body(i: int) -> bytes:
 async def fill(broker: Broker, start: int = 0, stop: int = TOTAL) -> list[int]:
     seqs = []
     for first in range(start, stop, BATCH):
-        answers = await broker.producer.produce(
+        answers = await broker.services.producer.produce(
             [incoming(i, body=body(i)) for i in range(first, min(first + BATCH, stop))]
         )
         assert {a["status"] for a in answers} == {"stored"}
@@ -179,14 +179,14 @@ def test_retention_deletes_index_chunks_with_their_segments(tmp_path: Path) -> N
         await broker.start()
         try:
             await fill(broker)
-            before = broker.stats.subject("orders")
+            before = broker.services.stats.subject("orders")
             clock.skew_us = 2 * 3600 * 1_000_000
-            await broker.maintenance.apply_retention()
+            await broker.services.maintenance.apply_retention()
             trimmed = subjects_of(broker)["orders"].stats()
             assert trimmed.first_seq > 2 * INDEX_CHUNK_ENTRIES  # all but the active segment
             assert trimmed.bytes < before.bytes
             # a group starting at the earliest seq starts at the first one retained
-            pulled = await broker.delivery.pull(
+            pulled = await broker.services.delivery.pull(
                 subject="orders",
                 group="late",
                 consumer="c",
@@ -232,7 +232,7 @@ def make_format_1(data_dir: Path) -> bytes:
 
 
 async def resend_and_read(broker: Broker) -> list[Any]:
-    again = await broker.producer.produce([incoming(i, body=body(i)) for i in (7, 20_000)])
+    again = await broker.services.producer.produce([incoming(i, body=body(i)) for i in (7, 20_000)])
     reads = [await read_seq(broker, seq) for seq in (0, 20_000, TOTAL - 1)]
     return [(a["status"], a["seq"]) for a in again] + [(r["seq"], r["id"]) for r in reads]
 

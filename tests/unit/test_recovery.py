@@ -34,9 +34,9 @@ def run_broker(data_dir: Path, script: Any) -> Any:
 
 
 async def produce_pull_ack(broker: Broker) -> dict[str, Any]:
-    await broker.producer.produce([message(i) for i in range(40)])
-    await broker.producer.produce([message(i, "payments") for i in range(5)])
-    pulled = await broker.delivery.pull(
+    await broker.services.producer.produce([message(i) for i in range(40)])
+    await broker.services.producer.produce([message(i, "payments") for i in range(5)])
+    pulled = await broker.services.delivery.pull(
         subject="orders",
         group="g",
         consumer="c",
@@ -45,13 +45,13 @@ async def produce_pull_ack(broker: Broker) -> dict[str, Any]:
         mode="shared",
         start="earliest",
     )
-    await broker.delivery.ack(
+    await broker.services.delivery.ack(
         subject="orders", group="g", consumer="c", seqs=[m["seq"] for m in pulled[:6]]
     )
-    await broker.delivery.nack(
+    await broker.services.delivery.nack(
         subject="orders", group="g", consumer="c", seqs=[6, 7], delay_ms=60_000, error="later"
     )
-    return broker.stats.subject("orders")
+    return broker.services.stats.subject("orders")
 
 
 def test_torn_tail_is_truncated_and_whole_records_kept(tmp_path: Path) -> None:
@@ -110,7 +110,7 @@ def test_restarted_broker_dedups_and_continues_seqs(tmp_path: Path) -> None:
     run_broker(tmp_path, produce_pull_ack)
 
     async def again(broker: Broker) -> list[dict[str, Any]]:
-        return await broker.producer.produce([message(3), message(99)])
+        return await broker.services.producer.produce([message(3), message(99)])
 
     results = run_broker(tmp_path, again)
     assert [(r["status"], r["seq"]) for r in results] == [("duplicate", 3), ("stored", 40)]

@@ -46,8 +46,8 @@ def test_old_segments_are_deleted_whole_and_groups_skip_ahead(tmp_path: Path) ->
         broker = Broker(config, metrics=BrokerMetrics(), clock=clock)
         await broker.start()
         try:
-            await broker.producer.produce([message(i) for i in range(60)])
-            first = await broker.delivery.pull(
+            await broker.services.producer.produce([message(i) for i in range(60)])
+            first = await broker.services.delivery.pull(
                 subject="orders",
                 group="g",
                 consumer="c",
@@ -57,28 +57,28 @@ def test_old_segments_are_deleted_whole_and_groups_skip_ahead(tmp_path: Path) ->
                 start="earliest",
             )
             assert first[0]["seq"] == 0
-            before = broker.stats.subject("orders")
+            before = broker.services.stats.subject("orders")
             segments = list_segments(tmp_path, SegmentKind.MESSAGES)
             assert len(segments) > 2
 
-            await broker.maintenance.apply_retention()  # nothing is old yet
+            await broker.services.maintenance.apply_retention()  # nothing is old yet
             assert list_segments(tmp_path, SegmentKind.MESSAGES) == segments
 
             clock.skew_us = 2 * 3600 * 1_000_000
-            await broker.maintenance.apply_retention()
+            await broker.services.maintenance.apply_retention()
             left = list_segments(tmp_path, SegmentKind.MESSAGES)
             assert left == segments[-1:]  # the active segment stays
-            after = broker.stats.subject("orders")
+            after = broker.services.stats.subject("orders")
             assert after.first_seq > 0
             assert after.messages == 60 - after.first_seq
             assert after.bytes < before.bytes
             assert (
-                broker.delivery.dead_letters(
+                broker.services.delivery.dead_letters(
                     subject="orders", group="g", limit=10, after_seq=None
                 ).dead
                 == []
             )
-            nxt = await broker.delivery.pull(
+            nxt = await broker.services.delivery.pull(
                 subject="orders",
                 group="g",
                 consumer="c",
@@ -89,13 +89,13 @@ def test_old_segments_are_deleted_whole_and_groups_skip_ahead(tmp_path: Path) ->
             )
             assert nxt[0]["seq"] == after.first_seq
             # seq 0 was leased before retention removed it: it is dead, and says why
-            (dead,) = broker.delivery.dead_letters(
+            (dead,) = broker.services.delivery.dead_letters(
                 subject="orders", group="g", limit=10, after_seq=None
             ).dead
             assert (dead.seq, dead.message) == (0, None)
             assert dead.error == "removed by retention before it was acknowledged"
             # dedup still answers within its window even though the record is gone
-            again = await broker.producer.produce([message(0)])
+            again = await broker.services.producer.produce([message(0)])
             assert again[0]["status"] == "duplicate"
         finally:
             await broker.close()

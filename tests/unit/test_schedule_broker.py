@@ -81,13 +81,13 @@ def run(
 
 async def advance(broker: Broker, clock: FakeClock, to_us: int) -> None:
     clock.now_us = to_us
-    await broker.delayed.step()
+    await broker.services.delayed.step()
 
 
 async def pull_all(broker: Broker, subject: str = "orders") -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     while True:
-        got = await broker.delivery.pull(
+        got = await broker.services.delivery.pull(
             subject=subject,
             group="g",
             consumer="c",
@@ -98,7 +98,7 @@ async def pull_all(broker: Broker, subject: str = "orders") -> list[dict[str, An
         )
         if not got:
             return out
-        await broker.delivery.ack(
+        await broker.services.delivery.ack(
             subject=subject, group="g", consumer="c", seqs=[m["seq"] for m in got]
         )
         out.extend(got)
@@ -117,9 +117,9 @@ def test_a_delayed_message_is_scheduled_then_stored_when_due_and_not_before(
     clock = FakeClock(T0)
 
     async def script(broker: Broker) -> None:
-        results = await broker.producer.produce([delayed(1, T0 + 3 * SECOND)])
+        results = await broker.services.producer.produce([delayed(1, T0 + 3 * SECOND)])
         assert results == [{"id": "m-1", "subject": "orders", "status": "scheduled", "seq": None}]
-        stats = broker.stats.subject("orders")
+        stats = broker.services.stats.subject("orders")
         assert stats.messages == 0
         assert stats.scheduled.messages == 1
         await advance(broker, clock, T0 + 3 * SECOND - 1)
@@ -128,9 +128,9 @@ def test_a_delayed_message_is_scheduled_then_stored_when_due_and_not_before(
         [got] = await pull_all(broker)
         assert (got["id"], got["seq"], got["headers"]) == ("m-1", 0, {"n": "1"})
         assert got["stored_at"] == "2030-01-01T10:30:03.000000Z"
-        scheduled = broker.stats.subject("orders").scheduled
+        scheduled = broker.services.stats.subject("orders").scheduled
         assert scheduled == ScheduledCount(messages=0, bytes=0, unreadable=0)
-        schedule = broker.stats.schedule(limit=10)
+        schedule = broker.services.stats.schedule(limit=10)
         assert schedule.messages == 0
         assert schedule.dispatched == 1
         assert schedule.last_dispatch.lateness_ms == 0
@@ -147,8 +147,8 @@ def test_due_order_across_an_hour_boundary_and_within_one_tick(tmp_path: Path) -
     dues = [hour_end + 400_000, hour_end - 1, hour_end, hour_end + 100_000, hour_end - 300_000]
 
     async def script(broker: Broker) -> list[str]:
-        await broker.producer.produce([delayed(i, due) for i, due in enumerate(dues)])
-        hours = broker.stats.schedule(limit=10).hours
+        await broker.services.producer.produce([delayed(i, due) for i, due in enumerate(dues)])
+        hours = broker.services.stats.schedule(limit=10).hours
         assert [h.messages for h in hours] == [2, 3]
         await advance(broker, clock, hour_end + SECOND)
         return [m["id"] for m in await pull_all(broker)]
@@ -165,8 +165,8 @@ def test_many_messages_due_in_one_tick_all_go_out_in_due_order(tmp_path: Path) -
         # accepted in reverse due order: the last accepted is due first
         for start in range(0, 5000, 1000):
             batch = [delayed(i, due0 + (5000 - i) * 10) for i in range(start, start + 1000)]
-            await broker.producer.produce(batch)
-        assert broker.stats.schedule(limit=1).messages == 5000
+            await broker.services.producer.produce(batch)
+        assert broker.services.stats.schedule(limit=1).messages == 5000
         await advance(broker, clock, due0 + 400_000)
         return await pull_all(broker)
 
@@ -181,18 +181,18 @@ def test_a_far_future_hour_stays_on_disk_until_its_hour_comes_near(tmp_path: Pat
     far = T0 + 364 * 24 * HOUR_US + 123
 
     async def script(broker: Broker) -> None:
-        await broker.producer.produce([delayed("far", far), delayed("soon", T0 + SECOND)])
+        await broker.services.producer.produce([delayed("far", far), delayed("soon", T0 + SECOND)])
         await advance(broker, clock, T0 + 2 * SECOND)
-        stats = broker.stats.schedule(limit=10)
+        stats = broker.services.stats.schedule(limit=10)
         assert stats.wheel_messages == 0  # the far one is not in memory
         assert stats.next_due_at == "2030-12-31T10:30:00.000123Z"
         assert [h.loaded for h in stats.hours] == [False]
         assert [m["id"] for m in await pull_all(broker)] == ["m-soon"]
         hour_start = hour_bucket(far) * HOUR_US
         await advance(broker, clock, hour_start - 6 * MINUTE)
-        assert broker.stats.schedule(limit=10).wheel_messages == 0
+        assert broker.services.stats.schedule(limit=10).wheel_messages == 0
         await advance(broker, clock, hour_start - 5 * MINUTE)  # the default load-ahead
-        assert broker.stats.schedule(limit=10).wheel_messages == 1
+        assert broker.services.stats.schedule(limit=10).wheel_messages == 1
         await advance(broker, clock, far)
         assert [m["id"] for m in await pull_all(broker)] == ["m-far"]
 
@@ -203,14 +203,18 @@ def test_resent_scheduled_ids_are_duplicates_before_and_after_dispatch(tmp_path:
     clock = FakeClock(T0)
 
     async def script(broker: Broker) -> None:
-        first = await broker.producer.produce([delayed(1, T0 + MINUTE), delayed(1, T0 + MINUTE)])
+        first = await broker.services.producer.produce(
+            [delayed(1, T0 + MINUTE), delayed(1, T0 + MINUTE)]
+        )
         assert [r["status"] for r in first] == ["scheduled", "duplicate"]
-        again = await broker.producer.produce([delayed(1, 0), delayed(1, T0 + 2 * MINUTE)])
+        again = await broker.services.producer.produce([delayed(1, 0), delayed(1, T0 + 2 * MINUTE)])
         assert [(r["status"], r["seq"]) for r in again] == [("duplicate", None)] * 2
-        other_subject = await broker.producer.produce([delayed(1, T0 + MINUTE, subject="audit")])
+        other_subject = await broker.services.producer.produce(
+            [delayed(1, T0 + MINUTE, subject="audit")]
+        )
         assert other_subject[0]["status"] == "scheduled"
         await advance(broker, clock, T0 + MINUTE)
-        after = await broker.producer.produce([delayed(1, T0 + 5 * MINUTE)])
+        after = await broker.services.producer.produce([delayed(1, T0 + 5 * MINUTE)])
         assert [(r["status"], r["seq"]) for r in after] == [("duplicate", 0)]
         assert len(await pull_all(broker)) == 1
 
@@ -221,17 +225,19 @@ def test_restart_delivers_what_came_due_while_down_exactly_once(tmp_path: Path) 
     clock = FakeClock(T0)
 
     async def schedule(broker: Broker) -> None:
-        await broker.producer.produce([delayed(i, T0 + (i + 1) * 10 * MINUTE) for i in range(6)])
+        await broker.services.producer.produce(
+            [delayed(i, T0 + (i + 1) * 10 * MINUTE) for i in range(6)]
+        )
         await advance(broker, clock, T0 + 10 * MINUTE)  # m-0 goes out before the "crash"
 
     run(tmp_path, clock, schedule)
     clock.now_us = T0 + 45 * MINUTE  # m-1 .. m-3 came due while down
 
     async def after_restart(broker: Broker) -> list[str]:
-        assert broker.stats.schedule(limit=10).messages == 5
-        await broker.delayed.step()
-        assert broker.stats.schedule(limit=10).messages == 2
-        dup = await broker.producer.produce([delayed(5, T0 + 60 * MINUTE)])
+        assert broker.services.stats.schedule(limit=10).messages == 5
+        await broker.services.delayed.step()
+        assert broker.services.stats.schedule(limit=10).messages == 2
+        dup = await broker.services.producer.produce([delayed(5, T0 + 60 * MINUTE)])
         assert dup[0]["status"] == "duplicate"
         return [m["id"] for m in await pull_all(broker)]
 
@@ -239,7 +245,7 @@ def test_restart_delivers_what_came_due_while_down_exactly_once(tmp_path: Path) 
     clock.now_us = T0 + 2 * HOUR_US
 
     async def later(broker: Broker) -> list[str]:
-        await broker.delayed.step()
+        await broker.services.delayed.step()
         return [m["id"] for m in await pull_all(broker)]
 
     assert run(tmp_path, clock, later) == ["m-4", "m-5"]
@@ -250,7 +256,7 @@ def test_a_dispatch_whose_record_was_lost_is_not_stored_twice(tmp_path: Path) ->
     clock = FakeClock(T0)
 
     async def dispatch(broker: Broker) -> None:
-        await broker.producer.produce([delayed(i, T0 + SECOND) for i in range(3)])
+        await broker.services.producer.produce([delayed(i, T0 + SECOND) for i in range(3)])
         await advance(broker, clock, T0 + SECOND)
 
     run(tmp_path, clock, dispatch)
@@ -263,9 +269,9 @@ def test_a_dispatch_whose_record_was_lost_is_not_stored_twice(tmp_path: Path) ->
     clock.now_us = T0 + 2 * SECOND
 
     async def redo(broker: Broker) -> None:
-        assert broker.stats.schedule(limit=1).messages == 3
-        await broker.delayed.step()
-        assert broker.stats.schedule(limit=1).messages == 0
+        assert broker.services.stats.schedule(limit=1).messages == 3
+        await broker.services.delayed.step()
+        assert broker.services.stats.schedule(limit=1).messages == 0
         sample = broker.metrics.registry.get_sample_value
         assert sample("qmq_broker_schedule_redispatched_messages_total") == 3
         assert sample("qmq_broker_schedule_dispatched_messages_total") == 0
@@ -279,7 +285,9 @@ def test_finished_hours_are_deleted_and_a_torn_schedule_tail_is_cut(tmp_path: Pa
     clock = FakeClock(T0)
 
     async def script(broker: Broker) -> None:
-        await broker.producer.produce([delayed(1, T0 + MINUTE), delayed(2, T0 + 2 * HOUR_US)])
+        await broker.services.producer.produce(
+            [delayed(1, T0 + MINUTE), delayed(2, T0 + 2 * HOUR_US)]
+        )
 
     run(tmp_path, clock, script)
     later = segment_path(tmp_path, SegmentKind.SCHEDULE, hour_bucket(T0 + 2 * HOUR_US))
@@ -292,7 +300,7 @@ def test_finished_hours_are_deleted_and_a_torn_schedule_tail_is_cut(tmp_path: Pa
     clock.now_us = T0 + HOUR_US
 
     async def restart(broker: Broker) -> None:
-        await broker.delayed.step()
+        await broker.services.delayed.step()
         assert [m["id"] for m in await pull_all(broker)] == ["m-1"]
         numbers = [segment_number(p) for p in list_segments(tmp_path, SegmentKind.SCHEDULE)]
         assert numbers == [hour_bucket(T0 + 2 * HOUR_US)]  # 10:00 is done and gone
@@ -308,7 +316,7 @@ def test_a_flipped_bit_in_a_schedule_segment_costs_only_its_record(tmp_path: Pat
     due = T0 + 20 * MINUTE
 
     async def script(broker: Broker) -> None:
-        await broker.producer.produce([delayed(i, due) for i in range(20)])
+        await broker.services.producer.produce([delayed(i, due) for i in range(20)])
 
     run(tmp_path, clock, script)
     path = segment_path(tmp_path, SegmentKind.SCHEDULE, hour_bucket(due))

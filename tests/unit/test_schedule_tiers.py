@@ -109,8 +109,10 @@ def test_one_message_an_hour_for_two_years_takes_a_few_dozen_files(tmp_path: Pat
     async def script(broker: Broker) -> None:
         for first in range(0, count, 1000):
             batch = range(first, min(first + 1000, count))
-            await broker.producer.produce([delayed(i, T0 + (i + 1) * HOUR_US) for i in batch])
-        stats = broker.stats.schedule(limit=3)
+            await broker.services.producer.produce(
+                [delayed(i, T0 + (i + 1) * HOUR_US) for i in batch]
+            )
+        stats = broker.services.stats.schedule(limit=3)
         assert stats.messages == count
         assert stats.next_due_at == "2030-01-01T11:30:00.000000Z"
         assert [h.hour for h in stats.hours] == [
@@ -141,7 +143,7 @@ def test_far_messages_are_moved_down_and_delivered_on_time_in_due_order(tmp_path
     dues.sort()
 
     async def script(broker: Broker) -> list[str]:
-        await broker.producer.produce([delayed(i, due) for i, due in enumerate(dues)])
+        await broker.services.producer.produce([delayed(i, due) for i, due in enumerate(dues)])
         got: list[str] = []
         now = T0
         while now < dues[-1]:
@@ -155,7 +157,7 @@ def test_far_messages_are_moved_down_and_delivered_on_time_in_due_order(tmp_path
             got += [m["id"] for m in await pull_all(broker)]
         sample = broker.metrics.registry.get_sample_value
         assert (sample("qmq_broker_schedule_moved_messages_total") or 0) > len(dues)  # 2x some
-        assert broker.stats.schedule(limit=1).messages == 0
+        assert broker.services.stats.schedule(limit=1).messages == 0
         await advance(broker, clock, dues[-1] + HOUR_US)  # the last hour is over: deleted
         return got
 
@@ -171,11 +173,11 @@ def test_a_message_accepted_for_a_day_being_moved_goes_to_its_hour(tmp_path: Pat
     move_at = TIERS.move_at_us(SegmentKind.SCHEDULE_DAYS, day)
 
     async def script(broker: Broker) -> list[str]:
-        await broker.producer.produce([delayed(1, due)])
+        await broker.services.producer.produce([delayed(1, due)])
         assert schedule_files(tmp_path)[SegmentKind.SCHEDULE_DAYS] == [day]
         await advance(broker, clock, move_at)
         assert schedule_files(tmp_path)[SegmentKind.SCHEDULE_DAYS] == []
-        await broker.producer.produce([delayed(2, due + 1)])
+        await broker.services.producer.produce([delayed(2, due + 1)])
         assert schedule_files(tmp_path)[SegmentKind.SCHEDULE_DAYS] == []
         await advance(broker, clock, due + 1)
         return [m["id"] for m in await pull_all(broker)]
@@ -193,14 +195,14 @@ def test_a_move_cut_short_by_a_crash_stores_each_message_once(tmp_path: Path) ->
     saved = tmp_path.parent / "day-segment.copy"
 
     async def schedule(broker: Broker) -> None:
-        await broker.producer.produce([delayed(i, due) for i, due in enumerate(dues)])
+        await broker.services.producer.produce([delayed(i, due) for i, due in enumerate(dues)])
 
     run(tmp_path, clock, schedule)
     shutil.copyfile(source, saved)
     clock.now_us = TIERS.move_at_us(SegmentKind.SCHEDULE_DAYS, day)
 
     async def move(broker: Broker) -> None:
-        await broker.delayed.step()
+        await broker.services.delayed.step()
 
     run(tmp_path, clock, move)
     assert not source.exists()
@@ -216,13 +218,13 @@ def test_a_move_cut_short_by_a_crash_stores_each_message_once(tmp_path: Path) ->
     assert len(moved) == len(dues) - 30  # 14 hours' copies found beside their source
 
     async def deliver(broker: Broker) -> list[str]:
-        assert broker.stats.schedule(limit=1).messages == len(dues)
-        await broker.delayed.step()
+        assert broker.services.stats.schedule(limit=1).messages == len(dues)
+        await broker.services.delayed.step()
         assert not source.exists()
-        assert broker.stats.schedule(limit=1).messages == len(dues)
+        assert broker.services.stats.schedule(limit=1).messages == len(dues)
         for due in dues:
             await advance(broker, clock, due)
-        assert broker.stats.schedule(limit=1).messages == 0
+        assert broker.services.stats.schedule(limit=1).messages == 0
         return [m["id"] for m in await pull_all(broker)]
 
     assert run(tmp_path, clock, deliver) == [f"m-{i}" for i in range(len(dues))]
@@ -236,14 +238,14 @@ def test_a_backlog_in_a_coarse_bucket_goes_out_after_a_restart_in_due_order(
     dues = [T0 + 50 * DAY + (i * 7919 % 500) * MINUTE for i in range(500)]
 
     async def schedule(broker: Broker) -> None:
-        await broker.producer.produce([delayed(i, due) for i, due in enumerate(dues)])
+        await broker.services.producer.produce([delayed(i, due) for i, due in enumerate(dues)])
 
     run(tmp_path, clock, schedule)
     assert schedule_files(tmp_path)[SegmentKind.SCHEDULE_32DAYS] != []
     clock.now_us = max(dues) + HOUR_US  # down until everything came due
 
     async def restart(broker: Broker) -> list[str]:
-        await broker.delayed.step()
+        await broker.services.delayed.step()
         return [m["id"] for m in await pull_all(broker)]
 
     got = run(tmp_path, clock, restart)
@@ -265,8 +267,9 @@ def test_a_data_dir_with_far_messages_in_hour_segments_still_recovers(tmp_path: 
     clock = FakeClock(T0)
 
     async def script(broker: Broker) -> list[str]:
-        assert broker.stats.schedule(limit=5).messages == 2
-        assert (await broker.producer.produce([delayed(1, T0 + DAY)]))[0]["status"] == "duplicate"
+        assert broker.services.stats.schedule(limit=5).messages == 2
+        (again,) = await broker.services.producer.produce([delayed(1, T0 + DAY)])
+        assert again["status"] == "duplicate"
         got: list[str] = []
         for due in far:
             await advance(broker, clock, due - LOAD_AHEAD)

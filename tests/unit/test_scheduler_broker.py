@@ -53,14 +53,14 @@ async def running(tmp_path: Path, readahead_wait_s: float) -> AsyncIterator[Brok
     instance = Broker(config, metrics=BrokerMetrics())
     await instance.start()
     try:
-        await instance.producer.produce([message(i, "orders") for i in range(50)])
+        await instance.services.producer.produce([message(i, "orders") for i in range(50)])
         yield instance
     finally:
         await instance.close()
 
 
 async def pull(instance: Broker, group: str, *, wait_ms: int = 0, consumer: str = "c") -> Any:
-    return await instance.delivery.pull(
+    return await instance.services.delivery.pull(
         subject="orders",
         group=group,
         consumer=consumer,
@@ -180,7 +180,7 @@ async def test_a_long_poll_is_resumed_by_a_produce(running: Broker) -> None:
     await asyncio.sleep(0.05)
     assert not waiting.done()
     began = time.monotonic()
-    await running.producer.produce([message(100, "orders")])
+    await running.services.producer.produce([message(100, "orders")])
     got = await asyncio.wait_for(waiting, timeout=5)
     assert time.monotonic() - began < 0.5  # woken by the produce, not by its 10 s timeout
     assert [m["id"] for m in got] == ["orders-100"]
