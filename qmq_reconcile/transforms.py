@@ -629,16 +629,7 @@ def out_of_order(outbox: DataFrame, messages: DataFrame, *, window: Window) -> D
     judged = stored.join(rows, "message_id").where(
         window.created_in_range(created) & window.settled(created, due)
     )
-    newest_before = _largest_stored_before(("outbox", "subject", "key"), "outbox_id")
-    return (
-        judged.select("*", newest_before.alias("before"))
-        .where(F.col("before.outbox_id") > F.col("outbox_id"))
-        .select(
-            *OUT_OF_ORDER_COLUMNS[:-2],
-            F.col("before.message_id").alias("after_id"),
-            F.col("before.outbox_id").alias("after_outbox_id"),
-        )
-    )
+    return _overtaken(judged, ("outbox", "subject", "key"), "outbox_id", OUT_OF_ORDER_COLUMNS)
 
 
 def acked_out_of_order(messages: DataFrame, actions: DataFrame, *, window: Window) -> DataFrame:
@@ -672,21 +663,16 @@ def acked_out_of_order(messages: DataFrame, actions: DataFrame, *, window: Windo
     )
     dead = ordered_acts.where(F.col("type") == "dead").select(*owner_seq).distinct()
     judged = acked.join(dead, list(owner_seq), "left_anti").join(stored, [*_LOG, "seq"])
-    last_acked_before = _largest_stored_before(("subject", "group", "state", "key"), "acked_at")
-    return (
-        judged.select("*", last_acked_before.alias("earlier"))
-        .where(F.col("earlier.acked_at") > F.col("acked_at"))
-        .select(
-            *ACKED_OUT_OF_ORDER_COLUMNS[:-2],
-            F.col("earlier.message_id").alias("earlier_id"),
-            F.col("earlier.acked_at").alias("earlier_acked_at"),
-        )
-    )
+    same_key = ("subject", "group", "state", "key")
+    return _overtaken(judged, same_key, "acked_at", ACKED_OUT_OF_ORDER_COLUMNS)
 
 
-def _largest_stored_before(same_key: Sequence[str], measure: str) -> Column:
-    """Per ``same_key``, over the messages stored before this one (stored order: see
-    ``out_of_order``), the largest ``(measure, message_id)``."""
+def _overtaken(
+    judged: DataFrame, same_key: Sequence[str], measure: str, columns: Sequence[str]
+) -> DataFrame:
+    """The rows of ``judged`` that a message stored before them (stored order: see
+    ``out_of_order``) with the same ``same_key`` exceeds in ``measure``, as ``columns``: the
+    last two name the largest such ``(measure, message_id)``, its id then its measure."""
     # The hash first, so that the window's sort compares longs across keys, not the
     # outbox URL (or subject) that every row shares.
     earlier = (
@@ -694,7 +680,17 @@ def _largest_stored_before(same_key: Sequence[str], measure: str) -> Column:
         .orderBy("stored_at", "broker", "partition", "seq")
         .rowsBetween(W.unboundedPreceding, -1)
     )
-    return F.max(F.struct(measure, "message_id")).over(earlier)
+    before = F.max(F.struct(measure, "message_id")).over(earlier)
+    *kept, as_id, as_measure = columns
+    return (
+        judged.select("*", before.alias("before"))
+        .where(F.col(f"before.{measure}") > F.col(measure))
+        .select(
+            *kept,
+            F.col("before.message_id").alias(as_id),
+            F.col(f"before.{measure}").alias(as_measure),
+        )
+    )
 
 
 # --- consumed ---------------------------------------------------------------------------------
