@@ -8,6 +8,7 @@ here, the same for PostgreSQL and SQLite, sync and async. Times are computed by 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -93,19 +94,45 @@ def insert_done_many(
 ) -> Statement | None:
     """The dedup rows of a batch at once, skipping existing ones, returning the inserted ids.
 
-    Rows go in sorted by message id, so two batches sharing messages lock them in the same
+    Rows go in ordered by message id, so two batches sharing messages lock them in the same
     order (no deadlock). None where the dialect has no ``ON CONFLICT DO NOTHING``.
     """
-    if dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    elif dialect == "sqlite":
-        from sqlalchemy.dialects.sqlite import insert  # type: ignore[assignment]
-    else:
-        return None
-    statement = insert(t).on_conflict_do_nothing().returning(t.c.message_id)
     ids = sorted({message.id for message in messages})
-    params = [_row(group, message_id, now, None) for message_id in ids]
-    return statement, params
+    if dialect == "postgresql":
+        return _insert_done_many_pg(), {"g_group": group, "g_ids": ids, "g_now": now}
+    if dialect == "sqlite":
+        return _insert_done_many_sqlite(), [
+            _row(group, message_id, now, None) for message_id in ids
+        ]
+    return None
+
+
+@functools.cache
+def _insert_done_many_pg() -> sa.Executable:
+    """One statement of constant text whatever the batch's size, its ids one array parameter:
+    the driver parses and prepares it once (a row of placeholders per message would be a new
+    text for every batch size, parsed again each time)."""
+    from sqlalchemy.dialects import postgresql
+
+    ids = sa.func.unnest(
+        sa.bindparam("g_ids", type_=postgresql.ARRAY(t.c.message_id.type))
+    ).column_valued("message_id")
+    rows = sa.select(
+        sa.bindparam("g_group", type_=t.c.consumer_group.type),
+        ids,
+        sa.literal(DONE, t.c.status.type),
+        sa.bindparam("g_now", type_=t.c.consumed_at.type),
+    ).order_by(ids)
+    columns = [t.c.consumer_group, t.c.message_id, t.c.status, t.c.consumed_at]
+    insert = postgresql.insert(t).from_select(columns, rows)
+    return insert.on_conflict_do_nothing().returning(t.c.message_id)
+
+
+@functools.cache
+def _insert_done_many_sqlite() -> sa.Executable:
+    from sqlalchemy.dialects import sqlite
+
+    return sqlite.insert(t).on_conflict_do_nothing().returning(t.c.message_id)
 
 
 def gc_batch(*, cutoff: datetime, limit: int) -> sa.Delete:

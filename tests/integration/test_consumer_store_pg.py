@@ -207,3 +207,29 @@ def test_overlapping_batches_on_twins_commit_each_message_once(engine: Engine) -
     flat = [outcome for result in results for outcome in result]
     assert flat.count(Outcome.PROCESSED) == 18
     assert flat.count(Outcome.DUPLICATE) == 6
+
+
+def test_a_batch_inserts_its_dedup_rows_in_one_statement_of_constant_text(engine: Engine) -> None:
+    """A batch's dedup rows are one INSERT, its text the same whatever the batch's size (the
+    driver prepares it once); a message already consumed, or twice in the batch, runs once."""
+    store = IdempotentStore(sessionmaker(engine), batch_size=8)
+    dedup_inserts: list[str] = []
+
+    @sa.event.listens_for(engine, "before_cursor_execute")
+    def seen(conn: object, cursor: object, statement: str, *args: object) -> None:
+        if statement.startswith("INSERT INTO qmq_consumed"):
+            dedup_inserts.append(statement)
+
+    ran: list[str] = []
+
+    def bill(message: Message, session: Session) -> None:
+        ran.append(message.id)
+
+    first = store.process_batch("g", [_msg("a"), _msg("b"), _msg("b")], bill)
+    second = store.process_batch("g", [_msg(f"{n}") for n in "abcde"], bill)
+    sa.event.remove(engine, "before_cursor_execute", seen)
+    assert first == [Outcome.PROCESSED, Outcome.PROCESSED, Outcome.DUPLICATE]
+    assert second == [Outcome.DUPLICATE, Outcome.DUPLICATE, *[Outcome.PROCESSED] * 3]
+    assert ran == ["a", "b", "c", "d", "e"]
+    assert len(dedup_inserts) == 2
+    assert dedup_inserts[0] == dedup_inserts[1]
