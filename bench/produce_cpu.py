@@ -44,7 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from qmq_broker.config import BrokerConfig, FsyncPolicy
 from qmq_broker.engine import Broker
 from qmq_broker.http import bodies
-from qmq_broker.http.app import Api, create_app
+from qmq_broker.http.app import create_app
+from qmq_broker.http.incoming import incoming_messages
 from qmq_broker.messages import IncomingMessage
 from qmq_broker.metrics import BrokerMetrics
 
@@ -130,21 +131,26 @@ class Stage:
     run: Callable[[Any], Awaitable[None]]
 
 
-def incoming(api: Api, raw: bytes) -> list[IncomingMessage]:
+def incoming(broker: Broker, raw: bytes) -> list[IncomingMessage]:
     """What the produce route hands the core for one request body (auth off)."""
     envelopes = bodies.decode(raw, bodies.ProduceBody).messages
-    return api._incoming(envelopes, api.broker.clock.wall_us())
+    return incoming_messages(
+        envelopes,
+        now_us=broker.clock.wall_us(),
+        max_body_bytes=broker.config.max_body_bytes,
+        max_delay_s=broker.config.max_delay_s,
+    )
 
 
-def stages(api: Api, caller: AsgiCaller) -> list[Stage]:
+def stages(broker: Broker, caller: AsgiCaller) -> list[Stage]:
     async def decode(raw: bytes) -> None:
         bodies.decode(raw, bodies.ProduceBody)
 
     async def convert(raw: bytes) -> None:
-        incoming(api, raw)
+        incoming(broker, raw)
 
     async def core(messages: list[IncomingMessage]) -> None:
-        await api.broker.services.producer.produce(messages)
+        await broker.services.producer.produce(messages)
 
     async def app(raw: bytes) -> None:
         status, answer = await caller.post("/v1/messages", raw)
@@ -157,7 +163,7 @@ def stages(api: Api, caller: AsgiCaller) -> list[Stage]:
     return [
         Stage(name="decode", prepare=same, run=decode),
         Stage(name="convert", prepare=same, run=convert),
-        Stage(name="core", prepare=lambda raw: incoming(api, raw), run=core),
+        Stage(name="core", prepare=lambda raw: incoming(broker, raw), run=core),
         Stage(name="app", prepare=same, run=app),
     ]
 
@@ -182,12 +188,11 @@ async def bench(args: argparse.Namespace) -> None:
     config = BrokerConfig(data_dir=data_dir, fsync=FsyncPolicy(mode="never"))
     broker = Broker(config, metrics=BrokerMetrics())
     await broker.start()
-    api = Api(broker)
     caller = AsgiCaller(create_app(broker))
     best: dict[str, tuple[float, float]] = {}
     try:
         for repeat in range(args.repeat):
-            for stage in stages(api, caller):
+            for stage in stages(broker, caller):
                 cpu, thread = await timed(stage, tag=f"{stage.name}{repeat}", args=args)
                 old_cpu, old_thread = best.get(stage.name, (cpu, thread))
                 best[stage.name] = (min(cpu, old_cpu), min(thread, old_thread))
@@ -195,7 +200,7 @@ async def bench(args: argparse.Namespace) -> None:
         if args.profile:
             profiler = cProfile.Profile()
             profiler.enable()
-            await timed(stages(api, caller)[-1], tag="profile", args=args)
+            await timed(stages(broker, caller)[-1], tag="profile", args=args)
             profiler.disable()
             pstats.Stats(profiler).sort_stats("tottime").print_stats(args.top)
     finally:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable
@@ -28,8 +26,10 @@ from qmq_broker.http.auth import Authorizer, Grant, Right
 from qmq_broker.http.errors import error_response, from_validation, internal_error_response
 from qmq_broker.http.guard import GuardPolicy, RequestGuard, content_type_error
 from qmq_broker.http.hot import HotRoutes
-from qmq_broker.http.openapi import openapi_document
+from qmq_broker.http.incoming import incoming_messages
+from qmq_broker.http.openapi import DEFAULT_SCHEDULE_HOURS, MAX_SCHEDULE_HOURS, openapi_document
 from qmq_broker.http.overhead import LoopOverhead
+from qmq_broker.http.params import int_param, path_name, require_sight
 from qmq_broker.http.schemas import (
     DeclareRequest,
     MergeRequest,
@@ -38,7 +38,6 @@ from qmq_broker.http.schemas import (
     SplitRequest,
 )
 from qmq_broker.lifecycle import Lifecycle
-from qmq_broker.messages import IncomingMessage
 from qmq_broker.metrics import BrokerMetrics
 from qmq_broker.services import Services
 
@@ -49,25 +48,10 @@ if TYPE_CHECKING:
 
 Handler = Callable[[Request], Awaitable[Response]]
 _ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}
-MAX_SCHEDULE_HOURS = 20_000
 
 
 def _json(doc: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(doc), status_code=status, media_type="application/json")
-
-
-def _out_of_range(index: int, name: str) -> Invalid:
-    """A timestamp the wire admits but no answer could carry (outside the range in UTC)."""
-    return Invalid(
-        code=f"invalid_{name}",
-        message=f"{name} must lie between {qmq_wire.MIN_TIME} and {qmq_wire.MAX_TIME} in UTC",
-        field=f"messages[{index}].{name}",
-    )
-
-
-def _span(seconds: float) -> str:
-    days = seconds / 86400
-    return f"{days:g} days" if days >= 1 else f"{seconds:g} s"
 
 
 class Api:
@@ -148,59 +132,14 @@ class Api:
                     field = f"messages[{i}].subject"
                     Authorizer.require(grant, Right.PRODUCE, envelope.subject, field=field)
                     allowed.add(envelope.subject)
-        messages = self._incoming(envelopes, self.clock.wall_us())
+        messages = incoming_messages(
+            envelopes,
+            now_us=self.clock.wall_us(),
+            max_body_bytes=self.config.max_body_bytes,
+            max_delay_s=self.config.max_delay_s,
+        )
         results = await self.services().producer.produce(messages)
         return _json({"results": results})
-
-    def _incoming(self, envelopes: list[bodies.Envelope], now_us: int) -> list[IncomingMessage]:
-        """The core's messages; the checks the wire leaves to the broker, in envelope order
-        (base64, body size, due time, created_at range)."""
-        body_limit = self.config.max_body_bytes
-        low, high = qmq_wire.MIN_TIME_US, qmq_wire.MAX_TIME_US
-        messages: list[IncomingMessage] = []
-        for index, envelope in enumerate(envelopes):
-            base64_body = envelope.body_encoding == "base64"
-            body = _base64(envelope.body, index) if base64_body else envelope.body.encode()
-            if len(body) > body_limit:
-                raise Invalid(
-                    code="body_too_large",
-                    message=f"body is {len(body)} bytes; the limit is {body_limit}",
-                    field=f"messages[{index}].body",
-                )
-            deliver_at = envelope.deliver_at
-            deliver_at_us = 0 if deliver_at is None else self._due(deliver_at, now_us, index)
-            created_at_us = envelope.created_at
-            if created_at_us is not None and not low <= created_at_us <= high:
-                raise _out_of_range(index, "created_at")
-            messages.append(
-                IncomingMessage(
-                    id=envelope.id,
-                    subject=envelope.subject,
-                    key=envelope.key,
-                    headers=envelope.headers,
-                    body=body,
-                    body_base64=base64_body,
-                    producer=envelope.producer,
-                    created_at_us=created_at_us,
-                    deliver_at_us=deliver_at_us,
-                )
-            )
-        return messages
-
-    def _due(self, due_us: int, now_us: int, index: int) -> int:
-        """A future due time in microseconds, or 0 (deliver now) for one in the past."""
-        if not qmq_wire.MIN_TIME_US <= due_us <= qmq_wire.MAX_TIME_US:
-            raise _out_of_range(index, "deliver_at")
-        if due_us <= now_us:
-            return 0
-        limit_s = self.config.max_delay_s
-        if due_us - now_us > limit_s * 1_000_000:
-            raise Invalid(
-                code="delay_too_long",
-                message=f"deliver_at is more than {_span(limit_s)} ahead (--max-delay)",
-                field=f"messages[{index}].deliver_at",
-            )
-        return due_us
 
     async def pull(self, request: Request) -> Response:
         grant = self._grant(request)
@@ -271,17 +210,6 @@ class Api:
         )
         return _json(result)
 
-    def _path_name(self, request: Request, name: str) -> str:
-        """A subject or group name from the path, checked against the naming rules."""
-        value = str(request.path_params[name])
-        if not qmq_wire.valid_name(value):
-            raise Invalid(
-                code=f"invalid_{name}",
-                message=f"{name} does not match the naming rules",
-                field=name,
-            )
-        return value
-
     async def subjects(self, request: Request) -> Response:
         grant = self._grant(request)
         listed = self.services().stats.subjects()
@@ -291,8 +219,8 @@ class Api:
 
     async def subject(self, request: Request) -> Response:
         grant = self._grant(request)
-        subject = self._path_name(request, "subject")
-        _require_sight(grant, subject)
+        subject = path_name(request, "subject")
+        require_sight(grant, subject)
         detail = self.services().stats.subject(subject)
         if grant is not None:
             shown = [g for g in detail.groups if grant.sees(subject, g.group)]
@@ -301,14 +229,14 @@ class Api:
 
     async def dead(self, request: Request) -> Response:
         grant = self._grant(request)
-        subject = self._path_name(request, "subject")
-        group = self._path_name(request, "group")
+        subject = path_name(request, "subject")
+        group = path_name(request, "group")
         self._require(grant, Right.MANAGE, subject, group=group, field="group")
-        limit = _int_param(
+        limit = int_param(
             request, "limit", default=qmq_wire.DEFAULT_DEAD_PAGE, high=qmq_wire.MAX_DEAD_PAGE
         )
-        after = _int_param(request, "after_seq", default=None, low=0, high=qmq_wire.MAX_SEQ)
-        partition = _int_param(
+        after = int_param(request, "after_seq", default=None, low=0, high=qmq_wire.MAX_SEQ)
+        partition = int_param(
             request, "partition", default=None, low=0, high=qmq_wire.MAX_PARTITION_NUMBER
         )
         return _json(
@@ -319,8 +247,8 @@ class Api:
 
     async def redrive(self, request: Request) -> Response:
         grant = self._grant(request)
-        subject = self._path_name(request, "subject")
-        group = self._path_name(request, "group")
+        subject = path_name(request, "subject")
+        group = path_name(request, "group")
         self._require(grant, Right.MANAGE, subject, group=group, field="group")
         parsed = await self._parse(request, RedriveRequest)
         if (parsed.seqs is None) == (parsed.all is not True):
@@ -353,7 +281,7 @@ class Api:
         return await self.subject(request)
 
     async def declare(self, request: Request) -> Response:
-        subject = self._path_name(request, "subject")
+        subject = path_name(request, "subject")
         self._require_admin(request, subject)
         parsed = await self._parse(request, DeclareRequest)
         routes = await self.services().routes.declare(
@@ -363,12 +291,12 @@ class Api:
 
     async def routes(self, request: Request) -> Response:
         grant = self._grant(request)
-        subject = self._path_name(request, "subject")
-        _require_sight(grant, subject)
+        subject = path_name(request, "subject")
+        require_sight(grant, subject)
         return _json(self.services().routes.document(subject))
 
     async def split(self, request: Request) -> Response:
-        subject = self._path_name(request, "subject")
+        subject = path_name(request, "subject")
         self._require_admin(request, subject)
         parsed = await self._parse(request, SplitRequest)
         return _json(
@@ -376,13 +304,13 @@ class Api:
         )
 
     async def merge(self, request: Request) -> Response:
-        subject = self._path_name(request, "subject")
+        subject = path_name(request, "subject")
         self._require_admin(request, subject)
         parsed = await self._parse(request, MergeRequest)
         return _json(await self.services().routes.merge(subject, partitions=parsed.partitions))
 
     async def move(self, request: Request) -> Response:
-        subject = self._path_name(request, "subject")
+        subject = path_name(request, "subject")
         self._require_admin(request, subject)
         parsed = await self._parse(request, MoveRequest)
         return _json(await self.services().routes.move(subject, partition=parsed.partition))
@@ -394,7 +322,7 @@ class Api:
                 code="forbidden",
                 message=f"token {grant.name!r} may not see the schedule: it needs manage on '*'",
             )
-        limit = _int_param(request, "limit", default=48, high=MAX_SCHEDULE_HOURS)
+        limit = int_param(request, "limit", default=DEFAULT_SCHEDULE_HOURS, high=MAX_SCHEDULE_HOURS)
         return _json(self.services().stats.schedule(limit=limit))
 
     # --- the console's views (docs/console.md) -----------------------------------------------
@@ -408,8 +336,8 @@ class Api:
 
     async def console_subject(self, request: Request) -> Response:
         grant = self._grant(request)
-        subject = self._path_name(request, "subject")
-        _require_sight(grant, subject)
+        subject = path_name(request, "subject")
+        require_sight(grant, subject)
         if grant is None:
             return _json(self.services().console.subject(subject))
         return _json(self.services().console.subject(subject, sees=grant.sees))
@@ -427,49 +355,6 @@ class Api:
 
     async def openapi(self, request: Request) -> Response:
         return _json(openapi_document(auth=self.authorizer is not None))
-
-
-def _require_sight(grant: Grant | None, subject: str) -> None:
-    """A subject's details are shown to a token with any right on it."""
-    if grant is not None and not grant.sees(subject):
-        raise Denied(
-            code="forbidden",
-            message=f"token {grant.name!r} has no right on {subject!r}",
-            field="subject",
-        )
-
-
-def _base64(text: str, index: int) -> bytes:
-    try:
-        return base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        raise Invalid(
-            code="invalid_body",
-            message="body is not valid base64",
-            field=f"messages[{index}].body",
-        ) from None
-
-
-def _int_param(request: Request, name: str, *, default: int | None, low: int = 1, high: int) -> Any:
-    """A query parameter of ASCII digits within ``[low, high]`` (``str.isdigit`` alone would
-    take ``²``); given twice, or with anything else, it is a 400 naming it."""
-    values = request.query_params.getlist(name)
-    if not values:
-        return default
-    raw = values[0]
-    if (
-        len(values) > 1
-        or not raw.isascii()
-        or not raw.isdigit()
-        or len(raw) > 19
-        or not low <= int(raw) <= high
-    ):
-        raise Invalid(
-            code=f"invalid_{name}",
-            message=f"{name} must be one integer in [{low}, {high}]",
-            field=name,
-        )
-    return int(raw)
 
 
 def _endpoint(api: Api, name: str, handler: Handler) -> Handler:

@@ -35,7 +35,7 @@ from qmq_broker.http.schemas import (
 
 _REF = "#/components/schemas/{model}"
 MAX_SCHEDULE_HOURS = 20_000
-"""Largest ``limit`` of ``GET /v1/schedule`` (``qmq_broker.http.app`` enforces the same)."""
+"""Largest ``limit`` of ``GET /v1/schedule`` (``qmq_broker.http.app`` enforces it)."""
 DEFAULT_SCHEDULE_HOURS = 48
 
 _DESCRIPTIONS = {
