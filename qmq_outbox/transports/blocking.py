@@ -4,6 +4,7 @@ nats-py and aio-pika are asyncio libraries; the thread dispatcher and the compen
 ``BlockingProducer`` runs one ``AsyncProducer`` on a ``LoopThread`` (a named daemon thread
 running its own loop) and waits for each ``produce`` there, so the logic exists once.
 Several threads may call ``produce`` at once: their batches run concurrently on the loop.
+``LoopTransport`` gives such a transport its blocking producer, ``declare()`` and ``check()``.
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, TypeVar
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
+from qmq_outbox.dburl import mask_url
 from qmq_outbox.envelope import OutgoingMessage
 from qmq_outbox.errors import BrokerUnavailable
 from qmq_outbox.transports.base import ClosingAsyncProducer, Outcome
+from qmq_outbox.transports.topology import Groups, group_pairs
 
 T = TypeVar("T")
 
@@ -95,6 +99,53 @@ class BlockingProducer:
             self._loop.run(self._producer.aclose(), self._timeout)
         finally:
             self._loop.close()
+
+
+class LoopTransport:
+    """What the transports over an asyncio library share: a ``BlockingProducer`` of their
+    ``async_producer``, and ``declare()``/``check()`` running their ``_declaring()`` /
+    ``_probing()`` on a ``LoopThread``. Threads are named ``qmq-<kind>-<what>``."""
+
+    kind: ClassVar[str]
+    if TYPE_CHECKING:  # the transport's own fields
+        url: str
+        publish_timeout: timedelta
+        connect_timeout: timedelta
+        groups: Groups
+
+    @property
+    def base_url(self) -> str:
+        return mask_url(self.url)
+
+    def producer(self) -> BlockingProducer:
+        budget = self.connect_timeout + 3 * self.publish_timeout
+        return BlockingProducer(
+            self.async_producer,
+            base_url=self.base_url,
+            name=f"qmq-{self.kind}-producer",
+            timeout=budget.total_seconds(),
+        )
+
+    def async_producer(self) -> ClosingAsyncProducer:
+        raise NotImplementedError
+
+    @property
+    def declared(self) -> tuple[tuple[str, str], ...]:
+        """The ``(group, subject)`` pairs of ``groups``."""
+        return group_pairs(self.groups)
+
+    def declare(self) -> list[str]:
+        """Make what every declared group needs on the server now (again: harmless)."""
+        return run_blocking(f"qmq-{self.kind}-declare", self._declaring())
+
+    def check(self) -> None:
+        run_blocking(f"qmq-{self.kind}-check", self._probing())
+
+    async def _declaring(self) -> list[str]:
+        raise NotImplementedError
+
+    async def _probing(self) -> None:
+        raise NotImplementedError
 
 
 async def _cancel_the_rest() -> None:

@@ -12,12 +12,11 @@ import importlib.util
 import re
 from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
-from qmq_outbox.dburl import mask_url
 from qmq_outbox.errors import ConfigurationError
 from qmq_outbox.transports.base import Capabilities, ConsumerSpec
-from qmq_outbox.transports.blocking import BlockingProducer, run_blocking
+from qmq_outbox.transports.blocking import LoopTransport
 from qmq_outbox.transports.topology import Groups, group_pairs
 
 if TYPE_CHECKING:
@@ -35,7 +34,7 @@ def first_token(subject: str) -> str:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class JetStreamTransport:
+class JetStreamTransport(LoopTransport):
     """NATS JetStream at ``url`` (``nats://host:port``, comma-separated for a cluster).
 
     Streams: one per subject prefix (the first dot-separated token): ``order.created`` is
@@ -53,6 +52,7 @@ class JetStreamTransport:
     what is published from the declaration on); a consumer started later keeps that start.
     """
 
+    kind: ClassVar[str] = "jetstream"
     url: str = "nats://127.0.0.1:4222"
     stream_prefix: str = "QMQ"
     stream_name: Callable[[str], str] | None = None
@@ -88,10 +88,6 @@ class JetStreamTransport:
     def capabilities(self) -> Capabilities:
         return CAPABILITIES
 
-    @property
-    def base_url(self) -> str:
-        return mask_url(self.url)
-
     def stream_for(self, subject: str) -> str:
         """The stream that stores ``subject``."""
         if self.stream_name is not None:
@@ -115,15 +111,6 @@ class JetStreamTransport:
 
     # -- what it makes ---------------------------------------------------------------------
 
-    def producer(self) -> BlockingProducer:
-        budget = self.connect_timeout + 3 * self.publish_timeout
-        return BlockingProducer(
-            self.async_producer,
-            base_url=self.base_url,
-            name="qmq-jetstream-producer",
-            timeout=budget.total_seconds(),
-        )
-
     def async_producer(self) -> JetStreamProducer:
         from qmq_outbox.transports.jetstream.producer import JetStreamProducer
 
@@ -134,21 +121,16 @@ class JetStreamTransport:
 
         return await JetStreamConsumer.open(self, spec)
 
-    @property
-    def declared(self) -> tuple[tuple[str, str], ...]:
-        """The ``(group, subject)`` pairs of ``groups``."""
-        return group_pairs(self.groups)
-
-    def declare(self) -> list[str]:
+    async def _declaring(self) -> list[str]:
         """Make every declared group's stream and durable consumer now (again: harmless)."""
         from qmq_outbox.transports.jetstream.durables import declare_topology
 
-        return run_blocking("qmq-jetstream-declare", declare_topology(self))
+        return await declare_topology(self)
 
-    def check(self) -> None:
+    async def _probing(self) -> None:
         from qmq_outbox.transports.jetstream.connection import probe
 
-        run_blocking("qmq-jetstream-check", probe(self))
+        await probe(self)
 
 
 def transport_from_url(url: str) -> JetStreamTransport:

@@ -10,12 +10,11 @@ import dataclasses
 import hashlib
 import importlib.util
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
-from qmq_outbox.dburl import mask_url
 from qmq_outbox.errors import ConfigurationError
 from qmq_outbox.transports.base import Capabilities, ConsumerSpec
-from qmq_outbox.transports.blocking import BlockingProducer, run_blocking
+from qmq_outbox.transports.blocking import LoopTransport
 from qmq_outbox.transports.topology import Groups, group_pairs
 
 if TYPE_CHECKING:
@@ -27,7 +26,7 @@ MAX_QUEUE_NAME = 255 - len(".retry")  # AMQP short strings; the suffixes must fi
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class RabbitMqTransport:
+class RabbitMqTransport(LoopTransport):
     """RabbitMQ at ``url`` (``amqp://user:password@host:port/vhost``).
 
     Producing: to the durable topic exchange ``exchange`` with routing key = subject,
@@ -47,6 +46,7 @@ class RabbitMqTransport:
     publish, and by ``declare()``: their queues exist before any of their consumers starts.
     """
 
+    kind: ClassVar[str] = "rabbitmq"
     url: str = "amqp://guest:guest@127.0.0.1:5672/"
     exchange: str = "qmq"
     queue_type: str = "quorum"
@@ -69,10 +69,6 @@ class RabbitMqTransport:
     def capabilities(self) -> Capabilities:
         return CAPABILITIES
 
-    @property
-    def base_url(self) -> str:
-        return mask_url(self.url)
-
     def queue_name(self, group: str, subject: str) -> str:
         """The group's queue of ``subject`` (hashed when too long for AMQP)."""
         name = f"{group}.{subject}"
@@ -82,15 +78,6 @@ class RabbitMqTransport:
         return f"{name.encode()[: MAX_QUEUE_NAME - 17].decode(errors='ignore')}.{digest}"
 
     # -- what it makes ---------------------------------------------------------------------
-
-    def producer(self) -> BlockingProducer:
-        budget = self.connect_timeout + 3 * self.publish_timeout
-        return BlockingProducer(
-            self.async_producer,
-            base_url=self.base_url,
-            name="qmq-rabbitmq-producer",
-            timeout=budget.total_seconds(),
-        )
 
     def async_producer(self) -> RabbitMqProducer:
         from qmq_outbox.transports.rabbitmq.producer import RabbitMqProducer
@@ -102,21 +89,16 @@ class RabbitMqTransport:
 
         return RabbitMqConsumer(self, spec)
 
-    @property
-    def declared(self) -> tuple[tuple[str, str], ...]:
-        """The ``(group, subject)`` pairs of ``groups``."""
-        return group_pairs(self.groups)
-
-    def declare(self) -> list[str]:
+    async def _declaring(self) -> list[str]:
         """Declare the exchange and every declared group's queues now (again: harmless)."""
         from qmq_outbox.transports.rabbitmq.connection import declare_topology
 
-        return run_blocking("qmq-rabbitmq-declare", declare_topology(self))
+        return await declare_topology(self)
 
-    def check(self) -> None:
+    async def _probing(self) -> None:
         from qmq_outbox.transports.rabbitmq.connection import probe
 
-        run_blocking("qmq-rabbitmq-check", probe(self))
+        await probe(self)
 
 
 def transport_from_url(url: str) -> RabbitMqTransport:
