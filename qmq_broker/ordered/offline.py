@@ -13,11 +13,9 @@ import dataclasses
 from collections import defaultdict
 from pathlib import Path
 
-from qmq_broker.errors import CorruptRecord
-from qmq_broker.format.files import SegmentKind, list_segments, read_segment_header
-from qmq_broker.format.frames import BadRegion, walk_frames
+from qmq_broker.format.files import SegmentKind, list_segments
 from qmq_broker.format.index import index_chunk_path, list_index_chunks, list_indexed_subjects
-from qmq_broker.format.messages import MessageRecord, is_message_record, peek_message
+from qmq_broker.format.messages import MessageRecord, peek_message
 from qmq_broker.ordered.files import (
     Declaration,
     RouteFileDamaged,
@@ -29,6 +27,7 @@ from qmq_broker.ordered.files import (
 )
 from qmq_broker.ordered.rebuild import CannotRebuild, Command, command_of, rebuild
 from qmq_broker.storage.index_files import read_chunk
+from qmq_broker.storage.segments import message_frames
 from qmq_wire.ordered import split_partition_log
 from qmq_wire.routes import Routes
 
@@ -130,16 +129,7 @@ def scan_commands(data_dir: Path, subjects: set[str]) -> dict[str, tuple[list[Co
         if subject in subjects and partition is not None and _indexed(data_dir, name):
             found[subject][1].add(partition)
     for path in list_segments(data_dir, SegmentKind.MESSAGES):
-        data = path.read_bytes()
-        try:
-            if read_segment_header(data, path=str(path)) is not SegmentKind.MESSAGES:
-                continue
-        except CorruptRecord:
-            continue
-        for item in walk_frames(data, check=is_message_record):
-            if isinstance(item, BadRegion):
-                continue
-            offset, payload = item
+        for offset, payload in message_frames(path):
             _, _, log, message_id = peek_message(payload)
             subject, partition = split_partition_log(log)
             if subject not in subjects or partition is None:

@@ -17,15 +17,14 @@ from pathlib import Path
 
 from qmq_broker.dedup.filter import FILTER_FILE
 from qmq_broker.dedup.runs import parse_run_name
-from qmq_broker.errors import CorruptRecord, StorageError
+from qmq_broker.errors import StorageError
 from qmq_broker.format.files import (
     KIND_DIRS,
     SegmentKind,
     list_segments,
-    read_segment_header,
     segment_number,
 )
-from qmq_broker.format.frames import FRAME_SIZE, BadRegion, walk_frames
+from qmq_broker.format.frames import FRAME_SIZE
 from qmq_broker.format.ids import id_hash
 from qmq_broker.format.index import (
     INDEX_CHUNK_ENTRIES,
@@ -36,7 +35,7 @@ from qmq_broker.format.index import (
     list_index_chunks,
     list_indexed_subjects,
 )
-from qmq_broker.format.messages import MessageRecord, is_message_record
+from qmq_broker.format.messages import MessageRecord
 from qmq_broker.ordered.offline import repair_route_files
 from qmq_broker.recovery.recover import recover
 from qmq_broker.recovery.verify import Report, check_data_dir
@@ -44,6 +43,7 @@ from qmq_broker.recovery.verify_log import read_index
 from qmq_broker.storage.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE, Checkpoint
 from qmq_broker.storage.index_files import CHUNK_BYTES, read_chunk, write_chunk
 from qmq_broker.storage.lock import DataDirLock
+from qmq_broker.storage.segments import message_frames
 
 CHECKPOINTS = (CHECKPOINT_FILE, PREVIOUS_FILE)
 LOGS = (KIND_DIRS[SegmentKind.MESSAGES], KIND_DIRS[SegmentKind.ACTIONS])
@@ -138,17 +138,8 @@ def _entries_in_log(segments: list[Path]) -> dict[str, dict[int, bytes]]:
     """``{subject: {seq: packed index entry}}`` for every readable message record."""
     found: dict[str, dict[int, bytes]] = defaultdict(dict)
     for path in segments:
-        data = path.read_bytes()
-        try:
-            if read_segment_header(data, path=str(path)) is not SegmentKind.MESSAGES:
-                continue
-        except CorruptRecord:
-            continue
         number = segment_number(path)
-        for item in walk_frames(data, check=is_message_record):
-            if isinstance(item, BadRegion):
-                continue
-            offset, payload = item
+        for offset, payload in message_frames(path):
             record = MessageRecord.decode(payload, path=str(path), offset=offset)
             found[record.subject][record.seq] = INDEX_ENTRY.pack(
                 number, FRAME_SIZE + len(payload), offset, record.stored_at_us, id_hash(record.id)

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
 
 from qmq_broker.errors import CorruptRecord, StorageError
-from qmq_broker.format.files import HEADER_SIZE, KIND_DIRS, SegmentKind, segment_name
-from qmq_broker.format.frames import FRAME_SIZE, read_frame_at
+from qmq_broker.format.files import (
+    HEADER_SIZE,
+    KIND_DIRS,
+    SegmentKind,
+    read_segment_header,
+    segment_name,
+)
+from qmq_broker.format.frames import FRAME_SIZE, BadRegion, read_frame_at, walk_frames
+from qmq_broker.format.messages import is_message_record
 
 
 class Position(msgspec.Struct, frozen=True, gc=False):
@@ -67,6 +75,20 @@ _RWF_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)  # Linux 4.14+
 _WILLNEED: int | None = getattr(os, "POSIX_FADV_WILLNEED", None)
 # Whether ``cached_only`` reads can succeed here: elsewhere every one raises ``NotCached``.
 CACHED_READS = _RWF_NOWAIT is not None
+
+
+def message_frames(path: Path) -> Iterator[tuple[int, bytes]]:
+    """Every good frame of a message segment read whole, as (offset, payload): bad regions
+    left out, nothing from a file whose header does not read as a message segment's."""
+    data = path.read_bytes()
+    try:
+        if read_segment_header(data, path=str(path)) is not SegmentKind.MESSAGES:
+            return
+    except CorruptRecord:
+        return
+    for item in walk_frames(data, check=is_message_record):
+        if not isinstance(item, BadRegion):
+            yield item
 
 
 class NotCached(Exception):
