@@ -25,7 +25,7 @@ def _broker() -> click.Command:
 
 
 def _compensator() -> click.Command:
-    from qmq_outbox.compensator_cli import compensator
+    from qmq_outbox.compensator.cli import compensator
 
     return compensator
 

@@ -27,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
 from qmq_outbox import tracing
-from qmq_outbox.compensator_config import CompensatorConfig, CompensatorSettings
+from qmq_outbox.compensator.config import CompensatorConfig, CompensatorSettings
 from qmq_outbox.dburl import sync_database_url
 from qmq_outbox.dispatcher import AsyncDispatcher, ThreadDispatcher
 from qmq_outbox.envelope import OutgoingMessage

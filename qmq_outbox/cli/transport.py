@@ -23,7 +23,7 @@ from typing import Any
 import click
 
 from qmq_outbox.cli import failures
-from qmq_outbox.compensator_cli import TRANSPORT_URL
+from qmq_outbox.compensator.cli import TRANSPORT_URL
 from qmq_outbox.dburl import mask_url
 from qmq_outbox.errors import BrokerUnavailable, ConfigurationError
 from qmq_outbox.transports.topology import Declaring, name_problem

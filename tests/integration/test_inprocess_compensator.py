@@ -22,7 +22,7 @@ from sqlalchemy.orm import sessionmaker
 
 from qmq_outbox import migrate
 from qmq_outbox.client import BrokerClient
-from qmq_outbox.compensator_config import CompensatorSettings
+from qmq_outbox.compensator.config import CompensatorSettings
 from qmq_outbox.errors import ConfigurationError
 from qmq_outbox.outbox import Outbox
 from qmq_outbox.store import OutboxStore

@@ -22,9 +22,9 @@ from qmq_cli.options import (
     parse_timestamp,
     take,
 )
-from qmq_outbox.compensator_cli import CompensatorService
-from qmq_outbox.compensator_cli import compensator as compensator_command
-from qmq_outbox.compensator_config import CompensatorConfig
+from qmq_outbox.compensator.cli import CompensatorService
+from qmq_outbox.compensator.cli import compensator as compensator_command
+from qmq_outbox.compensator.config import CompensatorConfig
 from qmq_reconcile.cli import ReconcileArgs
 from qmq_reconcile.cli import reconcile as reconcile_command
 

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 from prometheus_client import generate_latest
 
-from qmq_outbox.compensator_metrics import MAX_SUBJECTS, CompensatorMetrics
+from qmq_outbox.compensator.metrics import MAX_SUBJECTS, CompensatorMetrics
 from qmq_outbox.store import SubjectBacklog
 
 NOW = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)

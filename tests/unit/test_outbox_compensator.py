@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from prometheus_client import generate_latest
 
 from qmq_outbox.compensator import Compensator
-from qmq_outbox.compensator_config import CompensatorConfig, CompensatorSettings
+from qmq_outbox.compensator.config import CompensatorConfig, CompensatorSettings
 from qmq_outbox.errors import ConfigurationError
 from qmq_outbox.schema import metadata, outbox_table
 from qmq_outbox.store import OutboxStore

@@ -22,8 +22,8 @@ import sqlalchemy as sa
 from qmq_cli.options import Unit, option_field, options_from, take
 from qmq_outbox.cli import failures
 from qmq_outbox.cli.urls import DATABASE_URL, CheckedUrl, check_broker_url, database_url_field
-from qmq_outbox.compensator import Compensator, PassResult
-from qmq_outbox.compensator_config import CompensatorConfig
+from qmq_outbox.compensator.config import CompensatorConfig
+from qmq_outbox.compensator.worker import Compensator, PassResult
 from qmq_outbox.dburl import mask_url, sync_database_url
 from qmq_outbox.errors import ConfigurationError
 from qmq_outbox.schema import outbox_table

@@ -41,8 +41,8 @@ from sqlalchemy.engine import Engine
 
 from qmq_outbox import tracing
 from qmq_outbox.backoff import backoff_delay
-from qmq_outbox.compensator_config import CompensatorConfig, CompensatorSettings
-from qmq_outbox.compensator_metrics import CompensatorMetrics
+from qmq_outbox.compensator.config import CompensatorConfig, CompensatorSettings
+from qmq_outbox.compensator.metrics import CompensatorMetrics
 from qmq_outbox.errors import (
     BrokerRejected,
     BrokerUnavailable,
@@ -56,7 +56,7 @@ from qmq_outbox.transports.base import ClosingProducer, Producer, Transport
 from qmq_outbox.transports.urls import from_url
 from qmq_outbox.unroutable import SubjectWarnings
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("qmq_outbox.compensator")  # the name the docs give its lines
 
 _JOB_ID = "qmq-compensator-pass"
 # The pauses between passes while they fail: from max(interval, MIN) up to MAX.
