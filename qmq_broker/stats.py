@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Iterator
+from typing import TypeVar
 
 from qmq_broker.delayed.service import DelayedMessages, ScheduledCount, ScheduleStats
 from qmq_broker.errors import NotFound
@@ -52,7 +53,7 @@ class StatsService:
             if partition is None:
                 listed[name] = stats
             elif subject in listed:
-                listed[subject] = _summed(listed[subject], stats)
+                listed[subject] = _summed(listed[subject], stats, _SUBJECT_COUNTERS)
             else:
                 listed[subject] = dataclasses.replace(stats, subject=subject, first_seq=0)
         for subject in self._book.subjects():  # declared, nothing stored or pulled yet
@@ -92,11 +93,13 @@ class StatsService:
             log = self._subjects.get(partition_log(name, partition))
             if log is None:
                 continue
-            total = _summed(total, self._without_command(log, name, partition))
+            total = _summed(total, self._without_command(log, name, partition), _SUBJECT_COUNTERS)
             for group in self._groups.of_subject(log.name):
                 stats = dataclasses.replace(group.stats(log.end_seq), mode="ordered")
                 found = groups.get(group.name)
-                groups[group.name] = stats if found is None else _group_summed(found, stats)
+                if found is not None:
+                    stats = _summed(found, stats, _GROUP_COUNTERS)
+                groups[group.name] = stats
         return SubjectDetail(
             subject=name,
             messages=total.messages,
@@ -171,22 +174,14 @@ def _oldest_stored_us(
     return log.raw(min(kept))[3] if kept else None
 
 
-def _summed(total: SubjectStats, more: SubjectStats) -> SubjectStats:
-    """An ordered subject's counters: messages, bytes and seqs ever stored, over partitions."""
-    return dataclasses.replace(
-        total,
-        messages=total.messages + more.messages,
-        bytes=total.bytes + more.bytes,
-        next_seq=total.next_seq + more.next_seq,
-    )
+Stats = TypeVar("Stats", SubjectStats, GroupStats)
+_SUBJECT_COUNTERS = ("messages", "bytes", "next_seq")
+"""An ordered subject's counters summed over its partitions: messages, bytes and seqs
+ever stored."""
+_GROUP_COUNTERS = ("backlog", "in_flight", "retrying", "dead", "acked")
 
 
-def _group_summed(total: GroupStats, more: GroupStats) -> GroupStats:
-    return dataclasses.replace(
-        total,
-        backlog=total.backlog + more.backlog,
-        in_flight=total.in_flight + more.in_flight,
-        retrying=total.retrying + more.retrying,
-        dead=total.dead + more.dead,
-        acked=total.acked + more.acked,
-    )
+def _summed(total: Stats, more: Stats, counters: tuple[str, ...]) -> Stats:
+    """``total`` with each of its ``counters`` plus the same one of ``more``."""
+    added = {name: getattr(total, name) + getattr(more, name) for name in counters}
+    return dataclasses.replace(total, **added)
