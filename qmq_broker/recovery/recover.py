@@ -47,6 +47,14 @@ from qmq_broker.format.ids import id_hash
 from qmq_broker.format.index import INDEX_CHUNK_ENTRIES, INDEX_ENTRY, INDEX_ENTRY_SIZE, chunk_start
 from qmq_broker.format.messages import is_message_record, peek_message
 from qmq_broker.groups import GroupTable
+from qmq_broker.recovery.gone import (
+    Gone,
+    keep_checkpointed_seqs,
+    keep_seqs_groups_saw,
+    mark,
+    mark_records_gone,
+    still_gone,
+)
 from qmq_broker.recovery.index import WorkingIndex, load_indexes
 from qmq_broker.recovery.index_repair import rebuild_chunk
 from qmq_broker.recovery.migrate import migrate
@@ -132,12 +140,12 @@ def recover(
         data_dir, checkpoint.indexes, hold_from_segment=scan_from[0], problems=problems
     )
     indexes, rebuild = loaded.indexes, loaded.rebuild
-    gone = _mark_records_gone(indexes, segments, valid_ends)
+    gone = mark_records_gone(indexes, segments, valid_ends)
     if rebuild:
         scan_from = (oldest, HEADER_SIZE)
     _index_tail(segments, scan_from, valid_ends, indexes, rebuild, gone, problems, data_dir)
-    _keep_checkpointed_seqs(indexes, checkpoint.indexes, newest, rebuild, gone)
-    _keep_seqs_groups_saw(indexes, groups, newest, gone, data_dir)
+    keep_checkpointed_seqs(indexes, checkpoint.indexes, newest, rebuild, gone)
+    keep_seqs_groups_saw(indexes, groups, newest, gone, data_dir)
     lost = _report_lost(indexes, gone, problems)
     for subject, _ in groups:  # a subject its groups pulled from before anything was stored
         indexes.setdefault(subject, WorkingIndex(data_dir=data_dir, name=subject))
@@ -280,49 +288,6 @@ def _cost(kind: SegmentKind) -> str:
     return "the group changes in them are lost (their messages may be delivered again)"
 
 
-def _mark(segment: int, stored_us: int = 0) -> bytes:
-    """An entry for a seq whose record is gone: it points at a segment header, where no
-    frame can be, so it reads as unreadable; the seq stays allocated."""
-    return INDEX_ENTRY.pack(segment, FRAME_SIZE, 0, stored_us, 0)
-
-
-def _is_mark(entry: tuple[int, int, int, int, int]) -> bool:
-    return entry[2] == 0 and entry[1] == FRAME_SIZE
-
-
-Gone = dict[str, set[int]]  # per subject: seqs recovery marked because their record is gone
-
-
-def _mark_records_gone(
-    indexes: dict[str, WorkingIndex], segments: list[Path], valid_ends: dict[int, int]
-) -> Gone:
-    """Entries whose record lies past the valid data of a scanned segment, or in a segment
-    past the newest, keep their seqs and are marked (``_mark``).
-
-    An index entry is written only after its record was, so an entry without its record
-    means the log lost bytes it had held: below acknowledged data, never a torn tail. (After
-    a power cut during a batch's fsync its producer may have had no answer; it resends, and
-    the message is stored again under a new seq.) ``_index_tail`` then corrects the entries
-    whose record it finds elsewhere in the log.
-    """
-    last_segment = segment_number(segments[-1]) if segments else -1
-    gone: Gone = {}
-    for name, index in indexes.items():
-        seqs = []
-        for seq, entry in index.entries_between(index.base, index.count):
-            segment, length, offset, _, _ = entry
-            end = valid_ends.get(segment)
-            past = segment > last_segment or (end is not None and offset + length > end)
-            if past and not _is_mark(entry):
-                seqs.append(seq)
-        for seq in seqs:
-            segment, _, _, stored, _ = index.entry(seq)
-            index.set(seq, _mark(segment, stored))
-        if seqs:
-            gone[name] = set(seqs)
-    return gone
-
-
 def _report_lost(
     indexes: dict[str, WorkingIndex], gone: Gone, problems: list[str]
 ) -> dict[str, int]:
@@ -331,7 +296,7 @@ def _report_lost(
     lost: dict[str, int] = {}
     for name, seqs in sorted(gone.items()):
         index = indexes[name]
-        still = sorted(seq for seq in seqs if seq < index.count and _is_mark(index.entry(seq)))
+        still = still_gone(index, seqs)
         if not still:
             continue
         lost[name] = len(still)
@@ -351,23 +316,6 @@ def _report_lost(
             },
         )
     return lost
-
-
-def _keep_checkpointed_seqs(
-    indexes: dict[str, WorkingIndex],
-    digests: dict[str, IndexDigest],
-    segment: int,
-    rebuild: set[str],
-    gone: Gone,
-) -> None:
-    """A rebuilt index keeps every seq the checkpoint covered, found in the log or not:
-    those were acknowledged, so they are never handed out again (unreadable if gone)."""
-    for name in rebuild:
-        count = digests[name].count if name in digests else 0
-        index = indexes[name]
-        if index.count < count:
-            gone.setdefault(name, set()).update(range(index.count, count))
-            index.entries += _mark(segment) * (count - index.count)
 
 
 def _index_tail(
@@ -430,7 +378,7 @@ def _index_tail(
                     entries += INDEX_ENTRY.pack(segment, length, region.start, 0, 0) * gap
                 elif name in rebuild:  # records gone with no trace but their seqs
                     gone.setdefault(name, set()).update(range(next_seq, seq))
-                    entries += _mark(number) * gap
+                    entries += mark(number) * gap
                 else:
                     raise StorageError(
                         f"{path} at {offset}: {name} seq {seq} follows {next_seq - 1}; the "
@@ -438,31 +386,6 @@ def _index_tail(
                         f"qmq broker verify --data-dir {data_dir} --repair"
                     )
             entries += entry
-
-
-def _keep_seqs_groups_saw(
-    indexes: dict[str, WorkingIndex],
-    groups: GroupTable,
-    segment: int,
-    gone: Gone,
-    data_dir: Path,
-) -> None:
-    """Seqs a group already read must never be handed out again, even when the log lost them
-    (a tail cut past the checkpoint): they stay allocated and read as unreadable (their
-    entries point at a segment header, where no frame can be)."""
-    seen: dict[str, int] = {}
-    for (subject, _), group in groups.items():
-        for state in group.states.values():
-            top = max((state.cursor - 1, *state.leases, *state.retries, *state.dead))
-            seen[subject] = max(seen.get(subject, -1), top)
-    for subject, top in seen.items():
-        index = indexes.get(subject)
-        if index is None:
-            index = indexes[subject] = WorkingIndex(data_dir=data_dir, name=subject)
-        count = index.count
-        if top >= count:
-            gone.setdefault(subject, set()).update(range(count, top + 1))
-            index.entries += _mark(segment) * (top + 1 - count)
 
 
 def _recovered_subject(
