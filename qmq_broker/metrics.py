@@ -121,13 +121,30 @@ class _GroupCollector(Collector):
         return iter(())
 
 
-class _StorageCollector(Collector):
+class ScrapedGauges(Collector):
+    """Gauges without labels, read at scrape time: ``gauges()`` gives each one's name, help
+    text and value."""
+
+    def gauges(self) -> Iterable[tuple[str, str, float]]:
+        raise NotImplementedError
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        for name, documentation, value in self.gauges():
+            family = GaugeMetricFamily(name, documentation)
+            family.add_metric([], float(value))
+            yield family
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())
+
+
+class _StorageCollector(ScrapedGauges):
     """Memory the subjects' indexes and dedup stores hold, summed over subjects."""
 
     def __init__(self, subjects: SubjectTable) -> None:
         self._subjects = subjects
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def gauges(self) -> list[tuple[str, str, float]]:
         subjects = self._subjects
         logs = list(subjects.values())  # a snapshot: scrapes may run off the event loop
         stats = [s for s in (log.dedup_stats() for log in logs) if s is not None]
@@ -163,10 +180,4 @@ class _StorageCollector(Collector):
                 false_positives / lookups if lookups else 0.0,
             ),
         }
-        for name, (documentation, value) in values.items():
-            family = GaugeMetricFamily(name, documentation)
-            family.add_metric([], float(value))
-            yield family
-
-    def describe(self) -> Iterator[GaugeMetricFamily]:
-        return iter(())
+        return [(name, documentation, value) for name, (documentation, value) in values.items()]

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
+
+from qmq_broker.metrics import ScrapedGauges
 
 _LATENESS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.6, 1, 2.5, 5, 30, 300)
 
@@ -67,11 +67,11 @@ class ScheduleMetrics:
         self._registry.register(_ScheduleCollector(snapshot))
 
 
-class _ScheduleCollector(Collector):
+class _ScheduleCollector(ScrapedGauges):
     def __init__(self, snapshot: Snapshot) -> None:
         self._snapshot = snapshot
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def gauges(self) -> list[tuple[str, str, float]]:
         doc = self._snapshot()
         gauges = [
             ("pending_messages", "Delayed messages not yet due", doc["messages"]),
@@ -90,10 +90,4 @@ class _ScheduleCollector(Collector):
                 doc["lag_us"] / 1e6,
             ),
         ]
-        for name, text, value in gauges:
-            family = GaugeMetricFamily(f"qmq_broker_schedule_{name}", text)
-            family.add_metric([], float(value))
-            yield family
-
-    def describe(self) -> Iterator[GaugeMetricFamily]:
-        return iter(())
+        return [(f"qmq_broker_schedule_{name}", text, value) for name, text, value in gauges]
