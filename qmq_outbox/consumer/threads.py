@@ -9,7 +9,6 @@ and does not keep the process alive.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import queue
 import threading
 from collections.abc import Callable
@@ -17,7 +16,7 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-_Job = tuple["concurrent.futures.Future[Any]", Callable[..., Any], tuple[Any, ...]]
+_Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...]]
 
 
 class ThreadPool:
@@ -37,10 +36,15 @@ class ThreadPool:
             thread.start()
 
     async def run(self, fn: Callable[..., T], /, *args: Any) -> T:
-        """``fn(*args)`` on one of the threads; its result or exception comes back here."""
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._jobs.put((future, fn, args))
-        return await asyncio.wrap_future(future)
+        """``fn(*args)`` on one of the threads; its result or exception comes back here.
+
+        The thread settles the caller's asyncio future itself, through the loop: no
+        ``concurrent.futures.Future`` chained to it (a lock, a condition and callbacks
+        each way for every call)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._jobs.put((loop, future, fn, args))
+        return await future
 
     def close(self) -> None:
         """Let the threads end once the queued calls are done; does not wait for them."""
@@ -49,10 +53,36 @@ class ThreadPool:
 
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:
-            future, fn, args = job
-            if not future.set_running_or_notify_cancel():
+            loop, future, fn, args = job
+            if future.cancelled():
                 continue  # its caller was cancelled before the call started
             try:
-                future.set_result(fn(*args))
+                result = fn(*args)
             except BaseException as exc:
-                future.set_exception(exc)
+                _settle(loop, future, None, exc)
+            else:
+                _settle(loop, future, result, None)
+
+
+def _settle(
+    loop: asyncio.AbstractEventLoop,
+    future: asyncio.Future[Any],
+    result: Any,
+    error: BaseException | None,
+) -> None:
+    """From a pool thread: hand the call's outcome to its future on the loop's thread."""
+    try:
+        loop.call_soon_threadsafe(_set, future, result, error)
+    except RuntimeError:
+        pass  # the loop is closed: nobody waits for this call any more (abandoned at a stop)
+
+
+def _set(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if error is None:
+        future.set_result(result)
+    elif isinstance(error, StopIteration):  # a future cannot hold one
+        future.set_exception(RuntimeError(f"the call raised {error!r}"))
+    else:
+        future.set_exception(error)
