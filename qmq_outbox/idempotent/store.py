@@ -89,7 +89,9 @@ class IdempotentStore(Generic[S]):
 
     # -- one message per transaction ----------------------------------------------------
     # The SQL is written once, on a sync ``Session``; the async variants run it through
-    # ``AsyncSession.run_sync`` and differ only in awaiting the handler.
+    # ``AsyncSession.run_sync`` and differ only in awaiting the handler. The store's own
+    # statements are Core, run on the session's connection (in its transaction): they need
+    # nothing of the ORM's execution.
 
     def process(
         self: IdempotentStore[Session],
@@ -127,7 +129,7 @@ class IdempotentStore(Generic[S]):
 
     def _insert_done(self, session: Session, group: str, message_id: str) -> None:
         try:
-            session.execute(*rows.insert_done(group, message_id, now=self.now()))
+            session.connection().execute(*rows.insert_done(group, message_id, now=self.now()))
         except IntegrityError as exc:
             raise _translate(exc, group, message_id) from exc
         except SQLAlchemyError as exc:
@@ -189,7 +191,7 @@ class IdempotentStore(Generic[S]):
         insert = rows.insert_done_many(dialect, group, messages, now=self.now())
         if insert is None:
             return None
-        fresh = set(session.execute(*insert).scalars())
+        fresh = set(session.connection().execute(*insert).scalars())
         return [_claim(fresh, message) for message in messages]
 
     # -- retention ----------------------------------------------------------------------
