@@ -175,7 +175,8 @@ async def write_broker(data_dir: Path, rows: int, created: datetime) -> float:
         await broker.services.producer.produce(batch)
     for subject in SUBJECTS:
         while True:
-            pulled = await broker.services.delivery.pull(
+            pulled, _ = await broker.services.delivery.ack_and_pull(
+                ack=None,
                 subject=subject,
                 group="billing",
                 consumer="c1",

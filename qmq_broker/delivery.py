@@ -92,39 +92,6 @@ class DeliveryService:
 
     # --- pull ------------------------------------------------------------------------------
 
-    async def pull(
-        self,
-        *,
-        subject: str,
-        group: str,
-        consumer: str,
-        max_messages: int,
-        wait_ms: int,
-        mode: str,
-        start: str,
-        min_messages: int = 1,
-        linger_ms: int = 0,
-    ) -> list[PulledMessageJson]:
-        """Queue a pull in its group's actor and wait for the answer.
-
-        Messages as soon as there are some (at least ``min_messages`` of them during the
-        first ``linger_ms``); an empty list when ``wait_ms`` ran out; ``mailbox_full`` or
-        ``deadline_exceeded`` when the group is overloaded.
-        """
-        messages, _ = await self.ack_and_pull(
-            subject=subject,
-            group=group,
-            consumer=consumer,
-            max_messages=max_messages,
-            wait_ms=wait_ms,
-            mode=mode,
-            start=start,
-            ack=None,
-            min_messages=min_messages,
-            linger_ms=linger_ms,
-        )
-        return messages
-
     async def ack_and_pull(
         self,
         *,
@@ -139,7 +106,12 @@ class DeliveryService:
         min_messages: int = 1,
         linger_ms: int = 0,
     ) -> tuple[list[PulledMessageJson], AckResult | None]:
-        """``pull``, acking ``ack`` (the consumer's previous batch) in the same request.
+        """Queue a pull in its group's actor and wait for the answer, acking ``ack`` (the
+        consumer's previous batch, or None) in the same request.
+
+        Messages as soon as there are some (at least ``min_messages`` of them during the
+        first ``linger_ms``); an empty list when ``wait_ms`` ran out; ``mailbox_full`` or
+        ``deadline_exceeded`` when the group is overloaded.
 
         The acks are applied once the pull is queued (a pull refused at once applies none)
         and before it chooses, so both records share a journal batch; the answer waits until

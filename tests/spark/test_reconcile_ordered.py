@@ -82,7 +82,8 @@ async def consume(broker: Broker, group: str = GROUP) -> tuple[int, frozenset[st
     acked before a message of the same key stored ahead of them in the same batch."""
     got, idle, early = 0, 0, set()
     while idle < 3:
-        pulled = await broker.services.delivery.pull(
+        pulled, _ = await broker.services.delivery.ack_and_pull(
+            ack=None,
             subject=LEDGER, group=group, consumer="c1", max_messages=100, wait_ms=0,
             mode="ordered", start="earliest",
         )  # fmt: skip

@@ -84,7 +84,8 @@ def test_a_crash_between_the_two_renames_leaves_the_previous(tmp_path: Path) -> 
 def test_recovery_passes_over_a_damaged_checkpoint(tmp_path: Path, damaged: list[str]) -> None:
     async def work(broker: Broker) -> None:
         await broker.services.producer.produce([incoming(i) for i in range(30)])
-        pulled = await broker.services.delivery.pull(
+        pulled, _ = await broker.services.delivery.ack_and_pull(
+            ack=None,
             subject="orders",
             group="g",
             consumer="c",

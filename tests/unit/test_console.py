@@ -81,7 +81,8 @@ def test_the_views_over_a_real_broker(tmp_path: Path) -> None:
         console = broker.services.console
         await console.sample()  # the first sample: counters, no rates yet
         await broker.services.producer.produce([incoming(i) for i in range(10)])
-        pulled = await broker.services.delivery.pull(
+        pulled, _ = await broker.services.delivery.ack_and_pull(
+            ack=None,
             subject="orders",
             group="billing",
             consumer="c1",
@@ -126,7 +127,8 @@ def test_the_views_over_a_real_broker(tmp_path: Path) -> None:
 def test_an_ordered_subjects_partition_owners(tmp_path: Path) -> None:
     async def script(broker: Broker) -> None:
         await broker.services.routes.declare("ledger", partitions=2, on_dead="skip")
-        await broker.services.delivery.pull(
+        await broker.services.delivery.ack_and_pull(
+            ack=None,
             subject="ledger",
             group="posting",
             consumer="p1",

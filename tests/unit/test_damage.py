@@ -55,7 +55,8 @@ async def produce_all(broker: Broker) -> None:
 
 
 async def pull(broker: Broker, group: str) -> list[dict[str, Any]]:
-    messages = await broker.services.delivery.pull(
+    messages, _ = await broker.services.delivery.ack_and_pull(
+        ack=None,
         subject="orders",
         group=group,
         consumer="c",

@@ -186,7 +186,8 @@ def test_retention_deletes_index_chunks_with_their_segments(tmp_path: Path) -> N
             assert trimmed.first_seq > 2 * INDEX_CHUNK_ENTRIES  # all but the active segment
             assert trimmed.bytes < before.bytes
             # a group starting at the earliest seq starts at the first one retained
-            pulled = await broker.services.delivery.pull(
+            pulled, _ = await broker.services.delivery.ack_and_pull(
+                ack=None,
                 subject="orders",
                 group="late",
                 consumer="c",

@@ -36,7 +36,8 @@ def run_broker(data_dir: Path, script: Any) -> Any:
 async def produce_pull_ack(broker: Broker) -> dict[str, Any]:
     await broker.services.producer.produce([message(i) for i in range(40)])
     await broker.services.producer.produce([message(i, "payments") for i in range(5)])
-    pulled = await broker.services.delivery.pull(
+    pulled, _ = await broker.services.delivery.ack_and_pull(
+        ack=None,
         subject="orders",
         group="g",
         consumer="c",

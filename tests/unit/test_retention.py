@@ -47,7 +47,8 @@ def test_old_segments_are_deleted_whole_and_groups_skip_ahead(tmp_path: Path) ->
         await broker.start()
         try:
             await broker.services.producer.produce([message(i) for i in range(60)])
-            first = await broker.services.delivery.pull(
+            first, _ = await broker.services.delivery.ack_and_pull(
+                ack=None,
                 subject="orders",
                 group="g",
                 consumer="c",
@@ -78,7 +79,8 @@ def test_old_segments_are_deleted_whole_and_groups_skip_ahead(tmp_path: Path) ->
                 ).dead
                 == []
             )
-            nxt = await broker.services.delivery.pull(
+            nxt, _ = await broker.services.delivery.ack_and_pull(
+                ack=None,
                 subject="orders",
                 group="g",
                 consumer="c",

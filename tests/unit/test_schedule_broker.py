@@ -87,7 +87,8 @@ async def advance(broker: Broker, clock: FakeClock, to_us: int) -> None:
 async def pull_all(broker: Broker, subject: str = "orders") -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     while True:
-        got = await broker.services.delivery.pull(
+        got, _ = await broker.services.delivery.ack_and_pull(
+            ack=None,
             subject=subject,
             group="g",
             consumer="c",

@@ -60,7 +60,8 @@ async def running(tmp_path: Path, readahead_wait_s: float) -> AsyncIterator[Brok
 
 
 async def pull(instance: Broker, group: str, *, wait_ms: int = 0, consumer: str = "c") -> Any:
-    return await instance.services.delivery.pull(
+    messages, _ = await instance.services.delivery.ack_and_pull(
+        ack=None,
         subject="orders",
         group=group,
         consumer=consumer,
@@ -69,6 +70,7 @@ async def pull(instance: Broker, group: str, *, wait_ms: int = 0, consumer: str 
         mode="shared",
         start="earliest",
     )
+    return messages
 
 
 def spy_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
