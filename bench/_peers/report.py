@@ -47,7 +47,8 @@ def workload_title(workload: str, settings: Settings) -> str:
         "consume": f"pull + ack, batches of {settings.batch}, {settings.consumers} consumers"
         " (msgs/s)",
         "single": "single-message produce p50 / p99 (ms)",
-        "e2e": f"end to end at {settings.rate:,.0f} msg/s offered, p50 / p99 (ms)",
+        "e2e": f"end to end at {settings.rate:,.0f} msg/s offered, p50 / p99 (ms); server CPU"
+        " per message (µs)",
     }[workload]
 
 
@@ -97,7 +98,10 @@ class Report:
         p50 = self.median(workload, system, lambda r: r.p50_ms)
         p99 = self.median(workload, system, lambda r: r.p99_ms)
         lost = sum(r.lost for r in results)
-        return f"{_ms(p50)} / {_ms(p99)}" + (f" ({lost:,} lost)" if lost else "")
+        cell = f"{_ms(p50)} / {_ms(p99)}"
+        if workload == "e2e":  # what a message costs the server at this rate, beside it
+            cell += f"; {self.median(workload, system, lambda r: r.server_us):,.0f} µs"
+        return cell + (f" ({lost:,} lost)" if lost else "")
 
     def medians_table(self) -> list[str]:
         rounds = len(self.rounds)
