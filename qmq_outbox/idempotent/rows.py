@@ -110,8 +110,8 @@ def insert_done_many(
 @functools.cache
 def _insert_done_many_pg() -> sa.Executable:
     """One statement of constant text whatever the batch's size, its ids one array parameter:
-    the driver parses and prepares it once (a row of placeholders per message would be a new
-    text for every batch size, parsed again each time)."""
+    the driver parses it once and can prepare it (a row of placeholders per message would be
+    a new text for every batch size, parsed again each time)."""
     from sqlalchemy.dialects import postgresql
 
     ids = sa.func.unnest(
