@@ -52,6 +52,7 @@ logger = logging.getLogger(__name__)
 
 REFUSED_LINGER_S = 1.0  # how long a refused connection may stay to read its answer
 FD_RESERVE = 1024  # open files kept for everything but client connections (segments, ...)
+TIMER_SLACK_S = 0.001  # a timer this close to its deadline counts as due (ms loop clock)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -148,7 +149,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         limits = self.tracker.limits
         # uvicorn annotates it int; it only goes to loop.call_later, which takes seconds.
         self.timeout_keep_alive = limits.idle_timeout_s  # type: ignore[assignment]
+        # one timer per connection, left armed across requests: a request sets or clears
+        # the deadline it checks (``_head_due``) instead of cancelling and re-creating it
         self._head_timer: asyncio.TimerHandle | None = None
+        self._head_due: float | None = None  # loop time the next request head is due by
         self._refused: asyncio.TimerHandle | None = None
         self._abandonable: tuple[asyncio.Task[Any], RequestResponseCycle] | None = None
 
@@ -188,23 +192,32 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     # --- timeouts -------------------------------------------------------------------------
 
     def _arm_head_timer(self) -> None:
-        self._cancel_head_timer()
-        delay = self.tracker.limits.header_timeout_s
-        self._head_timer = self.loop.call_later(delay, self._head_timed_out)
+        """The next request head is due within the header timeout from now."""
+        due = self._head_due = self.loop.time() + self.tracker.limits.header_timeout_s
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_at(due, self._head_timer_fired)
 
     def _cancel_head_timer(self) -> None:
+        self._head_due = None
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
 
-    def _head_timed_out(self) -> None:
+    def _head_timer_fired(self) -> None:
         self._head_timer = None
+        due = self._head_due
+        if due is None:
+            return  # a head came in time; the response re-arms the timer
+        if due - self.loop.time() > TIMER_SLACK_S:  # it moved on since the timer was armed
+            self._head_timer = self.loop.call_at(due, self._head_timer_fired)
+            return
+        self._head_due = None
         if not self.transport.is_closing():
             self.tracker.timed_out("header")
             self.transport.close()
 
     def on_headers_complete(self) -> None:
-        self._cancel_head_timer()
+        self._head_due = None  # in time: the timer, still armed, finds nothing due
         super().on_headers_complete()
         cycle = self.cycle
         cycle.transport = _OneWriteAnswers(self.transport, cycle, self.loop)  # type: ignore[assignment]

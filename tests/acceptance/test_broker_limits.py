@@ -106,6 +106,19 @@ def test_a_request_head_sent_byte_by_byte_is_cut_off_at_the_header_timeout(
     assert metric(url, "qmq_broker_connections_timed_out_total", reason="header") == 1
 
 
+def test_the_header_timeout_runs_from_the_previous_response(timeouts_broker: str) -> None:
+    url = timeouts_broker
+    head = http_request("GET", "/healthz")[:-2]  # never quite complete
+    with connect(url) as sock:
+        time.sleep(1.0)  # most of the header timeout of the connection itself
+        sock.sendall(http_request("GET", "/healthz"))
+        assert read_response(sock).startswith(b"HTTP/1.1 200")
+        answered = time.monotonic()
+        # the next head's 1.5 s run from the answer, not from the connection's start
+        assert 1.3 <= seconds_until_closed(sock, answered, trickle=head) <= 3.0
+    assert metric(url, "qmq_broker_connections_timed_out_total", reason="header") == 1
+
+
 def test_an_idle_kept_alive_connection_is_closed_after_the_idle_timeout(
     timeouts_broker: str,
 ) -> None:
