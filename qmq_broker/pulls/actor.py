@@ -264,8 +264,6 @@ class PullActor:
             spent = now - self.suspended_since
             self.suspended_since = None
             self.suspended_s += spent
-            if self.series is not None:
-                self.series.suspended.inc(spent)
 
     def note_cost(self, seconds_per_request: float) -> None:
         previous = self.cost_per_request
@@ -297,7 +295,3 @@ class PullActor:
         self.runs += 1
         self.service_s += elapsed
         self.work_s += work
-        if self.series is not None:
-            self.series.runs.inc()
-            self.series.service.inc(elapsed)
-            self.series.work.inc(work)

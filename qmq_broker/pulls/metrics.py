@@ -1,9 +1,11 @@
 """Prometheus series per actor (labels ``subject``, ``group``), on the broker's registry.
 
-Counters and the queue-wait histogram are updated as things happen (each actor keeps its
-label children, so an update is one call); mailbox depth, parked requests and virtual
-runtime are read at scrape time. Broker-wide totals (pending and parked pulls, pulls refused
-by the broker-wide cap) have no labels.
+What an actor counts on itself anyway (runs, service, work and suspended seconds) is read
+from it at scrape time, with its mailbox depth, parked requests and virtual runtime: a run
+then updates no series. The queue-wait histogram and the expired and rejected counters are
+updated as things happen (each actor keeps its label children, so an update is one call).
+Broker-wide totals (pending and parked pulls, pulls refused by the broker-wide cap) have no
+labels.
 """
 
 from __future__ import annotations
@@ -12,13 +14,28 @@ import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 _WAIT_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5)
 
-# (subject, group, queued, parked, vruntime seconds)
-ActorGauges = Callable[[], Iterable[tuple[str, str, int, int, float]]]
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ActorReading:
+    """One actor's figures, read at scrape time."""
+
+    subject: str
+    group: str
+    queued: int  # pulls in its mailbox
+    parked: int  # long polls parked
+    vruntime: float  # seconds
+    runs: int
+    service_s: float
+    work_s: float
+    suspended_s: float
+
+
+ActorGauges = Callable[[], Iterable[ActorReading]]
 # (pending, parked) over all actors
 PullTotals = Callable[[], tuple[int, int]]
 
@@ -27,10 +44,6 @@ PullTotals = Callable[[], tuple[int, int]]
 class ActorSeries:
     """The label children of one actor."""
 
-    runs: Counter
-    service: Counter
-    work: Counter
-    suspended: Counter
     queue_wait: Histogram
     expired: Counter
     rejected: Counter
@@ -40,28 +53,6 @@ class ActorMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         labels = ["subject", "group"]
         r = registry
-        self.runs = Counter(
-            "qmq_broker_actor_runs", "Slices an actor ran on a worker", labels, registry=r
-        )
-        self.service = Counter(
-            "qmq_broker_actor_service_seconds",
-            "Wall time an actor spent running, waits for reads included",
-            labels,
-            registry=r,
-        )
-        self.work = Counter(
-            "qmq_broker_actor_work_seconds",
-            "CPU an actor's pulls cost in its runs, on the loop and the read thread (with "
-            "the work charged outside them, its virtual runtime)",
-            labels,
-            registry=r,
-        )
-        self.suspended = Counter(
-            "qmq_broker_actor_suspended_seconds",
-            "Time an actor spent suspended: only long polls parked, no worker used",
-            labels,
-            registry=r,
-        )
         self.queue_wait = Histogram(
             "qmq_broker_actor_queue_wait_seconds",
             "Time a pull waited in its actor's mailbox before a worker took it",
@@ -100,17 +91,13 @@ class ActorMetrics:
 
     def series(self, subject: str, group: str) -> ActorSeries:
         return ActorSeries(
-            runs=self.runs.labels(subject, group),
-            service=self.service.labels(subject, group),
-            work=self.work.labels(subject, group),
-            suspended=self.suspended.labels(subject, group),
             queue_wait=self.queue_wait.labels(subject, group),
             expired=self.expired.labels(subject, group),
             rejected=self.rejected.labels(subject, group),
         )
 
     def watch(self, gauges: ActorGauges) -> None:
-        """Expose mailbox depth, parked requests and virtual runtime at scrape time."""
+        """Expose each actor's ``ActorReading`` at scrape time."""
         self._registry.register(_ActorCollector(gauges))
 
     def watch_totals(self, totals: PullTotals) -> None:
@@ -123,8 +110,27 @@ class _ActorCollector(Collector):
     def __init__(self, gauges: ActorGauges) -> None:
         self._gauges = gauges
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         labels = ["subject", "group"]
+        runs = CounterMetricFamily(
+            "qmq_broker_actor_runs", "Slices an actor ran on a worker", labels=labels
+        )
+        service = CounterMetricFamily(
+            "qmq_broker_actor_service_seconds",
+            "Wall time an actor spent running, waits for reads included",
+            labels=labels,
+        )
+        work = CounterMetricFamily(
+            "qmq_broker_actor_work_seconds",
+            "CPU an actor's pulls cost in its runs, on the loop and the read thread (with "
+            "the work charged outside them, its virtual runtime)",
+            labels=labels,
+        )
+        suspended = CounterMetricFamily(
+            "qmq_broker_actor_suspended_seconds",
+            "Time an actor spent suspended: only long polls parked, no worker used",
+            labels=labels,
+        )
         mailbox = GaugeMetricFamily(
             "qmq_broker_actor_mailbox_requests",
             "Pulls queued in an actor's mailbox, waiting for a worker",
@@ -140,11 +146,16 @@ class _ActorCollector(Collector):
             "An actor's virtual runtime (fair scheduler priority; lower runs first)",
             labels=labels,
         )
-        for subject, group, queued, parked_n, vrun in self._gauges():
-            mailbox.add_metric([subject, group], float(queued))
-            parked.add_metric([subject, group], float(parked_n))
-            vruntime.add_metric([subject, group], vrun)
-        yield from (mailbox, parked, vruntime)
+        for actor in self._gauges():
+            names = [actor.subject, actor.group]
+            runs.add_metric(names, float(actor.runs))
+            service.add_metric(names, actor.service_s)
+            work.add_metric(names, actor.work_s)
+            suspended.add_metric(names, actor.suspended_s)
+            mailbox.add_metric(names, float(actor.queued))
+            parked.add_metric(names, float(actor.parked))
+            vruntime.add_metric(names, actor.vruntime)
+        yield from (runs, service, work, suspended, mailbox, parked, vruntime)
 
-    def describe(self) -> Iterator[GaugeMetricFamily]:
+    def describe(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         return iter(())

@@ -63,7 +63,7 @@ from qmq_broker.clock import Clock, Timer
 from qmq_broker.errors import RequestError
 from qmq_broker.pulls.actor import PullActor, PullCounts
 from qmq_broker.pulls.errors import DeadlineExceeded, MailboxFull, ShuttingDown, TooManyPulls
-from qmq_broker.pulls.metrics import ActorMetrics
+from qmq_broker.pulls.metrics import ActorMetrics, ActorReading
 from qmq_broker.pulls.request import TIMER_SLACK_S, Processor, PullOutcome, PullStatus, QueuedPull
 
 logger = logging.getLogger(__name__)
@@ -228,8 +228,10 @@ class PullScheduler:
                 continue
             await self.run(*picked)
             # A run whose records were all in the page cache never waited: let the loop
-            # write its answers and read new requests before the next run is chosen.
-            await asyncio.sleep(0)
+            # write its answers and read new requests before the next run is chosen. With
+            # nothing queued, the wait for work above yields anyway.
+            if self.queued():
+                await asyncio.sleep(0)
 
     def _kick(self, count: int = 1) -> None:
         while count > 0 and self._idle:
@@ -415,6 +417,10 @@ class PullScheduler:
         """The actor to run now with its time budget and request limit, if any."""
         raise NotImplementedError
 
+    def queued(self) -> bool:
+        """Whether an actor waits to run."""
+        raise NotImplementedError
+
     def _finished(self, actor: PullActor, work: float, elapsed: float) -> None:
         """A run ended after ``elapsed`` seconds; its requests cost ``work`` (``Served``)."""
 
@@ -433,9 +439,19 @@ class PullScheduler:
     def _charged(self, actor: PullActor, seconds: float) -> None:
         """``seconds`` of work outside its runs were done for ``actor``."""
 
-    def _gauges(self) -> Iterable[tuple[str, str, int, int, float]]:
+    def _gauges(self) -> Iterable[ActorReading]:
         for actor in list(self._actors.values()):
-            yield actor.subject, actor.group, len(actor.mailbox), actor.parked_count, actor.vruntime
+            yield ActorReading(
+                subject=actor.subject,
+                group=actor.group,
+                queued=len(actor.mailbox),
+                parked=actor.parked_count,
+                vruntime=actor.vruntime,
+                runs=actor.runs,
+                service_s=actor.service_s,
+                work_s=actor.work_s,
+                suspended_s=actor.suspended_s,
+            )
 
 
 class FairScheduler(PullScheduler):
@@ -485,6 +501,9 @@ class FairScheduler(PullScheduler):
         actor.submitted_at = self._clock.now()
         heapq.heappush(self._queue, (actor.vruntime, actor.submitted_at, next(self._order), actor))
         self._kick()
+
+    def queued(self) -> bool:
+        return bool(self._queue)
 
     def next_run(self) -> tuple[PullActor, float, float] | None:
         if not self._queue:
@@ -552,6 +571,9 @@ class FifoScheduler(PullScheduler):
     def _ready(self, actor: PullActor, added: int) -> None:
         self._tickets.extend(itertools.repeat(actor, added))
         self._kick(added)
+
+    def queued(self) -> bool:
+        return bool(self._tickets)
 
     def next_run(self) -> tuple[PullActor, float, float] | None:
         if not self._tickets:
