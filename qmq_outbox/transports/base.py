@@ -15,6 +15,8 @@ Consumer side: ``PullClient`` (pull a batch under a lease, ack, ack-and-pull, na
 delay and an error; past the last attempt a nack dead-letters), opened per consumer by
 ``Transport.open_consumer``. ``seq`` identifies a delivery to the client that pulled it:
 the qmq broker's subject sequence, JetStream's stream sequence, a RabbitMQ lease number.
+The JetStream and RabbitMQ clients are ``LeasingConsumer``s: the surface once, their own
+fetch, ack and nack steps below it.
 
 ``Transport`` is the configuration object users pass as ``Outbox(transport=...)`` and
 ``Consumer(transport=...)``; it makes the producers and consumer clients.
@@ -22,6 +24,7 @@ the qmq broker's subject sequence, JetStream's stream sequence, a RabbitMQ lease
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from collections.abc import Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -162,6 +165,71 @@ class ConsumerClient(PullClient, Protocol):
     """A ``PullClient`` opened by a transport for one consumer; closed by it at the end."""
 
     async def aclose(self) -> None: ...
+
+
+class LeasingConsumer(abc.ABC):
+    """The ``PullClient`` surface of a transport client that keeps its consumer's leases
+    itself (JetStream, RabbitMQ): the signatures once, over three transport steps. The
+    group and the consumer are the client's own, so the steps take neither."""
+
+    async def pull(
+        self,
+        subject: str,
+        group: str,
+        consumer: str,
+        *,
+        max_messages: int = 32,
+        wait_ms: int = 0,
+        mode: PullMode = "shared",
+        start: StartAt = "earliest",
+    ) -> list[Message]:
+        return await self._fetch(subject, max_messages, wait_ms, start)
+
+    ack_and_pull = ack_then_pull  # its pull cannot carry acks: the ack, then the pull
+
+    async def ack(
+        self,
+        subject: str,
+        group: str,
+        consumer: str,
+        seqs: Sequence[int],
+        *,
+        partition: int | None = None,
+    ) -> dict[str, Any]:
+        acked, unknown = await self._ack(subject, seqs)
+        return {"acked": acked, "unknown": unknown}
+
+    async def nack(
+        self,
+        subject: str,
+        group: str,
+        consumer: str,
+        seqs: Sequence[int],
+        *,
+        delay_ms: int | None = None,
+        error: str | None = None,
+        partition: int | None = None,
+    ) -> dict[str, Any]:
+        retrying, dead = await self._nack(subject, seqs, delay_ms, error)
+        return {"retrying": retrying, "dead": dead}
+
+    @abc.abstractmethod
+    async def _fetch(
+        self, subject: str, max_messages: int, wait_ms: int, start: StartAt
+    ) -> list[Message]:
+        """Lease up to ``max_messages`` of ``subject``, waiting up to ``wait_ms`` for one."""
+
+    @abc.abstractmethod
+    async def _ack(self, subject: str, seqs: Sequence[int]) -> tuple[int, list[int]]:
+        """End the leases of ``seqs``: how many were acked, and the seqs not (or no longer)
+        held."""
+
+    @abc.abstractmethod
+    async def _nack(
+        self, subject: str, seqs: Sequence[int], delay_ms: int | None, error: str | None
+    ) -> tuple[int, int]:
+        """Give ``seqs`` back for a later attempt (``delay_ms``, else the backoff by attempt),
+        or dead-letter those at their last: how many retry, how many went dead."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

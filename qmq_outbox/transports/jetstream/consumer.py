@@ -19,18 +19,17 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from qmq_outbox.client import PullMode, StartAt
+from qmq_outbox.client import StartAt
 from qmq_outbox.envelope import Message
 from qmq_outbox.errors import BrokerUnavailable
 from qmq_outbox.transports import headers
-from qmq_outbox.transports.base import ConsumerSpec, DeadLetter, ack_then_pull, retry_delay
+from qmq_outbox.transports.base import ConsumerSpec, DeadLetter, LeasingConsumer, retry_delay
 from qmq_outbox.transports.jetstream.config import JetStreamTransport
 from qmq_outbox.transports.jetstream.connection import Connection
 from qmq_outbox.transports.jetstream.durables import ensure_durable
@@ -43,7 +42,7 @@ MIN_WAIT = 0.05  # seconds: nats-py needs a fetch timeout; "no wait" waits this 
 EXPIRED = "lease expired on the last attempt"
 
 
-class JetStreamConsumer:
+class JetStreamConsumer(LeasingConsumer):
     """The ``PullClient`` of one consumer of ``spec.group`` (see the module docstring)."""
 
     def __init__(self, transport: JetStreamTransport, spec: ConsumerSpec) -> None:
@@ -68,16 +67,8 @@ class JetStreamConsumer:
 
     # -- pulling ---------------------------------------------------------------------------
 
-    async def pull(
-        self,
-        subject: str,
-        group: str,
-        consumer: str,
-        *,
-        max_messages: int = 32,
-        wait_ms: int = 0,
-        mode: PullMode = "shared",
-        start: StartAt = "earliest",
+    async def _fetch(
+        self, subject: str, max_messages: int, wait_ms: int, start: StartAt
     ) -> list[Message]:
         subscription = await self._subscription(subject, start)
         client = await self._connection.client()
@@ -104,8 +95,6 @@ class JetStreamConsumer:
             messages.append(_message(msg))
         return messages
 
-    ack_and_pull = ack_then_pull  # its pull cannot carry acks: the ack, then the pull
-
     async def _subscription(
         self, subject: str, start: StartAt
     ) -> JetStreamContext.PullSubscription:
@@ -124,32 +113,16 @@ class JetStreamConsumer:
 
     # -- finishing -------------------------------------------------------------------------
 
-    async def ack(
-        self,
-        subject: str,
-        group: str,
-        consumer: str,
-        seqs: Sequence[int],
-        *,
-        partition: int | None = None,
-    ) -> dict[str, Any]:
+    async def _ack(self, subject: str, seqs: Sequence[int]) -> tuple[int, list[int]]:
         leases = self._leases.get(subject, {})
         held = [seq for seq in seqs if seq in leases]
         unknown = [seq for seq in seqs if seq not in leases]
         await self._reply(subject, {seq: b"+ACK" for seq in held})
-        return {"acked": len(held), "unknown": unknown}
+        return len(held), unknown
 
-    async def nack(
-        self,
-        subject: str,
-        group: str,
-        consumer: str,
-        seqs: Sequence[int],
-        *,
-        delay_ms: int | None = None,
-        error: str | None = None,
-        partition: int | None = None,
-    ) -> dict[str, Any]:
+    async def _nack(
+        self, subject: str, seqs: Sequence[int], delay_ms: int | None, error: str | None
+    ) -> tuple[int, int]:
         leases = self._leases.get(subject, {})
         replies: dict[int, bytes] = {}
         dead = 0
@@ -166,7 +139,7 @@ class JetStreamConsumer:
             delay = delay_ms / 1000 if delay_ms is not None else retry_delay(attempt)
             replies[seq] = _nak(delay)
         await self._reply(subject, replies)
-        return {"retrying": len(replies), "dead": dead}
+        return len(replies), dead
 
     async def _reply(self, subject: str, replies: dict[int, bytes]) -> None:
         """Send each leased message's answer, flush, and forget the leases."""

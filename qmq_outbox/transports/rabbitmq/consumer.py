@@ -29,11 +29,11 @@ from typing import Any
 import aio_pika
 import aio_pika.abc
 
-from qmq_outbox.client import PullMode, StartAt
+from qmq_outbox.client import StartAt
 from qmq_outbox.envelope import Message
 from qmq_outbox.errors import BrokerUnavailable
 from qmq_outbox.transports import headers
-from qmq_outbox.transports.base import ConsumerSpec, DeadLetter, ack_then_pull, retry_delay
+from qmq_outbox.transports.base import ConsumerSpec, DeadLetter, LeasingConsumer, retry_delay
 from qmq_outbox.transports.rabbitmq.config import RabbitMqTransport
 from qmq_outbox.transports.rabbitmq.connection import (
     FAILURES,
@@ -73,7 +73,7 @@ def own_headers(incoming: Incoming) -> dict[str, str]:
     return {name: _text(value) for name, value in fields.items() if not name.startswith("x-")}
 
 
-class RabbitMqConsumer:
+class RabbitMqConsumer(LeasingConsumer):
     """The ``PullClient`` of one consumer of ``spec.group`` (see the module docstring)."""
 
     def __init__(self, transport: RabbitMqTransport, spec: ConsumerSpec) -> None:
@@ -123,16 +123,8 @@ class RabbitMqConsumer:
 
     # -- pulling ---------------------------------------------------------------------------
 
-    async def pull(
-        self,
-        subject: str,
-        group: str,
-        consumer: str,
-        *,
-        max_messages: int = 32,
-        wait_ms: int = 0,
-        mode: PullMode = "shared",
-        start: StartAt = "earliest",
+    async def _fetch(
+        self, subject: str, max_messages: int, wait_ms: int, start: StartAt
     ) -> list[Message]:
         await self._open()
         inbox = self._inboxes[subject]
@@ -155,19 +147,9 @@ class RabbitMqConsumer:
             messages.append(_message(lease, seq))
         return messages
 
-    ack_and_pull = ack_then_pull  # its pull cannot carry acks: the ack, then the pull
-
     # -- finishing -------------------------------------------------------------------------
 
-    async def ack(
-        self,
-        subject: str,
-        group: str,
-        consumer: str,
-        seqs: Sequence[int],
-        *,
-        partition: int | None = None,
-    ) -> dict[str, Any]:
+    async def _ack(self, subject: str, seqs: Sequence[int]) -> tuple[int, list[int]]:
         acked, unknown = 0, []
         for seq in seqs:
             lease = self._take(subject, seq)
@@ -175,19 +157,11 @@ class RabbitMqConsumer:
                 unknown.append(seq)  # its channel is gone: RabbitMQ delivers it again
             else:
                 acked += 1
-        return {"acked": acked, "unknown": unknown}
+        return acked, unknown
 
-    async def nack(
-        self,
-        subject: str,
-        group: str,
-        consumer: str,
-        seqs: Sequence[int],
-        *,
-        delay_ms: int | None = None,
-        error: str | None = None,
-        partition: int | None = None,
-    ) -> dict[str, Any]:
+    async def _nack(
+        self, subject: str, seqs: Sequence[int], delay_ms: int | None, error: str | None
+    ) -> tuple[int, int]:
         retrying = dead = 0
         for seq in seqs:
             lease = self._take(subject, seq)
@@ -200,7 +174,7 @@ class RabbitMqConsumer:
             delay = delay_ms / 1000 if delay_ms is not None else retry_delay(lease.attempt)
             await self._retry(lease, delay, error)
             retrying += 1
-        return {"retrying": retrying, "dead": dead}
+        return retrying, dead
 
     def _take(self, subject: str, seq: int) -> Lease | None:
         lease = self._leases.get(seq)
