@@ -16,6 +16,9 @@ first failing source and ends when none is failing. Thread-safe; the clock is in
 group's handler failing on some messages): the first few lines in full, then one summary
 per interval, until the failures stop for an interval. A database error is written as its
 class and the database's one-line message, never its SQL (that goes to DEBUG).
+
+Both (and ``unroutable.SubjectWarnings``) stand on ``IntervalLog``: the logger, the action
+key, the fields and the summary interval on one clock.
 """
 
 from __future__ import annotations
@@ -35,7 +38,33 @@ MAX_ERROR_CHARS = 500
 _CATALOGUE_LINK = re.compile(r"\(Background on this error at: \S+\)")
 
 
-class FailureLog:
+class IntervalLog:
+    """What the lines of a repeated event share: the logger, the ``action`` key, ``fields``
+    for every line's ``extra``, and the interval between summaries on an injectable clock.
+    Subclasses keep their counts under ``_lock`` (thread-safe)."""
+
+    def __init__(
+        self,
+        *,
+        logger: logging.Logger,
+        action: str,
+        summary_interval: float,
+        fields: Mapping[str, Any] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.summary_interval = summary_interval
+        self._logger = logger
+        self._action = action
+        self._fields = dict(fields or {})
+        self._clock = clock
+        self._lock = threading.Lock()
+
+    def _due(self, since: float, now: float) -> bool:
+        """Whether a summary interval has passed from ``since`` to ``now``."""
+        return now - since >= self.summary_interval
+
+
+class FailureLog(IntervalLog):
     """The outage state of one dependency (``what`` at ``target``) and the lines it writes.
 
     ``action`` prefixes the lines' ``action`` key: ``<action>.failing``, ``.still_failing``
@@ -55,15 +84,16 @@ class FailureLog:
         fields: Mapping[str, Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        super().__init__(
+            logger=logger,
+            action=action,
+            summary_interval=summary_interval,
+            fields=fields,
+            clock=clock,
+        )
         self.what = what
         self.target = target
-        self.summary_interval = summary_interval
-        self._action = action
-        self._logger = logger
         self._expected = expected
-        self._fields = dict(fields or {})
-        self._clock = clock
-        self._lock = threading.Lock()
         self._failing: dict[str, int] = {}  # source -> failures in a row
         self._since = 0.0
         self._reported_at = 0.0
@@ -95,7 +125,7 @@ class FailureLog:
             trace = unexpected and type(error) not in self._traced
             if trace:
                 self._traced.add(type(error))
-            summary = not starting and now - self._reported_at >= self.summary_interval
+            summary = not starting and self._due(self._reported_at, now)
             if summary:
                 self._reported_at = now
             count, down_for = self._count, now - self._since
@@ -158,7 +188,7 @@ class FailureLog:
         self._logger.log(level, message, *args, exc_info=exc_info, extra=extra)
 
 
-class RepeatedFailures:
+class RepeatedFailures(IntervalLog):
     """Failures of one kind that come between successes, as a few lines and then summaries.
 
     The first ``first_lines`` failures get a line each (with the traceback, unless it would
@@ -178,14 +208,15 @@ class RepeatedFailures:
         fields: Mapping[str, Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        super().__init__(
+            logger=logger,
+            action=action,
+            summary_interval=summary_interval,
+            fields=fields,
+            clock=clock,
+        )
         self.what = what
         self.first_lines = first_lines
-        self.summary_interval = summary_interval
-        self._action = action
-        self._logger = logger
-        self._fields = dict(fields or {})
-        self._clock = clock
-        self._lock = threading.Lock()
         self._shown = 0
         self._last_at: float | None = None
         self._window_at = 0.0
@@ -200,7 +231,7 @@ class RepeatedFailures:
         with self._lock:
             now = self._clock()
             owed = None
-            if self._last_at is not None and now - self._last_at >= self.summary_interval:
+            if self._last_at is not None and self._due(self._last_at, now):
                 owed = self._take_summary(now)  # quiet for an interval: start over
                 self._shown = 0
             self._last_at = now
@@ -212,7 +243,7 @@ class RepeatedFailures:
             else:
                 self._held += 1
                 self._last = (detail, text)
-                due = now - self._window_at >= self.summary_interval
+                due = self._due(self._window_at, now)
                 summary = self._take_summary(now) if due else None
         if owed is not None:
             self._log_summary(*owed)

@@ -8,12 +8,13 @@ line per attempt while the consumers are not deployed.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 
+from qmq_outbox.failure_log import IntervalLog
 
-class SubjectWarnings:
+
+class SubjectWarnings(IntervalLog):
     """Writes ``action`` at WARNING for a subject at most once per ``interval`` seconds,
     counting the messages met in between. Thread-safe; the clock is injectable."""
 
@@ -25,11 +26,7 @@ class SubjectWarnings:
         interval: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._logger = logger
-        self._action = action
-        self._interval = interval
-        self._clock = clock
-        self._lock = threading.Lock()
+        super().__init__(logger=logger, action=action, summary_interval=interval, clock=clock)
         self._last: dict[str, float] = {}
         self._count: dict[str, int] = {}
 
@@ -39,7 +36,7 @@ class SubjectWarnings:
         with self._lock:
             total = self._count.get(subject, 0) + count
             last = self._last.get(subject)
-            if last is not None and now - last < self._interval:
+            if last is not None and not self._due(last, now):
                 self._count[subject] = total
                 return False
             self._last[subject] = now
