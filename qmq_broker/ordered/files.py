@@ -163,6 +163,19 @@ def read_declaration(path: Path) -> Declaration:
     return found
 
 
+MISMATCH = "does not match its route table"
+
+
+def declaration_problem(data_dir: str | os.PathLike[str], routes: Routes) -> str | None:
+    """Why the declaration file of ``routes``' subject is not the one the table implies
+    (``"missing"``, its damage, or ``MISMATCH``); None when it is."""
+    try:
+        found = read_declaration(declaration_path(data_dir, routes.subject))
+    except RouteFileDamaged as exc:
+        return exc.what
+    return None if found == Declaration.of(routes) else MISMATCH
+
+
 def read_route_files(data_dir: str | os.PathLike[str]) -> RouteFiles:
     """Every route table in ``data_dir``, sorted into those that read and those that do not."""
     folder = routes_dir(data_dir)

@@ -17,15 +17,15 @@ from qmq_broker.format.files import SegmentKind, list_segments
 from qmq_broker.format.index import index_chunk_path, list_index_chunks, list_indexed_subjects
 from qmq_broker.format.messages import MessageRecord, peek_message
 from qmq_broker.ordered.files import (
+    MISMATCH,
     Declaration,
-    RouteFileDamaged,
     declaration_path,
-    read_declaration,
+    declaration_problem,
     read_route_files,
     save_declaration,
     save_routes,
 )
-from qmq_broker.ordered.rebuild import CannotRebuild, Command, command_of, rebuild
+from qmq_broker.ordered.rebuild import CannotRebuild, Command, command_of, rebuild_declared
 from qmq_broker.storage.index_files import read_chunk
 from qmq_broker.storage.segments import message_frames
 from qmq_wire.ordered import split_partition_log
@@ -77,19 +77,14 @@ def _plan(data_dir: Path) -> _Plan:
     files = read_route_files(data_dir)
     plan = _Plan(damage=[], tables={}, declarations={})
     for subject, table in files.good.items():
+        why = declaration_problem(data_dir, table.routes)
+        if why is None or why == "missing":
+            continue  # missing: a data directory from before declarations; the broker writes it
         path = declaration_path(data_dir, subject)
-        wanted = Declaration.of(table.routes)
-        try:
-            if read_declaration(path) == wanted:
-                continue
-            what = "does not match its route table"
-        except RouteFileDamaged as exc:
-            if exc.what == "missing":
-                continue  # a data directory from before declarations: the broker writes it
-            what = f"declaration does not check out ({exc.what})"
+        what = why if why == MISMATCH else f"declaration does not check out ({why})"
         cost = "derived file: --repair (or the broker at start) writes it anew from the table"
         plan.damage.append(RouteDamage(path=path, damage=what, cost=cost, repairable=True))
-        plan.declarations[path] = wanted
+        plan.declarations[path] = Declaration.of(table.routes)
     if not files.damaged:
         return plan
     found = scan_commands(data_dir, set(files.damaged))
@@ -97,7 +92,7 @@ def _plan(data_dir: Path) -> _Plan:
         what = f"route table does not check out ({damage.what})"
         try:
             commands, stored = found.get(subject, ([], set()))
-            plan.tables[damage.path] = _rebuilt(data_dir, subject, commands, stored)
+            plan.tables[damage.path] = rebuild_declared(data_dir, subject, commands, stored)
         except CannotRebuild as exc:
             cost = (
                 f"cannot be rebuilt ({exc}): restore it from a backup; meanwhile the broker "
@@ -110,14 +105,6 @@ def _plan(data_dir: Path) -> _Plan:
         cost = f"the broker starts only with --on-damage skip (which rebuilds it); {REPAIRABLE}"
         plan.damage.append(RouteDamage(path=damage.path, damage=what, cost=cost, repairable=True))
     return plan
-
-
-def _rebuilt(data_dir: Path, subject: str, commands: list[Command], stored: set[int]) -> Routes:
-    try:
-        declaration = read_declaration(declaration_path(data_dir, subject))
-    except RouteFileDamaged as exc:
-        raise CannotRebuild(f"its declaration {exc.path} is {exc.what}") from None
-    return rebuild(declaration, commands, stored)
 
 
 def scan_commands(data_dir: Path, subjects: set[str]) -> dict[str, tuple[list[Command], set[int]]]:

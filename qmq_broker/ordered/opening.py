@@ -21,12 +21,12 @@ from qmq_broker.ordered.files import (
     Declaration,
     RouteFileDamaged,
     declaration_path,
-    read_declaration,
+    declaration_problem,
     read_route_files,
     save_declaration,
     save_routes,
 )
-from qmq_broker.ordered.rebuild import CannotRebuild, Command, command_of, rebuild
+from qmq_broker.ordered.rebuild import CannotRebuild, Command, command_of, rebuild_declared
 from qmq_broker.pulls.reads import read_message
 from qmq_broker.routebook import Fence
 from qmq_broker.storage.segments import SegmentReader
@@ -90,12 +90,8 @@ def rebuild_at_start(
     data_dir: str | os.PathLike[str], subject: str, subjects: SubjectTable, reader: SegmentReader
 ) -> Routes:
     """``subject``'s routes from its declaration and its partitions' last records."""
-    try:
-        declaration = read_declaration(declaration_path(data_dir, subject))
-    except RouteFileDamaged as exc:
-        raise CannotRebuild(f"its declaration {exc.path} is {exc.what}") from None
     commands, stored = partition_tails(subject, subjects, reader)
-    return rebuild(declaration, (command for _, command in commands.values()), stored)
+    return rebuild_declared(data_dir, subject, (c for _, c in commands.values()), stored)
 
 
 def partition_tails(
@@ -149,14 +145,9 @@ def _kept_current(data_dir: str | os.PathLike[str], routes: Routes, *, sealed: b
             "route table rewritten with a CRC-32 (format 2)",
             extra={"action": "broker.routes_sealed", "subject": routes.subject},
         )
-    wanted = Declaration.of(routes)
-    try:
-        found: Declaration | None = read_declaration(declaration_path(data_dir, routes.subject))
-        why = "does not match its route table"
-    except RouteFileDamaged as exc:
-        found, why = None, exc.what
-    if found != wanted:
-        save_declaration(data_dir, wanted)
+    why = declaration_problem(data_dir, routes)
+    if why is not None:
+        save_declaration(data_dir, Declaration.of(routes))
         if why != "missing":
             noted.append(f"{declaration_path(data_dir, routes.subject)}: {why}; written anew")
     return noted

@@ -12,6 +12,7 @@ messages is named by no version: ``CannotRebuild`` says which.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -19,7 +20,12 @@ import orjson
 
 from qmq_broker.errors import StorageError
 from qmq_broker.format.messages import MessageRecord
-from qmq_broker.ordered.files import Declaration
+from qmq_broker.ordered.files import (
+    Declaration,
+    RouteFileDamaged,
+    declaration_path,
+    read_declaration,
+)
 from qmq_wire import RouteChange
 from qmq_wire.ordered import COMMAND_HEADER, command_id, split_partition_log
 from qmq_wire.routes import Range, RouteConflict, Routes
@@ -90,6 +96,21 @@ def rebuild(declaration: Declaration, commands: Iterable[Command], stored: Itera
             "left names the change that made them"
         )
     return routes
+
+
+def rebuild_declared(
+    data_dir: str | os.PathLike[str],
+    subject: str,
+    commands: Iterable[Command],
+    stored: Iterable[int],
+) -> Routes:
+    """``rebuild`` from ``subject``'s declaration file; ``CannotRebuild`` when it does not
+    read."""
+    try:
+        declaration = read_declaration(declaration_path(data_dir, subject))
+    except RouteFileDamaged as exc:
+        raise CannotRebuild(f"its declaration {exc.path} is {exc.what}") from None
+    return rebuild(declaration, commands, stored)
 
 
 def _said(command: Command) -> tuple[str, tuple[int, ...], tuple[Range, ...]]:
