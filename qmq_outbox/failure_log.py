@@ -28,7 +28,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from qmq_outbox.dburl import mask_url
 from qmq_outbox.envelope import Message
@@ -36,6 +36,14 @@ from qmq_outbox.envelope import Message
 DEFAULT_SUMMARY_INTERVAL = 60.0
 MAX_ERROR_CHARS = 500
 _CATALOGUE_LINK = re.compile(r"\(Background on this error at: \S+\)")
+
+
+class IntervalOptions(TypedDict, total=False):
+    """``IntervalLog``'s options, which its subclasses pass on as given."""
+
+    summary_interval: float
+    fields: Mapping[str, Any] | None
+    clock: Callable[[], float]
 
 
 class IntervalLog:
@@ -48,7 +56,7 @@ class IntervalLog:
         *,
         logger: logging.Logger,
         action: str,
-        summary_interval: float,
+        summary_interval: float = DEFAULT_SUMMARY_INTERVAL,
         fields: Mapping[str, Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -69,7 +77,8 @@ class FailureLog(IntervalLog):
 
     ``action`` prefixes the lines' ``action`` key: ``<action>.failing``, ``.still_failing``
     and ``.recovered``. ``expected`` are the exception types that mean "down" (no traceback).
-    ``fields`` go into every line's ``extra`` (a consumer's group, say).
+    ``fields`` go into every line's ``extra`` (a consumer's group, say); it, ``summary_interval``
+    and ``clock`` are ``IntervalOptions``.
     """
 
     def __init__(
@@ -80,17 +89,9 @@ class FailureLog(IntervalLog):
         action: str,
         logger: logging.Logger,
         expected: tuple[type[BaseException], ...] = (),
-        summary_interval: float = DEFAULT_SUMMARY_INTERVAL,
-        fields: Mapping[str, Any] | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        **options: Unpack[IntervalOptions],
     ) -> None:
-        super().__init__(
-            logger=logger,
-            action=action,
-            summary_interval=summary_interval,
-            fields=fields,
-            clock=clock,
-        )
+        super().__init__(logger=logger, action=action, **options)
         self.what = what
         self.target = target
         self._expected = expected
@@ -204,17 +205,9 @@ class RepeatedFailures(IntervalLog):
         action: str,
         logger: logging.Logger,
         first_lines: int = 5,
-        summary_interval: float = DEFAULT_SUMMARY_INTERVAL,
-        fields: Mapping[str, Any] | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        **options: Unpack[IntervalOptions],
     ) -> None:
-        super().__init__(
-            logger=logger,
-            action=action,
-            summary_interval=summary_interval,
-            fields=fields,
-            clock=clock,
-        )
+        super().__init__(logger=logger, action=action, **options)
         self.what = what
         self.first_lines = first_lines
         self._shown = 0
