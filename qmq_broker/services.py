@@ -119,7 +119,11 @@ def build_services(
     )
     delayed = _delayed(shared, journal, scheduled, producer)
     stats = StatsService(
-        lifecycle=shared.lifecycle, subjects=subjects, groups=groups, delayed=delayed, book=book
+        lifecycle=shared.lifecycle,
+        subject_table=subjects,
+        groups=groups,
+        delayed=delayed,
+        book=book,
     )
     shared.metrics.watch_groups(stats.group_backlogs)
     shared.metrics.watch_storage(subjects)

@@ -28,48 +28,42 @@ class SubjectDetail:
     groups: list[GroupStats]
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class StatsService:
-    def __init__(
-        self,
-        *,
-        lifecycle: Lifecycle,
-        subjects: SubjectTable,
-        groups: GroupTable,
-        delayed: DelayedMessages,
-        book: RouteBook,
-    ) -> None:
-        self._lifecycle = lifecycle
-        self._book = book
-        self._subjects = subjects
-        self._groups = groups
-        self._delayed = delayed
+    """What the stats routes answer, read from the live tables on the event loop."""
+
+    lifecycle: Lifecycle
+    subject_table: SubjectTable
+    groups: GroupTable
+    delayed: DelayedMessages
+    book: RouteBook
 
     def subjects(self) -> list[SubjectStats]:
-        self._lifecycle.require(write=False)
+        self.lifecycle.require(write=False)
         listed: dict[str, SubjectStats] = {}
-        for name in sorted(self._subjects):
+        for name in sorted(self.subject_table):
             subject, partition = split_partition_log(name)
-            stats = self._without_command(self._subjects[name], subject, partition)
+            stats = self._without_command(self.subject_table[name], subject, partition)
             if partition is None:
                 listed[name] = stats
             elif subject in listed:
                 listed[subject] = _summed(listed[subject], stats, _SUBJECT_COUNTERS)
             else:
                 listed[subject] = dataclasses.replace(stats, subject=subject, first_seq=0)
-        for subject in self._book.subjects():  # declared, nothing stored or pulled yet
+        for subject in self.book.subjects():  # declared, nothing stored or pulled yet
             listed.setdefault(
                 subject, SubjectStats(subject=subject, messages=0, bytes=0, first_seq=0, next_seq=0)
             )
         return [listed[name] for name in sorted(listed)]
 
     def subject(self, name: str) -> SubjectDetail:
-        self._lifecycle.require(write=False)
-        partitions = self._book.partitions(name)  # a fenced subject's too: reads serve it
+        self.lifecycle.require(write=False)
+        partitions = self.book.partitions(name)  # a fenced subject's too: reads serve it
         if partitions is not None:
             return self._ordered_subject(name, partitions)
-        log = self._subjects.get(name)
-        if log is None and self._delayed.knows(name):
-            log = SubjectLog(name, self._subjects.reader, None)  # only delayed messages so far
+        log = self.subject_table.get(name)
+        if log is None and self.delayed.knows(name):
+            log = SubjectLog(name, self.subject_table.reader, None)  # only delayed messages so far
         if log is None:
             raise NotFound(
                 code="subject_not_found", message=f"no subject {name!r}", field="subject"
@@ -81,8 +75,8 @@ class StatsService:
             bytes=stats.bytes,
             first_seq=stats.first_seq,
             next_seq=stats.next_seq,
-            scheduled=self._delayed.subject_stats(name),
-            groups=[group.stats(log.end_seq) for group in self._groups.of_subject(name)],
+            scheduled=self.delayed.subject_stats(name),
+            groups=[group.stats(log.end_seq) for group in self.groups.of_subject(name)],
         )
 
     def _ordered_subject(self, name: str, partitions: list[int]) -> SubjectDetail:
@@ -90,11 +84,11 @@ class StatsService:
         total = SubjectStats(subject=name, messages=0, bytes=0, first_seq=0, next_seq=0)
         groups: dict[str, GroupStats] = {}
         for partition in partitions:
-            log = self._subjects.get(partition_log(name, partition))
+            log = self.subject_table.get(partition_log(name, partition))
             if log is None:
                 continue
             total = _summed(total, self._without_command(log, name, partition), _SUBJECT_COUNTERS)
-            for group in self._groups.of_subject(log.name):
+            for group in self.groups.of_subject(log.name):
                 stats = dataclasses.replace(group.stats(log.end_seq), mode="ordered")
                 found = groups.get(group.name)
                 if found is not None:
@@ -106,7 +100,7 @@ class StatsService:
             bytes=total.bytes,
             first_seq=0,
             next_seq=total.next_seq,
-            scheduled=self._delayed.subject_stats(name),
+            scheduled=self.delayed.subject_stats(name),
             groups=[groups[group] for group in sorted(groups)],
         )
 
@@ -115,33 +109,33 @@ class StatsService:
     ) -> SubjectStats:
         """A log's counters; a closed partition's command message is not counted."""
         stats = log.stats()
-        command = None if partition is None else self._book.command_seq(subject, partition)
+        command = None if partition is None else self.book.command_seq(subject, partition)
         if command is not None and log.first_seq <= command < log.end_seq:
             stats = dataclasses.replace(stats, messages=stats.messages - 1)
         return stats
 
     def schedule(self, *, limit: int) -> ScheduleStats:
         """Pending delayed messages by hour, next due time, dispatch lag."""
-        self._lifecycle.require(write=False)
-        return self._delayed.stats(limit=limit)
+        self.lifecycle.require(write=False)
+        return self.delayed.stats(limit=limit)
 
     def oldest_unacked(self, name: str) -> dict[str, int]:
         """Each group's oldest message not acked yet (waiting, leased or retrying; dead
         letters are done with): its stored time in microseconds. Groups with none are left
         out; an ordered subject's partitions count together."""
-        self._lifecycle.require(write=False)
-        partitions = self._book.partitions(name)
+        self.lifecycle.require(write=False)
+        partitions = self.book.partitions(name)
         logs: list[tuple[str, int | None]] = (
-            [(partition_log(name, p), self._book.command_seq(name, p)) for p in partitions]
+            [(partition_log(name, p), self.book.command_seq(name, p)) for p in partitions]
             if partitions is not None
             else [(name, None)]
         )
         oldest: dict[str, int] = {}
         for log_name, command in logs:
-            log = self._subjects.get(log_name)
+            log = self.subject_table.get(log_name)
             if log is None:
                 continue
-            for group in self._groups.of_subject(log_name):
+            for group in self.groups.of_subject(log_name):
                 stored_us = _oldest_stored_us(log, group.states.values(), command)
                 if stored_us is not None:
                     found = oldest.get(group.name)
@@ -150,8 +144,8 @@ class StatsService:
 
     def group_backlogs(self) -> Iterator[tuple[str, str, GroupStats]]:
         """Every group's counters, for the metrics."""
-        for (subject, name), group in self._groups.items():
-            log = self._subjects.get(subject)
+        for (subject, name), group in self.groups.items():
+            log = self.subject_table.get(subject)
             if log is not None:
                 yield subject, name, group.stats(log.end_seq)
 

@@ -8,6 +8,7 @@ HTTP.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -35,53 +36,46 @@ def _rate(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class ConsoleService:
-    def __init__(
-        self,
-        *,
-        lifecycle: Lifecycle,
-        stats: StatsService,
-        sampler: ConsoleSampler,
-        recent_consumers: RecentConsumers,
-        ordered: OrderedPulls,
-        clock: Clock,
-    ) -> None:
-        self._lifecycle = lifecycle
-        self._stats = stats
-        self._sampler = sampler
-        self._consumers = recent_consumers
-        self._ordered = ordered
-        self._clock = clock
+    """The console's two views, from the stats, the sampled history and who pulled lately."""
+
+    lifecycle: Lifecycle
+    stats: StatsService
+    sampler: ConsoleSampler
+    recent_consumers: RecentConsumers
+    ordered: OrderedPulls
+    clock: Clock
 
     async def sample_loop(self) -> None:
         """The sampler's loop, for the broker to supervise."""
-        await self._sampler.run()
+        await self.sampler.run()
 
     async def sample(self) -> None:
         """One sample now, besides the loop's."""
-        await self._sampler.sample()
+        await self.sampler.sample()
 
     def overview(self, *, sees: Visibility = _everything) -> dict[str, Any]:
         """Every subject the caller sees with its groups' counters summed, rates, the oldest
         unacked message's age; broker-wide health, disk use and fsync latency."""
-        now_us = self._clock.wall_us()
-        history = self._sampler.history
+        now_us = self.clock.wall_us()
+        history = self.sampler.history
         subjects: list[dict[str, Any]] = []
-        for summary in self._stats.subjects():
+        for summary in self.stats.subjects():
             name = summary.subject
             if not sees(name, None):
                 continue
             try:
-                detail: SubjectDetail | None = self._stats.subject(name)
+                detail: SubjectDetail | None = self.stats.subject(name)
             except NotFound:  # declared, nothing stored or pulled yet
                 detail = None
             groups = [] if detail is None else [g for g in detail.groups if sees(name, g.group)]
-            oldest = self._stats.oldest_unacked(name)
+            oldest = self.stats.oldest_unacked(name)
             shown = [oldest[g.group] for g in groups if g.group in oldest]
             subjects.append(
                 {
                     "subject": name,
-                    "ordered": self._ordered.ordered(name),
+                    "ordered": self.ordered.ordered(name),
                     "messages": summary.messages,
                     "bytes": summary.bytes,
                     "groups": len(groups),
@@ -94,12 +88,12 @@ class ConsoleService:
                     "oldest_unacked_age_s": _age(now_us, min(shown) if shown else None),
                 }
             )
-        latest = self._sampler.latest
+        latest = self.sampler.latest
         ages = [age for s in subjects if (age := s["oldest_unacked_age_s"]) is not None]
         return {
-            "status": self._lifecycle.status.value,
+            "status": self.lifecycle.status.value,
             "at": rfc3339(now_us),
-            "sample_interval_s": self._sampler.interval_s,
+            "sample_interval_s": self.sampler.interval_s,
             "sampled_at": None if latest is None else rfc3339(int(latest.at * 1_000_000)),
             "in_per_s": _total(s["in_per_s"] for s in subjects),
             "out_per_s": _total(s["out_per_s"] for s in subjects),
@@ -124,15 +118,15 @@ class ConsoleService:
     def subject(self, name: str, *, sees: Visibility = _everything) -> dict[str, Any]:
         """A subject's groups with their consumers seen lately and oldest unacked message,
         the history of its rates and backlogs, and an ordered subject's partition owners."""
-        detail = self._stats.subject(name)  # 404 for a subject the broker does not know
+        detail = self.stats.subject(name)  # 404 for a subject the broker does not know
         groups = [g.group for g in detail.groups if sees(name, g.group)]
-        now_us = self._clock.wall_us()
-        oldest = self._stats.oldest_unacked(name)
-        history = self._sampler.history
+        now_us = self.clock.wall_us()
+        oldest = self.stats.oldest_unacked(name)
+        history = self.sampler.history
         partitions: list[dict[str, Any]] = []
-        ordered = self._ordered.ordered(name)
+        ordered = self.ordered.ordered(name)
         if ordered:
-            for group, owners in self._ordered.partition_owners(name).items():
+            for group, owners in self.ordered.partition_owners(name).items():
                 if group not in groups:
                     continue
                 for partition, (consumer, left_s) in owners.items():
@@ -144,17 +138,18 @@ class ConsoleService:
                             "lease_left_s": round(left_s, 3),
                         }
                     )
+        seen = self.recent_consumers.recent
         return {
             "subject": name,
             "ordered": ordered,
-            "sample_interval_s": self._sampler.interval_s,
+            "sample_interval_s": self.sampler.interval_s,
             "groups": [
                 {
                     "group": group,
                     "oldest_unacked_age_s": _age(now_us, oldest.get(group)),
                     "consumers": [
                         {"consumer": s.consumer, "seen_s_ago": round(s.seconds_ago, 3)}
-                        for s in self._consumers.recent(name, group, within_s=RECENT_CONSUMER_S)
+                        for s in seen(name, group, within_s=RECENT_CONSUMER_S)
                     ],
                 }
                 for group in groups
