@@ -80,9 +80,9 @@ def populate(broker: BrokerProcess) -> None:
                 for i in (0, 1)
             ]
             assert {r.status for r in client.produce(soon + waiting)} == {"scheduled"}
-    deadline = time.monotonic() + 20
-    while not all(list_segments(broker.data_dir, kind) for kind in KINDS):
-        assert time.monotonic() < deadline, "the soon messages were not dispatched"
+    deadline = time.monotonic() + 60  # the soon messages' dispatch writes the dispatch file
+    while missing := [kind.name for kind in KINDS if not list_segments(broker.data_dir, kind)]:
+        assert time.monotonic() < deadline, f"no {missing} file: {broker.log_tail(20)}"
         time.sleep(0.1)
 
 
