@@ -50,12 +50,12 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import event
-from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._broker import BenchBroker
+from bench._database import fresh_database
 from qmq_outbox import BrokerClient, Consumer, IdempotentStore, Message
 from qmq_outbox.envelope import OutgoingMessage
 from qmq_outbox.outbox import Outbox
@@ -84,25 +84,6 @@ INSERT_INVOICE = sa.insert(invoices)  # built once, executed with parameters
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
-@contextmanager
-def fresh_database(admin_url: str) -> Iterator[str]:
-    name = f"qmq_bench_consumer_{uuid.uuid4().hex[:8]}"
-    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-    try:
-        engine = sa.create_engine(url)
-        metadata.create_all(engine)
-        business.create_all(engine)
-        engine.dispose()
-        yield url
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 # -- the consumer processes ---------------------------------------------------------------
@@ -426,7 +407,9 @@ def main() -> None:
     broker = BenchBroker(data / "broker", "--log-level", "warning")
     broker.start()
     try:
-        with fresh_database(args.admin_url) as db_url:
+        with fresh_database(
+            args.admin_url, prefix="qmq_bench_consumer", tables=(metadata, business)
+        ) as db_url:
             lat = latency(broker.url, db_url, args.seconds, args.rate, publishers=args.publishers)
             print("latency", lat, file=sys.stderr, flush=True)
             if args.latency_only:

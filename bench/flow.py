@@ -42,6 +42,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._cli import positive, positive_float
 from bench._flow.common import ADMIN_URL, ExactlyOnceError
 from bench._flow.report import Report
 from bench._flow.run import MEASURES, Outcome, Settings, run_one
@@ -50,20 +51,6 @@ from bench._peers.common import rotated, version_of
 from bench._speed import python_speed
 
 SYSTEMS = ("qmq", "pgqueuer", "procrastinate", "tablequeue")
-
-
-def positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text}: must be 1 or more")
-    return value
-
-
-def positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text}: must be above 0")
-    return value
 
 
 def parse_args() -> argparse.Namespace:

@@ -39,11 +39,11 @@ from pathlib import Path
 
 import httpx
 import sqlalchemy as sa
-from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench._database import fresh_database
 from qmq_outbox import migrate
 from qmq_outbox.client import BrokerClient
 from qmq_outbox.compensator import Compensator
@@ -69,20 +69,6 @@ def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
     return ordered[index]
-
-
-@contextmanager
-def fresh_database(admin_url: str) -> Iterator[str]:
-    name = f"qmq_bench_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 @contextmanager
@@ -324,7 +310,7 @@ def main() -> None:
     seconds = 2.0 if args.quick else 10.0
     drain_rows = 10_000 if args.quick else 100_000
     load = os.getloadavg()
-    with fresh_database(args.admin_url) as url, broker_process() as broker_url:
+    with fresh_database(args.admin_url, prefix="qmq_bench") as url, broker_process() as broker_url:
         migrate.upgrade(url)
         engine = sa.create_engine(url, pool_size=8)
         Base.metadata.create_all(engine)

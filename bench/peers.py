@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._cli import positive, positive_float
 from bench._peers.common import Peer, rotated
 from bench._peers.report import Report, Sample
 from bench._peers.workloads import WORKLOADS, Result, Settings
@@ -41,20 +42,6 @@ from bench._speed import python_speed
 T = TypeVar("T")
 
 SYSTEMS = ("qmq", "qmq-pair", "postgres", "rabbitmq-classic", "rabbitmq-quorum", "nats")
-
-
-def positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text}: must be 1 or more")
-    return value
-
-
-def positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text}: must be above 0")
-    return value
 
 
 def parse_args() -> argparse.Namespace:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -15,6 +14,8 @@ import psutil
 import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
+
+from bench import _database as database
 
 ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 ROLLBACK_EVERY = 20  # transaction i rolls back when i % 20 == 19
@@ -77,23 +78,9 @@ def with_driver(url: str, driver: str) -> str:
     return make_url(url).set(drivername=driver).render_as_string(hide_password=False)
 
 
-@contextmanager
-def fresh_database(admin_url: str) -> Iterator[str]:
+def fresh_database(admin_url: str) -> AbstractContextManager[str]:
     """A new database with the business tables; dropped on exit."""
-    name = f"qmq_bench_flow_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-    try:
-        engine = sa.create_engine(url)
-        business.create_all(engine)
-        engine.dispose()
-        yield url
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    return database.fresh_database(admin_url, prefix="qmq_bench_flow", tables=(business,))
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
