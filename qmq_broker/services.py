@@ -174,6 +174,7 @@ def _journal(shared: Shared, recovered: Recovered, scheduled: ScheduleRecovered)
         messages_at=recovered.messages_at,
         actions_at=recovered.actions_at,
         buckets_at=scheduled.ends,
+        bucket_records=scheduled.records,
         on_fsync=shared.metrics.fsync_seconds.observe,
         ack_fsync=config.ack_fsync,
     )

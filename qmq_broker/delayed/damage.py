@@ -39,6 +39,8 @@ class Unreadable:
     end: int
     subject: str | None = None
     message_id: str | None = None
+    records: int = 1  # more than one only for a cut (``cut``): how many its tally misses
+    cut: bool = False  # the segment ends before its tally says: the records after are gone
 
     @property
     def lost(self) -> bool:
@@ -46,6 +48,12 @@ class Unreadable:
         return self.kind is not SegmentKind.DISPATCH
 
     def cost(self) -> str:
+        if self.cut:
+            return (
+                f"{self.records} delayed messages gone: the file ends at {self.start} but its "
+                f"tally says it held records to {self.end}; never delivered, counted as "
+                "unreadable in GET /v1/schedule; the rest is kept"
+            )
         if not self.lost:
             return (
                 "a dispatch record unreadable: the delayed messages it listed go out again, "
@@ -58,6 +66,8 @@ class Unreadable:
         )
 
     def line(self) -> str:
+        if self.cut:
+            return f"{self.path}: cut short at {self.start}; {self.cost()}"
         return f"{self.path}: corrupt bytes [{self.start}, {self.end}); {self.cost()}"
 
 
@@ -81,7 +91,7 @@ def unreadable_records(
     record; otherwise the bytes count as one record (at least one was there).
     """
     found = []
-    for at, after in _records(buf, start, end):
+    for at, after in record_bounds(buf, start, end):
         dispatch = kind is SegmentKind.DISPATCH
         identity = None if dispatch else ScheduleRecord.identity(buf, at + FRAME_SIZE)
         if done(at, identity):
@@ -95,7 +105,8 @@ def unreadable_records(
     return found
 
 
-def _records(buf: Buffer, start: int, end: int) -> list[tuple[int, int]]:
+def record_bounds(buf: Buffer, start: int, end: int) -> list[tuple[int, int]]:
+    """``(start, end)`` of each record in damaged bytes, as far as frame lengths tell."""
     bounds = []
     at = start
     while at + FRAME_SIZE <= end:

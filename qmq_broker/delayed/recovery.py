@@ -12,6 +12,12 @@ count under their due hour. A record whose (subject, id) key is already pending 
 bucket was copied there by a move that a crash cut short before the coarse segment was
 deleted: it is not counted again, and its offset is noted so the move skips it.
 
+Each schedule segment's tally (``qmq_broker.format.schedule.BucketTally``) says how long it
+was and how many records it held: a segment that ends before its tally says was cut, and
+the records it no longer holds, less those its dispatch segment lists, are counted lost
+(``Unreadable`` with ``cut``), as is every record of a tally whose segment is gone. Under
+``write`` each tally is then set to what the segment holds.
+
 Damage never stops the broker but for a header that is not the directory's kind: that fails
 recovery, naming the file and the way out, unless ``on_damage`` is ``"skip"``; then the
 header is read past (every frame keeps its own CRC). Records in damaged bytes are listed in
@@ -33,10 +39,11 @@ from qmq_broker.delayed.damage import (
     Unreadable,
     header_damage,
     moved_or_dispatched,
+    record_bounds,
     unreadable_records,
 )
 from qmq_broker.delayed.idset import HashSet64
-from qmq_broker.delayed.scan import FrameWalk, mapped
+from qmq_broker.delayed.scan import FrameWalk, dispatched_offsets, mapped
 from qmq_broker.errors import StorageError
 from qmq_broker.format.files import (
     HEADER_SIZE,
@@ -49,15 +56,18 @@ from qmq_broker.format.frames import FRAME_SIZE
 from qmq_broker.format.schedule import (
     COARSE_SCHEDULE_KINDS,
     HOUR_US,
+    BucketTally,
     DispatchRecord,
     ScheduleRecord,
     hour_bucket,
     is_dispatch_record,
     is_schedule_record,
+    read_tallies,
     schedule_bucket,
 )
-from qmq_broker.storage.buckets import BucketKey
-from qmq_broker.storage.fsync import truncate_file
+from qmq_broker.storage.buckets import BucketKey, tallies_path
+from qmq_broker.storage.fsync import replace_file, truncate_file
+from qmq_broker.storage.segments import segment_path
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +94,9 @@ class ScheduleRecovered:
     ids: HashSet64
     ends: dict[BucketKey, int]
     problems: list[str]
+    # schedule segments -> records they hold (whole or damaged), where their tallies start
+    records: dict[BucketKey, int] = dataclasses.field(default_factory=dict)
+    tallies: dict[BucketKey, BucketTally] = dataclasses.field(default_factory=dict)  # found
     # coarse buckets on disk -> offsets of their records already moved into finer buckets
     coarse: dict[BucketKey, set[int]] = dataclasses.field(default_factory=dict)
     unreadable: list[Unreadable] = dataclasses.field(default_factory=list)
@@ -112,11 +125,13 @@ def recover_schedule(
             (data_dir / KIND_DIRS[kind]).mkdir(parents=True, exist_ok=True)
     recovered = ScheduleRecovered(buckets={}, subjects={}, ids=HashSet64(), ends={}, problems=[])
     ends, problems = recovered.ends, recovered.problems
+    recovered.tallies = read_tallies(tallies_path(data_dir), problems)
     schedule = {segment_number(p): p for p in list_segments(data_dir, SegmentKind.SCHEDULE)}
     dispatched: dict[int, set[int]] = {}
     for path in list_segments(data_dir, SegmentKind.DISPATCH):
         number = segment_number(path)
         if number not in schedule:
+            dispatched[number] = dispatched_offsets(data_dir, number)  # for a tally left
             problems.append(f"{path}: no schedule segment of that hour; deleted")
             if write:
                 path.unlink()
@@ -139,6 +154,9 @@ def recover_schedule(
             if end is not None:
                 ends[(kind, number)] = end
         recovered.ids.add_many(keys)
+    _orphan_tallies(data_dir, dispatched, recovered)
+    if write:
+        _rewrite_tallies(data_dir, recovered)
     recovered.seconds = time.perf_counter() - began
     if write:
         _log(recovered)
@@ -192,16 +210,19 @@ def _scan_schedule(
     policy: _Policy,
 ) -> int | None:
     """Count a schedule segment's pending records (its torn tail cut); its valid end."""
-    if _too_short(path, into.problems, policy) or not _header_ok(
-        path, SegmentKind.SCHEDULE, into, policy
-    ):
+    if _too_short(path, into.problems, policy):
+        _settle_tally(path, SegmentKind.SCHEDULE, bucket, 0, 0, len(done), into, policy)
+        return None
+    if not _header_ok(path, SegmentKind.SCHEDULE, into, policy):
         return None
     counts = into.buckets.setdefault(bucket, BucketCounts())
     subjects = into.subjects
     name = str(path)
+    held = 0
     with mapped(path) as buf:
         walk = FrameWalk(buf, check=is_schedule_record)
         for offset, body, length in walk:
+            held += 1
             if offset in done:
                 continue
             deliver, key = ScheduleRecord.peek(buf, body, path=name, offset=offset)
@@ -217,7 +238,10 @@ def _scan_schedule(
             per_subject[0] += 1
             per_subject[1] += size
         _note_damage(buf, path, SegmentKind.SCHEDULE, walk, into, moved_or_dispatched(done, _no))
+        held += _damaged_records(buf, walk)
     _cut(path, walk, into, policy)
+    gone_out = sum(1 for offset in done if offset >= walk.valid_end)
+    _settle_tally(path, SegmentKind.SCHEDULE, bucket, walk.valid_end, held, gone_out, into, policy)
     return walk.valid_end
 
 
@@ -234,13 +258,18 @@ def _scan_coarse(
     policy: _Policy,
 ) -> int | None:
     """Count a coarse segment's records not yet moved (its torn tail cut); its valid end."""
-    if _too_short(path, into.problems, policy) or not _header_ok(path, kind, into, policy):
+    if _too_short(path, into.problems, policy):
+        _settle_tally(path, kind, bucket, 0, 0, 0, into, policy)
+        return None
+    if not _header_ok(path, kind, into, policy):
         return None
     moved = into.coarse.setdefault((kind, bucket), set())
     name = str(path)
+    held = 0
     with mapped(path) as buf:
         walk = FrameWalk(buf, check=is_schedule_record)
         for offset, body, length in walk:
+            held += 1
             deliver, key = ScheduleRecord.peek(buf, body, path=name, offset=offset)
             if key in into.ids:
                 moved.add(offset)
@@ -251,7 +280,9 @@ def _scan_coarse(
             _count(into, hour_bucket(deliver), subject, deliver, FRAME_SIZE + length)
             keys.append(key)
         _note_damage(buf, path, kind, walk, into, moved_or_dispatched(set(), into.ids.__contains__))
+        held += _damaged_records(buf, walk)
     _cut(path, walk, into, policy)
+    _settle_tally(path, kind, bucket, walk.valid_end, held, 0, into, policy)
     return walk.valid_end
 
 
@@ -326,3 +357,67 @@ def _cut(path: Path, walk: FrameWalk, into: ScheduleRecovered, policy: _Policy) 
     into.problems.append(f"{path}: {walk.problem}; truncated {size - walk.valid_end} bytes")
     if policy.write:
         truncate_file(path, walk.valid_end)
+
+
+def _damaged_records(buf: bytes | mmap.mmap, walk: FrameWalk) -> int:
+    """Records in the corrupt bytes a walk went past (each region at least one)."""
+    return sum(len(record_bounds(buf, start, end)) for start, end in walk.skipped)
+
+
+def _settle_tally(
+    path: Path,
+    kind: SegmentKind,
+    bucket: int,
+    valid_end: int,
+    held: int,
+    gone_out: int,
+    into: ScheduleRecovered,
+    policy: _Policy,
+) -> None:
+    """Count what a cut took: the tally's records past what the segment still holds, less
+    ``gone_out`` it listed as dispatched. ``valid_end`` 0: the segment is deleted (its
+    header was cut short). Afterwards ``into.records`` holds what the segment holds."""
+    tally = into.tallies.get((kind, bucket))
+    if tally is not None and tally.end > valid_end:
+        lost = tally.records - held - gone_out
+        into.torn = [torn for torn in into.torn if torn[0] != path]  # acknowledged, not torn
+        if lost > 0:
+            _count_cut(path, kind, valid_end, tally.end, lost, into)
+    if valid_end:
+        into.records[(kind, bucket)] = held
+    elif policy.write:
+        into.tallies.pop((kind, bucket), None)
+
+
+def _count_cut(
+    path: Path, kind: SegmentKind, start: int, end: int, lost: int, into: ScheduleRecovered
+) -> None:
+    found = Unreadable(path=path, kind=kind, start=start, end=end, records=lost, cut=True)
+    into.unreadable.append(found)
+    into.problems.append(found.line())
+
+
+def _orphan_tallies(
+    data_dir: Path, dispatched: dict[int, set[int]], into: ScheduleRecovered
+) -> None:
+    """A tally whose segment is gone (deleted by hand, say): its records are lost, but for
+    those its hour's dispatch segment listed."""
+    for key, tally in into.tallies.items():
+        kind, bucket = key
+        if key in into.records or segment_path(data_dir, kind, bucket).exists():
+            continue  # scanned, or deleted above as cut short (and counted there)
+        gone_out = len(dispatched.get(bucket, ())) if kind is SegmentKind.SCHEDULE else 0
+        if tally.records > gone_out:
+            path = segment_path(data_dir, kind, bucket)
+            _count_cut(path, kind, 0, tally.end, tally.records - gone_out, into)
+
+
+def _rewrite_tallies(data_dir: Path, into: ScheduleRecovered) -> None:
+    """Set every tally to what its segment now holds (the writer's count starts there);
+    the segments gone lose theirs."""
+    settled = [
+        BucketTally(kind=kind, bucket=bucket, end=into.ends[(kind, bucket)], records=held)
+        for (kind, bucket), held in sorted(into.records.items())
+    ]
+    if {t.key: t for t in settled} != into.tallies:
+        replace_file(tallies_path(data_dir), b"".join(t.encode() for t in settled))

@@ -167,7 +167,7 @@ class DelayedMessages:
         self.unreadable = 0
         self._unreadable_of: collections.Counter[str] = collections.Counter()
         for lost in recovered.unreadable:
-            self._count_unreadable(lost.subject, lost=lost.lost)
+            self._count_unreadable(lost.subject, lost=lost.lost, records=lost.records)
         self.last_lateness_us: int | None = None
         self.last_dispatch_us: int | None = None
 
@@ -452,15 +452,17 @@ class DelayedMessages:
                 out.append(None)
         return out
 
-    def _count_unreadable(self, subject: str | None, *, lost: bool = True) -> None:
-        """A delayed message lost to damage (or, ``lost`` False, a dispatch record)."""
+    def _count_unreadable(
+        self, subject: str | None, *, lost: bool = True, records: int = 1
+    ) -> None:
+        """Delayed messages lost to damage (or, ``lost`` False, a dispatch record)."""
         if not lost:
             self.metrics.unreadable_dispatches.inc()
             return
-        self.unreadable += 1
-        self.metrics.unreadable.inc()
+        self.unreadable += records
+        self.metrics.unreadable.inc(records)
         if subject is not None:
-            self._unreadable_of[subject] += 1
+            self._unreadable_of[subject] += records
 
     def _forget(self, bucket: int, entry: WheelEntry, record: ScheduleRecord | None) -> None:
         counts = self._hours[bucket].counts

@@ -2,7 +2,11 @@
 
 ``schedule/<hour>.seg`` (and the coarser ``schedule-days``, ``schedule-32days``) hold
 whole messages by due time; ``dispatch/<hour>.seg`` records which records of the
-same-numbered schedule segment were appended to their subjects.
+same-numbered schedule segment were appended to their subjects. ``schedule/tallies`` says
+of each schedule segment (of every width) how long it was and how many records it held
+when last written (``BucketTally``, one fixed-size slot each, an all-zero slot free): the
+evidence by which recovery counts the records a cut of a segment took, which the segment
+itself no longer holds.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import dataclasses
 import hashlib
 import mmap
 import struct
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +31,12 @@ _DISPATCH_FIXED = struct.Struct("<BqI")  # type, at_us, count
 _DISPATCH_ITEM = struct.Struct("<Qq")  # schedule offset, seq stored as (-1: already stored)
 RECORD_SCHEDULE = 2
 RECORD_DISPATCH = 3
+TALLIES_FILE = "tallies"  # in the schedule directory
+_TALLY = struct.Struct("<BBHiqQQ")  # kind, version, reserved, reserved, bucket, end, records
+_TALLY_CRC = struct.Struct("<I")
+TALLY_VERSION = 1
+TALLY_SIZE = _TALLY.size + _TALLY_CRC.size  # one slot of the tallies file
+EMPTY_TALLY = bytes(TALLY_SIZE)
 
 
 # Schedule buckets, finest first, with their width in hours. A bucket's segment number is
@@ -187,3 +198,67 @@ is_dispatch_record = record_check(DispatchRecord.decode)
 def iter_dispatch_records(path: Path) -> Iterator[tuple[int, DispatchRecord]]:
     """Every whole dispatch record of a segment file with its offset."""
     return iter_records(path, SegmentKind.DISPATCH, DispatchRecord.decode)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class BucketTally:
+    """A schedule segment's length and record count, as last written in its slot.
+
+    Written after every batch that appended to the segment (after its fsync under
+    ``--fsync always``), in place, with a CRC: so it never claims more than the segment
+    held durably, and a segment found shorter than its tally lost ``records`` minus the
+    records it still holds. ``kind`` and ``bucket`` name the segment.
+    """
+
+    kind: SegmentKind
+    bucket: int
+    end: int
+    records: int
+
+    @property
+    def key(self) -> tuple[SegmentKind, int]:
+        return self.kind, self.bucket
+
+    def encode(self) -> bytes:
+        head = _TALLY.pack(int(self.kind), TALLY_VERSION, 0, 0, self.bucket, self.end, self.records)
+        return head + _TALLY_CRC.pack(zlib.crc32(head))
+
+    @classmethod
+    def decode(cls, slot: bytes, *, path: str = "?", offset: int = 0) -> BucketTally | None:
+        """The tally in a slot, None for a free slot; ``CorruptRecord`` if it is damaged."""
+        if slot == EMPTY_TALLY:
+            return None
+        if len(slot) != TALLY_SIZE:
+            raise CorruptRecord(path=path, offset=offset, reason="a tally slot cut short")
+        kind, version, _, _, bucket, end, records = _TALLY.unpack_from(slot, 0)
+        (crc,) = _TALLY_CRC.unpack_from(slot, _TALLY.size)
+        if zlib.crc32(slot[: _TALLY.size]) != crc:
+            raise CorruptRecord(path=path, offset=offset, reason="tally CRC mismatch")
+        if version != TALLY_VERSION:
+            raise CorruptRecord(path=path, offset=offset, reason=f"tally version {version}")
+        try:
+            segment_kind = SegmentKind(kind)
+        except ValueError:
+            raise CorruptRecord(path=path, offset=offset, reason=f"kind {kind}") from None
+        return cls(kind=segment_kind, bucket=bucket, end=end, records=records)
+
+
+def read_tallies(path: Path, problems: list[str]) -> dict[tuple[SegmentKind, int], BucketTally]:
+    """Every tally of a tallies file by segment (a damaged slot noted in ``problems`` and
+    passed over: it costs only the evidence for its segment)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return {}
+    found: dict[tuple[SegmentKind, int], BucketTally] = {}
+    for at in range(0, len(data) - len(data) % TALLY_SIZE, TALLY_SIZE):
+        try:
+            tally = BucketTally.decode(data[at : at + TALLY_SIZE], path=str(path), offset=at)
+        except CorruptRecord as exc:
+            problems.append(f"{path} at {at}: {exc.reason}; one segment's tally passed over")
+            continue
+        if tally is not None:
+            key = (tally.kind, tally.bucket)
+            if key not in found or found[key].records < tally.records:
+                found[key] = tally
+    return found

@@ -53,6 +53,7 @@ from qmq_broker.format.index import (
     index_chunk_path,
     index_header,
 )
+from qmq_broker.format.schedule import BucketTally
 from qmq_broker.storage.buckets import BucketFiles, BucketKey, BucketPlacer
 from qmq_broker.storage.fsync import sync_all, sync_data, sync_dir, sync_new_file
 from qmq_broker.storage.index_files import CHUNK_BYTES
@@ -70,6 +71,7 @@ class _Batch:
     actions: list[tuple[int, int, list[bytes]]] = dataclasses.field(default_factory=list)
     index: dict[str, tuple[int, list[bytes]]] = dataclasses.field(default_factory=dict)
     buckets: list[tuple[SegmentKind, Position, bytes]] = dataclasses.field(default_factory=list)
+    tallies: dict[BucketKey, BucketTally] = dataclasses.field(default_factory=dict)
     jobs: list[Callable[[], None]] = dataclasses.field(default_factory=list)
     future: asyncio.Future[None] | None = None
     needs_fsync: bool = False  # under --fsync always: holds more than relaxed actions
@@ -235,6 +237,7 @@ class _AppendFiles:
     def fsync_indexes(self) -> None:
         for _, fd in self._index.values():
             sync_data(fd)
+        self.buckets.fsync_tallies()
 
     def close(self) -> None:
         for kind in (SegmentKind.MESSAGES, SegmentKind.ACTIONS):
@@ -267,6 +270,7 @@ class Journal:
         messages_at: tuple[int, int],
         actions_at: tuple[int, int],
         buckets_at: dict[BucketKey, int] | None = None,
+        bucket_records: dict[BucketKey, int] | None = None,
         on_fsync: FsyncObserver | None = None,
         ack_fsync: FsyncPolicy | None = None,
     ) -> None:
@@ -284,7 +288,7 @@ class Journal:
         self.actions = LogPlacer(
             segment_bytes=segment_bytes, segment=actions_at[0], end_offset=actions_at[1]
         )
-        self.buckets = BucketPlacer(buckets_at)
+        self.buckets = BucketPlacer(buckets_at, bucket_records)
         self._files = _AppendFiles(
             data_dir,
             segment_bytes=segment_bytes,
@@ -403,6 +407,9 @@ class Journal:
         position = self.buckets.place(kind, bucket, len(framed))
         batch = self._batch
         batch.buckets.append((kind, position, framed))
+        tally = self.buckets.tally(kind, bucket)
+        if tally is not None:
+            batch.tallies[(kind, bucket)] = tally
         batch.needs_fsync = True
         batch.size += len(framed)
         return position
@@ -534,6 +541,8 @@ class Journal:
             self._files.write_index(subject, first_seq, entries)
         if self._fsync.mode == "always" and batch.needs_fsync:
             self._timed_fsync()
+        for tally in batch.tallies.values():  # never ahead of its segment
+            self._files.buckets.write_tally(tally)
         for job in batch.jobs:
             job()
 

@@ -217,3 +217,71 @@ def test_one_flipped_bit_in_a_delayed_file_never_stops_the_broker(
                 assert new[0].seq == next_seq  # no seq reused
     finally:
         restarted.stop()
+
+
+def cut_after_dispatched(data_dir: Path, kind: SegmentKind) -> tuple[Path, int]:
+    """Cut a schedule file at its first waiting record (not a dispatched ``-soon`` one), in
+    the middle of that record's frame; how many waiting records that took."""
+    for path in list_segments(data_dir, kind):
+        waiting = [
+            offset
+            for offset, payload in iter_frames(path.read_bytes(), path=str(path))
+            if not ScheduleRecord.decode(payload).message.id.endswith("-soon")
+        ]
+        if waiting:
+            with open(path, "r+b") as handle:
+                handle.truncate(waiting[0] + FRAME_SIZE + 3)
+            return path, len(waiting)
+    raise AssertionError(f"nothing waits in a {kind.name} file")
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("kind", KINDS[:3], ids=[k.name.lower() for k in KINDS[:3]])
+def test_a_cut_delayed_file_counts_every_message_it_took(tmp_path: Path, kind: SegmentKind) -> None:
+    """Hole 1's cut: the file itself no longer holds what followed the cut; its tally does.
+    After a kill -9 and a cut below acknowledged records, verify and the broker count the
+    same loss, and the stored messages and the next seqs are untouched."""
+    data_dir = tmp_path / "data"
+    broker = BrokerProcess(data_dir).start()
+    try:
+        populate(broker)
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{broker.url}/v1/schedule").json()["dispatched"] < 2:
+            assert time.monotonic() < deadline, "the -soon messages never went out"
+            time.sleep(0.1)
+        with BrokerClient(broker.url) as client:
+            before = {s: client.subject(s) for s in ("victim", "bystander")}
+        broker.kill9()
+    finally:
+        broker.stop()
+
+    cut, taken = cut_after_dispatched(data_dir, kind)
+    code, lines = run_verify(data_dir)
+    assert code == 1, lines
+    gone = [line for line in lines if line.startswith(str(cut)) and "delayed messages gone" in line]
+    assert len(gone) == 1, lines
+    counted = re.search(r"(\d+) delayed messages gone", gone[0])
+    assert counted is not None, gone
+    assert int(counted.group(1)) == taken, gone
+
+    restarted = BrokerProcess(data_dir).start()  # no flag needed: a cut is not a bad header
+    try:
+        schedule = httpx.get(f"{restarted.url}/v1/schedule").json()
+        assert schedule["unreadable"] == taken
+        assert metric(restarted, "qmq_broker_schedule_unreadable_messages_total") == taken
+        waiting_before = sum(before[s]["scheduled"]["messages"] for s in before)
+        assert schedule["messages"] == waiting_before - taken
+        with BrokerClient(restarted.url) as client:
+            for subject in ("victim", "bystander"):
+                got = drain(client, subject)
+                assert sorted(m.id for m in got) == sorted(
+                    [f"{subject}-0", f"{subject}-1", f"{subject}-soon"]
+                )
+                new = client.produce(
+                    [OutgoingMessage(id=f"{subject}-new", subject=subject, body=b"x")]
+                )
+                assert new[0].seq == before[subject]["next_seq"]  # no seq reused
+    finally:
+        restarted.stop()
+    code, lines = run_verify(data_dir)  # counted once: the next start does not count it again
+    assert not any("delayed messages gone" in line for line in lines), lines
