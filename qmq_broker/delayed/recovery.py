@@ -210,13 +210,8 @@ def _scan_schedule(
     policy: _Policy,
 ) -> int | None:
     """Count a schedule segment's pending records (its torn tail cut); its valid end."""
-    if _too_short(path, into.problems, policy):
-        _settle_tally(path, SegmentKind.SCHEDULE, bucket, 0, 0, len(done), into, policy)
+    if not _readable(path, SegmentKind.SCHEDULE, bucket, len(done), into, policy):
         return None
-    if not _header_ok(path, SegmentKind.SCHEDULE, into, policy):
-        return None
-    counts = into.buckets.setdefault(bucket, BucketCounts())
-    subjects = into.subjects
     name = str(path)
     held = 0
     with mapped(path) as buf:
@@ -226,17 +221,11 @@ def _scan_schedule(
             if offset in done:
                 continue
             deliver, key = ScheduleRecord.peek(buf, body, path=name, offset=offset)
-            subject = ScheduleRecord.peek_subject(buf, body, path=name, offset=offset)
             if deliver // HOUR_US != bucket:
                 into.problems.append(f"{path} at {offset}: due time outside the hour; kept")
-            size = FRAME_SIZE + length
-            counts.add(deliver, size)
+            subject = ScheduleRecord.peek_subject(buf, body, path=name, offset=offset)
+            _count(into, bucket, subject, deliver, FRAME_SIZE + length)
             keys.append(key)
-            per_subject = subjects.get(subject)
-            if per_subject is None:
-                per_subject = subjects[subject] = [0, 0]
-            per_subject[0] += 1
-            per_subject[1] += size
         _note_damage(buf, path, SegmentKind.SCHEDULE, walk, into, moved_or_dispatched(done, _no))
         held += _damaged_records(buf, walk)
     _cut(path, walk, into, policy)
@@ -249,6 +238,17 @@ def _no(key: int) -> bool:
     return False
 
 
+def _readable(
+    path: Path, kind: SegmentKind, bucket: int, done: int, into: ScheduleRecovered, policy: _Policy
+) -> bool:
+    """Whether to walk a schedule segment: not when its header was cut short (deleted, and
+    its tally's records but ``done`` dispatched counted lost)."""
+    if _too_short(path, into.problems, policy):
+        _settle_tally(path, kind, bucket, 0, 0, done, into, policy)
+        return False
+    return _header_ok(path, kind, into, policy)
+
+
 def _scan_coarse(
     path: Path,
     kind: SegmentKind,
@@ -258,10 +258,7 @@ def _scan_coarse(
     policy: _Policy,
 ) -> int | None:
     """Count a coarse segment's records not yet moved (its torn tail cut); its valid end."""
-    if _too_short(path, into.problems, policy):
-        _settle_tally(path, kind, bucket, 0, 0, 0, into, policy)
-        return None
-    if not _header_ok(path, kind, into, policy):
+    if not _readable(path, kind, bucket, 0, into, policy):
         return None
     moved = into.coarse.setdefault((kind, bucket), set())
     name = str(path)
