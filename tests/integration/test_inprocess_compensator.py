@@ -11,7 +11,6 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -20,7 +19,6 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.orm import sessionmaker
 
-from qmq_outbox import migrate
 from qmq_outbox.client import BrokerClient
 from qmq_outbox.compensator.config import CompensatorSettings
 from qmq_outbox.errors import ConfigurationError
@@ -28,7 +26,6 @@ from qmq_outbox.outbox import Outbox
 from qmq_outbox.store import OutboxStore
 from tests.support.broker_process import BrokerProcess
 from tests.support.outbox import (
-    clear_outbox,
     pending_rows,
     statuses,
     stored_ids,
@@ -36,33 +33,20 @@ from tests.support.outbox import (
     wait_for,
     wait_for_async,
 )
-from tests.support.postgres import fresh_database
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parents[2]
 FAST: CompensatorSettings = {"grace": timedelta(seconds=1), "interval": timedelta(milliseconds=100)}
 
 
-@pytest.fixture(scope="module")
-def pg_url_migrated(pg_admin_url: str) -> Iterator[str]:
-    with fresh_database(pg_admin_url, prefix="qmq_inprocess") as url:
-        migrate.upgrade(url)
-        yield url
-
-
 @pytest.fixture
-def engine(pg_url_migrated: str) -> Iterator[sa.Engine]:
-    engine = sa.create_engine(pg_url_migrated)
-    clear_outbox(engine)
-    yield engine
-    engine.dispose()
+def db_url(pg_url_migrated: str) -> str:
+    return pg_url_migrated  # PostgreSQL alone here
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(tmp_path_factory.mktemp("inprocess-broker") / "data").start()
-    yield proc
-    proc.stop()
+def broker(module_broker: BrokerProcess) -> BrokerProcess:
+    return module_broker
 
 
 def compensator_threads(prefix: str) -> list[str]:

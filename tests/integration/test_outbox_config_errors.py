@@ -23,7 +23,6 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import sessionmaker
 
-from qmq_outbox import migrate
 from qmq_outbox.client import BrokerClient
 from qmq_outbox.compensator import Compensator
 from qmq_outbox.errors import ConfigurationError
@@ -31,8 +30,7 @@ from qmq_outbox.outbox import Outbox
 from qmq_outbox.schema import outbox_table
 from qmq_outbox.transports import QmqTransport
 from tests.support.broker_process import BrokerProcess, free_port
-from tests.support.outbox import clear_outbox, stored_ids, unique_subject, wait_for
-from tests.support.postgres import fresh_database
+from tests.support.outbox import stored_ids, unique_subject, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 BACKOFF = timedelta(milliseconds=50)
@@ -118,26 +116,14 @@ def stub() -> Iterator[Stub]:
     thread.join(5)
 
 
-@pytest.fixture(scope="module")
-def pg_url_migrated(pg_admin_url: str) -> Iterator[str]:
-    with fresh_database(pg_admin_url, prefix="qmq_config_errors") as url:
-        migrate.upgrade(url)
-        yield url
-
-
 @pytest.fixture
-def engine(pg_url_migrated: str) -> Iterator[sa.Engine]:
-    engine = sa.create_engine(pg_url_migrated)
-    clear_outbox(engine)
-    yield engine
-    engine.dispose()
+def db_url(pg_url_migrated: str) -> str:
+    return pg_url_migrated  # PostgreSQL alone here
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(tmp_path_factory.mktemp("config-errors-broker") / "data").start()
-    yield proc
-    proc.stop()
+def broker(module_broker: BrokerProcess) -> BrokerProcess:
+    return module_broker
 
 
 def rows(engine: sa.Engine) -> dict[str, sa.Row[Any]]:

@@ -20,7 +20,6 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 from sqlalchemy.orm import sessionmaker
 
-from qmq_outbox import migrate
 from qmq_outbox.client import BrokerClient
 from qmq_outbox.compensator import Compensator
 from qmq_outbox.outbox import Outbox
@@ -30,52 +29,20 @@ from tests.support.broker_process import BrokerProcess
 from tests.support.outbox import (
     clear_outbox,
     pending_rows,
-    sqlite_transactions,
     statuses,
     stored_count,
     stored_ids,
     unique_subject,
     wait_for,
 )
-from tests.support.postgres import fresh_database
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def pg_url_migrated(pg_admin_url: str) -> Iterator[str]:
-    with fresh_database(pg_admin_url, prefix="qmq_outbox_faults") as url:
-        migrate.upgrade(url)
-        yield url
-
-
-@pytest.fixture(params=["postgresql", "sqlite"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "postgresql":
-        url: str = request.getfixturevalue("pg_url_migrated")
-        return url
-    url = f"sqlite:///{tmp_path / 'app.db'}"
-    migrate.upgrade(url)
-    return url
-
-
-@pytest.fixture
-def engine(db_url: str) -> Iterator[sa.Engine]:
-    engine = sa.create_engine(db_url)
-    if engine.dialect.name == "sqlite":
-        sqlite_transactions(engine)
-    clear_outbox(engine)
-    yield engine
-    engine.dispose()
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    """One broker for the module (tests use their own subjects)."""
-    proc = BrokerProcess(tmp_path_factory.mktemp("faults-broker") / "data").start()
-    yield proc
-    proc.stop()
+def broker(module_broker: BrokerProcess) -> BrokerProcess:
+    return module_broker
 
 
 @pytest.fixture
