@@ -4,6 +4,7 @@
 files: layout, writing, merging, lookups), ``filter`` (the Bloom filter and ``filter.bin``).
 """
 
-from qmq_broker.dedup.store import DedupJob, DedupStats, DedupStore
+from qmq_broker.dedup.jobs import DedupJob
+from qmq_broker.dedup.store import DedupStats, DedupStore
 
 __all__ = ["DedupJob", "DedupStats", "DedupStore"]

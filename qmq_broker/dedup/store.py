@@ -36,48 +36,39 @@ page cache, not the broker's resident memory.
 
 Threading: every method of ``DedupStore`` runs on the caller's event loop and returns
 quickly, except ``open``, ``flush_all``, ``close`` and ``verify``, which block (start-up,
-shutdown, tests, offline checks). Blocking work is planned as a ``DedupJob``::
-
-    job = store.plan()               # loop: None when there is nothing to do
-    if job is not None:
-        try:
-            await asyncio.to_thread(job.run)   # worker thread: the I/O, the arrays
-        finally:
-            store.commit(job)        # loop: installs the result, or drops a failed job
-
-A job reads the store's state but changes none of it; ``commit`` changes it, on the loop.
-One job is outstanding at a time; a failed job's work is planned again. Files are
-deleted by a later job, once nothing in the store refers to them.
+shutdown, tests, offline checks). Blocking work is planned as a job
+(``qmq_broker.dedup.jobs``).
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
-import itertools
 import os
-import threading
 from pathlib import Path
 
 import numpy as np
 
+from qmq_broker.dedup.files import check_files, checked_runs, saved_filter
 from qmq_broker.dedup.filter import FILTER_FILE, BloomFilter
-from qmq_broker.dedup.runs import (
-    TEMP_SUFFIX,
-    MappedRun,
-    RunHeader,
-    merge_runs,
-    parse_run_name,
-    read_run_header,
-    verify_run,
-    write_run,
+from qmq_broker.dedup.jobs import (
+    DedupJob,
+    DeleteJob,
+    FlushJob,
+    MergeJob,
+    RebuildFilterJob,
+    SaveFilterJob,
+    filter_of,
+    merge_inputs,
+    save_filter,
 )
-from qmq_broker.errors import ConfigError, CorruptRecord, StorageError
-from qmq_broker.storage.fsync import rewrite_file, sync_dir
+from qmq_broker.dedup.runs import (
+    MappedRun,
+)
+from qmq_broker.errors import ConfigError, StorageError
 
 VECTOR_MIN = 16  # find_many asks the filter per id below this many ids, with numpy above
 MAX_UNSAVED_IDS = 2_000_000  # filter.bin is saved before more ids than this are not in it
-SIZE_CLASS_BASE = 4  # a run's size class: floor(log4(count / flush_at)), 0 below 4 x flush_at
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,150 +81,6 @@ class DedupStats:
     filter_ids: int  # ids inserted in the filter since it was last built
     filter_lookups: int
     filter_false_positives: int  # the filter said maybe and no run held the hash
-
-
-class DedupJob:
-    """Background work a store planned: ``run()`` in a worker thread, then ``commit``.
-
-    ``run()`` does the work once; called again (``flush_all`` finishing a job the caller
-    started) it waits for the first call and returns, or raises its error again.
-    """
-
-    kind = "job"
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self._lock = threading.Lock()
-        self._done = False
-        self._error: Exception | None = None
-
-    @property
-    def done(self) -> bool:
-        return self._done
-
-    def run(self) -> None:
-        """Do the job's I/O; raises ``StorageError`` when the disk fails it."""
-        with self._lock:
-            if self._done:
-                return
-            if self._error is not None:
-                raise self._error
-            try:
-                self._work()
-            except OSError as exc:
-                self._error = StorageError(f"dedup {self.kind} in {self.directory}: {exc}")
-                raise self._error from exc
-            except Exception as exc:
-                self._error = exc
-                raise
-            self._done = True
-
-    def _work(self) -> None:
-        raise NotImplementedError
-
-
-class _Flush(DedupJob):
-    """Write the frozen ids as a run, then set their bits in the live filter.
-
-    The bits are set from the worker thread, with no sort: only bits are set, the filter
-    is not resized while a job is outstanding, and until ``commit`` the frozen dict still
-    answers for these ids, so a lookup meanwhile is right whichever bits it sees.
-    """
-
-    kind = "flush"
-
-    def __init__(
-        self, directory: Path, *, ids: dict[int, int], horizon: int, bloom: BloomFilter
-    ) -> None:
-        super().__init__(directory)
-        self.ids = ids
-        self._horizon = horizon
-        self._bloom = bloom
-        self.run_written: MappedRun | None = None
-
-    def _work(self) -> None:
-        count = len(self.ids)
-        hashes = np.fromiter(self.ids.keys(), dtype=np.uint64, count=count)
-        seqs = np.fromiter(self.ids.values(), dtype=np.uint64, count=count)
-        live = seqs >= np.uint64(self._horizon)
-        hashes, seqs = hashes[live], seqs[live]
-        header = write_run(self.directory, hashes, seqs)
-        if header is not None:
-            self.run_written = MappedRun(self.directory / header.name, header)
-            self._bloom.insert(hashes)
-
-
-class _Merge(DedupJob):
-    kind = "merge"
-
-    def __init__(self, directory: Path, *, inputs: tuple[MappedRun, ...], horizon: int) -> None:
-        super().__init__(directory)
-        self.inputs = inputs
-        self._horizon = horizon
-        self.merged: MappedRun | None = None
-
-    def _work(self) -> None:
-        header = merge_runs(self.directory, self.inputs, horizon=self._horizon)
-        if header is not None:
-            self.merged = MappedRun(self.directory / header.name, header)
-
-
-class _Delete(DedupJob):
-    kind = "delete"
-
-    def __init__(self, directory: Path, *, paths: tuple[Path, ...]) -> None:
-        super().__init__(directory)
-        self.paths = paths
-
-    def _work(self) -> None:
-        for path in self.paths:
-            path.unlink(missing_ok=True)
-        sync_dir(self.directory)
-
-
-class _RebuildFilter(DedupJob):
-    kind = "rebuild-filter"
-
-    def __init__(self, directory: Path, *, runs: tuple[MappedRun, ...], horizon: int) -> None:
-        super().__init__(directory)
-        self.runs = runs
-        self.horizon = horizon
-        self.runs_end = max((run.header.end_seq for run in runs), default=0)
-        self.built: BloomFilter | None = None
-
-    def _work(self) -> None:
-        self.built = _filter_of(self.runs, self.horizon)
-        _save_filter(self.directory, self.built, self.runs_end)
-
-
-class _SaveFilter(DedupJob):
-    kind = "save-filter"
-
-    def __init__(self, directory: Path, *, bloom: BloomFilter, runs_end: int) -> None:
-        super().__init__(directory)
-        self._bloom = bloom
-        self.runs_end = runs_end
-
-    def _work(self) -> None:
-        _save_filter(self.directory, self._bloom, self.runs_end)
-
-
-def _filter_of(runs: tuple[MappedRun, ...] | list[MappedRun], horizon: int) -> BloomFilter:
-    """A filter sized for, and holding, the live ids of ``runs``."""
-    bloom = BloomFilter.sized(sum(run.live_count(horizon) for run in runs))
-    for run in runs:
-        for hashes in run.live_hashes(horizon):
-            bloom.insert(hashes)
-    return bloom
-
-
-def _save_filter(directory: Path, bloom: BloomFilter, runs_end: int) -> None:
-    path = directory / FILTER_FILE
-    temp = path.with_name(path.name + TEMP_SUFFIX)
-    header, bits = bloom.encode(runs_end=runs_end)
-    rewrite_file(temp, header, bits)
-    os.replace(temp, path)
-    sync_dir(directory)
 
 
 class DedupStore:
@@ -311,22 +158,22 @@ class DedupStore:
     def _open(cls, path: Path, *, flush_at: int, fan_in: int, horizon: int) -> DedupStore:
         path.mkdir(parents=True, exist_ok=True)
         problems: list[str] = []
-        headers, lost_from = _checked_runs(path, problems)
+        headers, lost_from = checked_runs(path, problems)
         for header in headers:
             if header.end_seq <= horizon:
                 (path / header.name).unlink()
         runs = [MappedRun(path / h.name, h) for h in headers if h.end_seq > horizon]
         runs_end = max((run.header.end_seq for run in runs), default=0)
 
-        bloom, saved_end = _saved_filter(path, problems, runs=len(runs))
+        bloom, saved_end = saved_filter(path, problems, runs=len(runs))
         if bloom is not None and lost_from is not None and saved_end > lost_from:
             problems.append(f"{path / FILTER_FILE} holds runs that were deleted: rebuilt")
             bloom = None
         unsaved = 0
         if bloom is None:
-            bloom = _filter_of(runs, horizon)
+            bloom = filter_of(runs, horizon)
             saved_end = runs_end
-            _save_filter(path, bloom, saved_end)
+            save_filter(path, bloom, saved_end)
         else:
             for run in runs:
                 if run.header.end_seq > saved_end:
@@ -482,14 +329,14 @@ class DedupStore:
         self._outstanding = None
         if not job.done:
             return False
-        if isinstance(job, _Flush):
+        if isinstance(job, FlushJob):
             self._install_flush(job)
-        elif isinstance(job, _Merge):
+        elif isinstance(job, MergeJob):
             self._install_merge(job)
-        elif isinstance(job, _Delete):
+        elif isinstance(job, DeleteJob):
             doomed = set(job.paths)
             self._doomed = [path for path in self._doomed if path not in doomed]
-        elif isinstance(job, _RebuildFilter):
+        elif isinstance(job, RebuildFilterJob):
             assert job.built is not None
             self._filter = job.built
             self._filter_end = job.runs_end
@@ -499,7 +346,7 @@ class DedupStore:
                 run.header.live_estimate(job.horizon) - run.header.live_estimate(self._horizon)
                 for run in self._runs
             )
-        elif isinstance(job, _SaveFilter):
+        elif isinstance(job, SaveFilterJob):
             self._unsaved = 0  # nothing changes the filter while a job is outstanding
             self._saved_end = job.runs_end
         return True
@@ -549,7 +396,7 @@ class DedupStore:
             self._run_here(deleting)
         if self._unsaved:
             self._run_here(
-                _SaveFilter(self.directory, bloom=self._filter, runs_end=self._filter_end)
+                SaveFilterJob(self.directory, bloom=self._filter, runs_end=self._filter_end)
             )
 
     def close(self) -> None:
@@ -566,22 +413,7 @@ class DedupStore:
 
     def verify(self) -> list[str]:
         """Check every run's body and that the filter holds its ids (blocking, offline)."""
-        problems: list[str] = []
-        for run in self._runs:
-            problems.extend(verify_run(run))
-            missing = sum(
-                self._filter.contains_all(hashes) for hashes in run.live_hashes(self._horizon)
-            )
-            if missing:
-                problems.append(f"{run.path}: {missing} ids missing from the filter")
-        path = self.directory / FILTER_FILE
-        try:
-            BloomFilter.decode(path.read_bytes(), path=str(path))
-        except CorruptRecord as exc:
-            problems.append(str(exc))
-        except FileNotFoundError:
-            problems.append(f"{path} missing")
-        return problems
+        return check_files(self.directory, self._runs, self._filter, horizon=self._horizon)
 
     # --- planning and installing ---------------------------------------------------------
 
@@ -609,49 +441,30 @@ class DedupStore:
                 return None
             self._frozen, self._recent = self._recent, {}
             self._floor = max(self._floor, self._recent_end)
-        return _Flush(self.directory, ids=self._frozen, horizon=self._horizon, bloom=self._filter)
+        return FlushJob(self.directory, ids=self._frozen, horizon=self._horizon, bloom=self._filter)
 
     def _plan_merge(self) -> DedupJob | None:
-        classes = [self._size_class(run.header.count) for run in self._runs]
-        saved = self._saved_end
-        for size_class, side in itertools.product(sorted(set(classes)), (True, False)):
-            # A merge takes runs from one side of what filter.bin holds, never both: on
-            # open, the runs past it are read again, and only those (see MAX_UNSAVED_IDS).
-            members = [
-                at
-                for at, found in enumerate(classes)
-                if found == size_class and (self._runs[at].header.end_seq <= saved) == side
-            ]
-            if len(members) >= self._fan_in:
-                # the newest fan_in of the class, and any run between them, so that the
-                # merged run's range covers only its own inputs
-                start, stop = members[-self._fan_in], members[-1] + 1
-                inputs = tuple(self._runs[start:stop])
-                return _Merge(self.directory, inputs=inputs, horizon=self._horizon)
-        return None
+        inputs = merge_inputs(
+            self._runs, flush_at=self._flush_at, fan_in=self._fan_in, saved_end=self._saved_end
+        )
+        if inputs is None:
+            return None
+        return MergeJob(self.directory, inputs=inputs, horizon=self._horizon)
 
     def _plan_delete(self) -> DedupJob | None:
         if not self._doomed:
             return None
-        return _Delete(self.directory, paths=tuple(self._doomed))
+        return DeleteJob(self.directory, paths=tuple(self._doomed))
 
     def _plan_filter(self) -> DedupJob | None:
         bloom = self._filter
         if bloom.ids > bloom.capacity or 2 * self._stale > bloom.ids > 0:
-            return _RebuildFilter(self.directory, runs=tuple(self._runs), horizon=self._horizon)
+            return RebuildFilterJob(self.directory, runs=tuple(self._runs), horizon=self._horizon)
         if 10 * self._unsaved > bloom.ids or self._unsaved > MAX_UNSAVED_IDS:
-            return _SaveFilter(self.directory, bloom=bloom, runs_end=self._filter_end)
+            return SaveFilterJob(self.directory, bloom=bloom, runs_end=self._filter_end)
         return None
 
-    def _size_class(self, count: int) -> int:
-        size_class = 0
-        limit = self._flush_at * SIZE_CLASS_BASE
-        while count >= limit:
-            size_class += 1
-            limit *= SIZE_CLASS_BASE
-        return size_class
-
-    def _install_flush(self, job: _Flush) -> None:
+    def _install_flush(self, job: FlushJob) -> None:
         run = job.run_written
         if run is not None:
             bisect.insort(self._runs, run, key=lambda mapped: mapped.header.first_seq)
@@ -659,7 +472,7 @@ class DedupStore:
             self._filter_end = max(self._filter_end, run.header.end_seq)
         self._frozen = None
 
-    def _install_merge(self, job: _Merge) -> None:
+    def _install_merge(self, job: MergeJob) -> None:
         start = next(at for at, run in enumerate(self._runs) if run is job.inputs[0])
         stop = start + len(job.inputs)
         assert all(a is b for a, b in zip(self._runs[start:stop], job.inputs, strict=True))
@@ -671,70 +484,3 @@ class DedupStore:
         before = sum(run.header.live_estimate(horizon) for run in job.inputs)
         after = sum(run.header.live_estimate(horizon) for run in merged)
         self._stale = max(0, self._stale + before - after)
-
-
-def _checked_runs(path: Path, problems: list[str]) -> tuple[list[RunHeader], int | None]:
-    """The run headers that check out, by seq range; and the seq from which runs were lost.
-
-    Deletes temporary files, runs wholly covered by another, runs whose header is damaged
-    and every run above a damaged one (the caller re-adds those ids).
-    """
-    headers: list[RunHeader] = []
-    damaged: list[tuple[int, int]] = []
-    for entry in sorted(path.iterdir()):
-        if entry.name.endswith(TEMP_SUFFIX):
-            entry.unlink()
-            continue
-        if entry.name == FILTER_FILE:
-            continue
-        seqs = parse_run_name(entry.name)
-        if seqs is None:
-            problems.append(f"{entry}: not a dedup file, left alone")
-            continue
-        try:
-            headers.append(read_run_header(entry))
-        except CorruptRecord as exc:
-            problems.append(f"{exc}: deleted")
-            entry.unlink()
-            damaged.append(seqs)
-    # widest first, so a merged run is kept before the inputs it covers
-    headers.sort(key=lambda h: (h.first_seq, -h.end_seq))
-    kept: list[RunHeader] = []
-    for header in headers:
-        if kept and kept[-1].covers(header):
-            (path / header.name).unlink()
-        else:
-            kept.append(header)
-    lost = [
-        first
-        for first, end in damaged
-        if not any(h.first_seq <= first and end <= h.end_seq for h in kept)
-    ]
-    lost += [b.first_seq for a, b in itertools.pairwise(kept) if b.first_seq < a.end_seq]
-    if not lost:
-        return kept, None
-    lost_from = min(lost)
-    above = [h for h in kept if h.first_seq >= lost_from]
-    for header in above:
-        (path / header.name).unlink()
-    problems.append(
-        f"{path}: ids of seqs from {lost_from} lost with damaged runs, {len(above)} runs "
-        "above them deleted; they are re-added from the subject's index"
-    )
-    return [h for h in kept if h.first_seq < lost_from], lost_from
-
-
-def _saved_filter(path: Path, problems: list[str], *, runs: int) -> tuple[BloomFilter | None, int]:
-    """``filter.bin`` and its runs_end; None when missing or damaged (reported if runs)."""
-    filter_path = path / FILTER_FILE
-    try:
-        data = filter_path.read_bytes()
-    except FileNotFoundError:
-        if runs:
-            problems.append(f"{filter_path} missing: rebuilt from {runs} runs")
-        return None, 0
-    try:
-        return BloomFilter.decode(data, path=str(filter_path))
-    except CorruptRecord as exc:
-        problems.append(f"{exc}: rebuilt from the runs")
-        return None, 0
