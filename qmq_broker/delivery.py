@@ -28,6 +28,7 @@ from qmq_broker.subjects import SubjectTable
 from qmq_wire import PulledMessageJson
 from qmq_wire.delivery import RetryPolicy
 from qmq_wire.ordered import partition_log
+from qmq_wire.rules import Position
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -101,7 +102,7 @@ class DeliveryService:
         max_messages: int,
         wait_ms: int,
         mode: str,
-        start: str,
+        start: Position,
         ack: list[int] | None,
         min_messages: int = 1,
         linger_ms: int = 0,
@@ -159,7 +160,7 @@ class DeliveryService:
         return self._pulls.measured_s
 
     def _join(
-        self, subject: str, group: str, consumer: str, mode: str, start: str
+        self, subject: str, group: str, consumer: str, mode: str, start: Position
     ) -> tuple[str, bool]:
         """The delivery-state key of a puller, and whether this pull created its state."""
         found = self._groups.get((subject, group))
@@ -172,7 +173,7 @@ class DeliveryService:
         key = consumer if mode == "broadcast" else ""
         if found is None or key not in found.states:
             log = self._subjects.ensure(subject)
-            cursor = log.end_seq if start == "latest" else log.first_seq
+            cursor = log.seq_at(start)
             self._actions.record(
                 action(
                     ActionType.GROUP,
@@ -187,7 +188,13 @@ class DeliveryService:
         return key, False
 
     def _join_ordered(
-        self, subject: str, group: str, consumer: str, mode: str, start: str, ack: list[int] | None
+        self,
+        subject: str,
+        group: str,
+        consumer: str,
+        mode: str,
+        start: Position,
+        ack: list[int] | None,
     ) -> tuple[str, bool]:
         self._ordered.require_served(subject)  # a fenced subject, whatever the mode asked
         if not self._ordered.ordered(subject) and subject not in self._subjects:
@@ -213,6 +220,15 @@ class DeliveryService:
                 code="partition_required",
                 message=f"{subject!r} is ordered: ack with POST /v1/ack naming the partition",
                 field="ack",
+            )
+        if start.kind == "seq" and not self._ordered.has_group(subject, group):
+            raise Conflict(
+                code="partition_required",
+                message=(
+                    f"{subject!r} is ordered: its seqs count per partition, so a group "
+                    "starts at a time (or resets one partition to a seq)"
+                ),
+                field="start",
             )
         # Keyed by consumer like broadcast pulls: each consumer's long poll is woken on its
         # own (an ack unblocks the partitions of the consumer that sent it).

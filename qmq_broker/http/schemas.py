@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
     BeforeValidator,
@@ -72,19 +73,48 @@ _OUT_OF_RANGE = r"^(?:0001-01-01T[^+]*\+(?!00:00)|9999-12-31T.*-(?!00:00)\d\d:\d
 negative one: some of them fall outside ``wire.MIN_TIME``..``wire.MAX_TIME`` in UTC, so the
 document refuses the lot (UTC or the other sign is always fine there)."""
 
-Timestamp = Annotated[
-    AwareDatetime,
-    WithJsonSchema(
+TIMESTAMP_SCHEMA: dict[str, Any] = {
+    "type": "string",
+    "format": "date-time",
+    "not": {"pattern": _OUT_OF_RANGE},
+    "description": f"RFC 3339 with an offset, between {wire.MIN_TIME} and {wire.MAX_TIME} in UTC",
+}
+Timestamp = Annotated[AwareDatetime, WithJsonSchema(TIMESTAMP_SCHEMA)]
+
+
+def _position(value: Any) -> Any:
+    if rules.Position.of(value) is None:
+        raise ValueError(
+            'a position is "earliest", "latest", {"seq": n} or {"time": RFC 3339 text}'
+        )
+    return value
+
+
+POSITION_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {"enum": list(wire.START_POSITIONS)},
         {
-            "type": "string",
-            "format": "date-time",
-            "not": {"pattern": _OUT_OF_RANGE},
-            "description": (
-                f"RFC 3339 with an offset, between {wire.MIN_TIME} and {wire.MAX_TIME} in UTC"
-            ),
-        }
+            "type": "object",
+            "properties": {
+                "seq": {"type": "integer", "minimum": rules.SEQ.low, "maximum": rules.SEQ.high}
+            },
+            "required": ["seq"],
+            "additionalProperties": False,
+        },
+        {
+            "type": "object",
+            "properties": {"time": TIMESTAMP_SCHEMA},
+            "required": ["time"],
+            "additionalProperties": False,
+        },
+    ],
+    "description": (
+        "earliest, latest, the message with this seq, or the first message stored at or "
+        "after this time"
     ),
-]
+}
+Position = Annotated[Any, AfterValidator(_position), WithJsonSchema(POSITION_SCHEMA)]
+"""A group's position: the same rule as ``qmq_wire.rules.POSITION``."""
 
 
 class _Strict(BaseModel):
@@ -145,7 +175,10 @@ class PullRequest(_Strict):
         default=_default(rules.PULL, "mode"),
         description="ordered: the only mode of an ordered subject",
     )
-    start: wire.StartPosition = _default(rules.PULL, "start")
+    start: Position = Field(
+        default=_default(rules.PULL, "start"),
+        description="where a group (a broadcast consumer) new to the subject starts",
+    )
     ack: Annotated[
         Seqs | None,
         Field(
@@ -206,6 +239,18 @@ class RedriveRequest(_Strict):
     )
 
 
+class ResetRequest(_Strict):
+    to: Position
+    force: bool = Field(
+        default=_default(rules.RESET, "force"),
+        description="drop the messages leased out (their acks become unknown) instead of a 409",
+    )
+    partition: Partition | None = Field(
+        default=None,
+        description="one partition of an ordered subject (required there with a seq)",
+    )
+
+
 class DeclareRequest(_Strict):
     ordered: Literal[True] = Field(description="only ordered subjects are declared")
     partitions: Annotated[
@@ -248,6 +293,7 @@ REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     AckRequest,
     NackRequest,
     RedriveRequest,
+    ResetRequest,
     DeclareRequest,
     SplitRequest,
     MergeRequest,
