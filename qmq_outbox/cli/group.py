@@ -1,4 +1,4 @@
-"""``qmq group reset``: move a consumer group to a position (docs/architecture.md 3.8).
+"""``qmq group reset``: move a consumer group to a position (docs/architecture.md 3.7).
 
 One call to the broker; prints where each of the group's states reads next (``--json``: the
 answer as the broker gave it). Exactly one of ``--to-seq``, ``--to-time``, ``--earliest``

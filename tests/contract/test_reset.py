@@ -1,4 +1,4 @@
-"""Replay (docs/architecture.md 3.8) on the fake and the real broker alike: a group reset to
+"""Replay (docs/architecture.md 3.7) on the fake and the real broker alike: a group reset to
 a seq, a time, earliest or latest; a first pull's start at a seq or a time; 409 while
 messages are leased out unless forced; broadcast and ordered groups; refusals."""
 
