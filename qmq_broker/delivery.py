@@ -102,7 +102,7 @@ class DeliveryService:
         max_messages: int,
         wait_ms: int,
         mode: str,
-        start: Position,
+        start: Position | str,
         ack: list[int] | None,
         min_messages: int = 1,
         linger_ms: int = 0,
@@ -114,6 +114,9 @@ class DeliveryService:
         first ``linger_ms``); an empty list when ``wait_ms`` ran out; ``mailbox_full`` or
         ``deadline_exceeded`` when the group is overloaded.
 
+        ``start`` places a group (a broadcast consumer) its first pull makes: a checked
+        position, or ``"earliest"`` / ``"latest"``.
+
         The acks are applied once the pull is queued (a pull refused at once applies none)
         and before it chooses, so both records share a journal batch; the answer waits until
         the acks are as durable as ``ack`` makes them. A pull that fails later (e.g.
@@ -121,6 +124,8 @@ class DeliveryService:
         ``unknown``. The ``AckResult`` is None when ``ack`` is.
         """
         self._lifecycle.require()
+        if isinstance(start, str):  # "earliest" or "latest"
+            start = Position(kind=start)
         if mode == "ordered" or self._ordered.ordered(subject):
             key, created = self._join_ordered(subject, group, consumer, mode, start, ack)
         else:
