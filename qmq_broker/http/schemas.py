@@ -11,8 +11,10 @@ document is never refused with a 400.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
+import orjson
 from pydantic import (
     AfterValidator,
     AwareDatetime,
@@ -21,6 +23,8 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    TypeAdapter,
+    ValidationError,
     WithJsonSchema,
 )
 
@@ -83,11 +87,35 @@ Timestamp = Annotated[AwareDatetime, WithJsonSchema(TIMESTAMP_SCHEMA)]
 
 
 def _position(value: Any) -> Any:
+    """``value`` as ``qmq_wire.rules.Position.of`` reads it, or ``ValueError``. As for the
+    other fields, a seq may be ``104.0`` and a time is read by pydantic's parser (then
+    given as UTC text: the form the rule reads)."""
+    if rules.Position.of(value) is not None:
+        return value
+    if isinstance(value, dict) and len(value) == 1:
+        ((kind, inner),) = value.items()
+        if kind == "seq" and isinstance(inner, float) and inner.is_integer():
+            value = {"seq": int(inner)}
+        elif kind == "time" and isinstance(inner, str):
+            value = {"time": _utc_text(inner)}
     if rules.Position.of(value) is None:
         raise ValueError(
             'a position is "earliest", "latest", {"seq": n} or {"time": RFC 3339 text}'
         )
     return value
+
+
+def _utc_text(text: str) -> str:
+    """An RFC 3339 time in range, as UTC text; the text itself when it is not one (the
+    caller then refuses it)."""
+    try:
+        moment = _TIMESTAMP.validate_json(orjson.dumps(text))
+    except ValidationError:
+        return text
+    us = rules.micros(moment)
+    if not wire.MIN_TIME_US <= us <= wire.MAX_TIME_US:
+        return text
+    return (_EPOCH + timedelta(microseconds=us)).isoformat().replace("+00:00", "Z")
 
 
 POSITION_SCHEMA: dict[str, Any] = {
@@ -113,6 +141,8 @@ POSITION_SCHEMA: dict[str, Any] = {
         "after this time"
     ),
 }
+_TIMESTAMP: TypeAdapter[datetime] = TypeAdapter(Timestamp, config=ConfigDict(strict=True))
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 Position = Annotated[Any, AfterValidator(_position), WithJsonSchema(POSITION_SCHEMA)]
 """A group's position: the same rule as ``qmq_wire.rules.POSITION``."""
 
