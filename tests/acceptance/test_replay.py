@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from qmq_broker.format.index import INDEX_CHUNK_ENTRIES
 from qmq_outbox import BrokerClient, Consumer, IdempotentStore, Message, OutgoingMessage
 from qmq_outbox.errors import BrokerRejected
+from qmq_wire.ordered import LOGIC_PARTITIONS
 from tests.integration.consumer_support import (
     consumer_database,
     count,
@@ -217,3 +218,64 @@ def _acked(client: BrokerClient, subject: str, group: str) -> int:
         if entry["group"] == group:
             return int(entry["acked"])
     return 0
+
+
+def test_an_ordered_group_reset_to_a_time_before_a_split_replays_each_key_in_order(
+    broker: BrokerProcess,
+) -> None:
+    """The old partition from the first message stored at or after the time, then the split's
+    partitions from their start: per key, n from the time's on, once each and in order,
+    across kill -9."""
+    subject, keys = unique("ledger"), [f"k{i}" for i in range(20)]
+
+    def publish(client: BrokerClient, n: int) -> None:
+        batch = [
+            OutgoingMessage(id=f"{k}/{n}", subject=subject, key=k, body=b'{"n": %d}' % n)
+            for k in keys
+        ]
+        assert {r.status for r in client.produce(batch)} == {"stored"}
+        time.sleep(0.002)
+
+    def consume(client: BrokerClient) -> dict[str, list[int]]:
+        handled: dict[str, list[int]] = {}
+        while batch := client.pull(subject, GROUP, "c1", max_messages=100, mode="ordered"):
+            for message in batch:
+                assert message.key is not None
+                handled.setdefault(message.key, []).append(message.json()["n"])
+            for partition in {m.partition for m in batch}:
+                seqs = [m.seq for m in batch if m.partition == partition]
+                client.ack(subject, GROUP, "c1", seqs, partition=partition)
+        return handled
+
+    with BrokerClient(broker.url) as client:
+        client.declare_subject(subject, partitions=1)
+        for n in range(5):
+            publish(client, n)
+        before = consume(client)
+        assert before == {k: [0, 1, 2, 3, 4] for k in keys}
+        client.split_partition(subject, partition=0, at=LOGIC_PARTITIONS // 2)
+        for n in range(5, 10):
+            publish(client, n)
+        after = consume(client)
+        assert after == {k: [5, 6, 7, 8, 9] for k in keys}
+        assert version(client, subject) == 2
+        third = client.pull(subject, "audit", "c1", max_messages=100, mode="ordered")
+        moment = next(m.stored_at for m in third if m.json()["n"] == 3)
+        assert moment is not None
+        answer = client.reset_group(subject, GROUP, {"time": moment.isoformat()})
+        assert answer["positions"] == [
+            {"partition": 0, "consumer": None, "seq": 3 * len(keys)},
+            {"partition": 1, "consumer": None, "seq": 0},
+            {"partition": 2, "consumer": None, "seq": 0},
+        ]
+        assert version(client, subject) == 1
+    broker.kill9()
+    broker.restart()
+    with BrokerClient(broker.url) as client:
+        assert consume(client) == {k: [3, 4, 5, 6, 7, 8, 9] for k in keys}
+        assert version(client, subject) == 2
+
+
+def version(client: BrokerClient, subject: str) -> int:
+    """The route version ``GROUP`` consumes."""
+    return next(g["version"] for g in client.routes(subject)["groups"] if g["group"] == GROUP)
