@@ -28,6 +28,7 @@ from qmq_broker.subjects import SubjectTable
 from qmq_wire import PulledMessageJson
 from qmq_wire.delivery import RetryPolicy
 from qmq_wire.ordered import partition_log
+from qmq_wire.rules import Position
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -101,7 +102,7 @@ class DeliveryService:
         max_messages: int,
         wait_ms: int,
         mode: str,
-        start: str,
+        start: Position | str,
         ack: list[int] | None,
         min_messages: int = 1,
         linger_ms: int = 0,
@@ -113,6 +114,9 @@ class DeliveryService:
         first ``linger_ms``); an empty list when ``wait_ms`` ran out; ``mailbox_full`` or
         ``deadline_exceeded`` when the group is overloaded.
 
+        ``start`` places a group (a broadcast consumer) its first pull makes: a checked
+        position, or ``"earliest"`` / ``"latest"``.
+
         The acks are applied once the pull is queued (a pull refused at once applies none)
         and before it chooses, so both records share a journal batch; the answer waits until
         the acks are as durable as ``ack`` makes them. A pull that fails later (e.g.
@@ -120,6 +124,8 @@ class DeliveryService:
         ``unknown``. The ``AckResult`` is None when ``ack`` is.
         """
         self._lifecycle.require()
+        if isinstance(start, str):  # "earliest" or "latest"
+            start = Position(kind=start)
         if mode == "ordered" or self._ordered.ordered(subject):
             key, created = self._join_ordered(subject, group, consumer, mode, start, ack)
         else:
@@ -159,7 +165,7 @@ class DeliveryService:
         return self._pulls.measured_s
 
     def _join(
-        self, subject: str, group: str, consumer: str, mode: str, start: str
+        self, subject: str, group: str, consumer: str, mode: str, start: Position
     ) -> tuple[str, bool]:
         """The delivery-state key of a puller, and whether this pull created its state."""
         found = self._groups.get((subject, group))
@@ -172,7 +178,7 @@ class DeliveryService:
         key = consumer if mode == "broadcast" else ""
         if found is None or key not in found.states:
             log = self._subjects.ensure(subject)
-            cursor = log.end_seq if start == "latest" else log.first_seq
+            cursor = log.seq_at(start)
             self._actions.record(
                 action(
                     ActionType.GROUP,
@@ -187,7 +193,13 @@ class DeliveryService:
         return key, False
 
     def _join_ordered(
-        self, subject: str, group: str, consumer: str, mode: str, start: str, ack: list[int] | None
+        self,
+        subject: str,
+        group: str,
+        consumer: str,
+        mode: str,
+        start: Position,
+        ack: list[int] | None,
     ) -> tuple[str, bool]:
         self._ordered.require_served(subject)  # a fenced subject, whatever the mode asked
         if not self._ordered.ordered(subject) and subject not in self._subjects:
@@ -213,6 +225,15 @@ class DeliveryService:
                 code="partition_required",
                 message=f"{subject!r} is ordered: ack with POST /v1/ack naming the partition",
                 field="ack",
+            )
+        if start.kind == "seq" and not self._ordered.has_group(subject, group):
+            raise Conflict(
+                code="partition_required",
+                message=(
+                    f"{subject!r} is ordered: its seqs count per partition, so a group "
+                    "starts at a time (or resets one partition to a seq)"
+                ),
+                field="start",
             )
         # Keyed by consumer like broadcast pulls: each consumer's long poll is woken on its
         # own (an ack unblocks the partitions of the consumer that sent it).

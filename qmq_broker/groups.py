@@ -183,11 +183,25 @@ class DeliveryState:
                 retry = self.retries.pop(seq, None)
                 attempts = lease.attempt if lease else (retry.attempts if retry else 0)
                 self.dead[seq] = DeadLetter(attempts=attempts, error=error, at_us=record.at_us)
+        elif kind is ActionType.RESET:
+            self._apply_reset(int(record.fields["cursor"]))
         elif kind is ActionType.REDRIVE:
             for seq in record.seqs:
                 if self.dead.pop(seq, None) is not None:
                     self.retries[seq] = RetryDue(attempts=0, due_us=record.at_us, error=None)
                     heapq.heappush(self.retry_heap, (record.at_us, seq))
+
+    def _apply_reset(self, cursor: int) -> None:
+        """Read from ``cursor`` next: every lease is dropped (a late ack of one is
+        ``unknown``), and retries and dead letters at or after ``cursor`` go, since their
+        messages are delivered afresh from there; those before it stay as they were."""
+        self.cursor = cursor
+        self.leases.clear()
+        self.lease_heap.clear()
+        self.retries = {s: r for s, r in self.retries.items() if s < cursor}
+        self.dead = {s: d for s, d in self.dead.items() if s < cursor}
+        self.retry_heap = [(r.due_us, s) for s, r in self.retries.items()]
+        heapq.heapify(self.retry_heap)
 
     def _apply_lease(self, record: ActionRecord) -> None:
         consumer = str(record.fields["consumer"])

@@ -28,6 +28,7 @@ from qmq_broker.pulls import SCHEDULERS, ActorMetrics, PullScheduler
 from qmq_broker.pulls.ordered import OrderedPulls
 from qmq_broker.pulls.service import PullService
 from qmq_broker.recovery.recover import Recovered
+from qmq_broker.resets import ResetService
 from qmq_broker.routebook import RouteBook
 from qmq_broker.stats import StatsService
 from qmq_broker.storage.journal import Journal
@@ -65,6 +66,7 @@ class Services:
     pulls: PullScheduler
     producer: ProduceService
     delivery: DeliveryService
+    resets: ResetService
     delayed: DelayedMessages
     maintenance: Maintenance
     stats: StatsService
@@ -145,6 +147,16 @@ def build_services(
             metrics=shared.metrics,
             wake=pulls.wake_subject,
             ordered=ordered,
+        ),
+        resets=ResetService(
+            lifecycle=shared.lifecycle,
+            journal=journal,
+            subjects=subjects,
+            groups=groups,
+            actions=actions,
+            ordered=ordered,
+            clock=shared.clock,
+            wake=pulls.wake_subject,
         ),
         delayed=delayed,
         maintenance=_maintenance(shared, journal, subjects, groups),

@@ -17,6 +17,7 @@ from qmq_broker.dedup import DedupStats, DedupStore
 from qmq_broker.format.index import INDEX_CHUNK_ENTRIES, INDEX_ENTRY, INDEX_ENTRY_SIZE, chunk_start
 from qmq_broker.storage.checkpoint import IndexDigest
 from qmq_broker.storage.index_files import CHUNK_BYTES, ChunkReader
+from qmq_wire.rules import Position
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -135,6 +136,17 @@ class SubjectLog:
             else:
                 high = mid
         return low
+
+    def seq_at(self, position: Position) -> int:
+        """The seq a group at ``position`` reads next: a seq or time before the first
+        retained message means the first retained, past the end means the end (latest)."""
+        if position.kind == "earliest":
+            return self._first_seq
+        if position.kind == "latest":
+            return self._end_seq
+        if position.kind == "time":
+            return self.first_stored_at_or_after(position.value)
+        return min(max(position.value, self._first_seq), self._end_seq)
 
     def stats(self) -> SubjectStats:
         return SubjectStats(

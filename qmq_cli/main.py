@@ -36,6 +36,12 @@ def _db() -> click.Command:
     return db
 
 
+def _group() -> click.Command:
+    from qmq_outbox.cli.group import group
+
+    return group
+
+
 def _outbox() -> click.Command:
     from qmq_outbox.cli.outbox import outbox
 
@@ -75,6 +81,11 @@ SUBCOMMANDS = {
         load=_compensator, extra=None, help="Resend unconfirmed outbox rows."
     ),
     "db": Subcommand(load=_db, extra=None, help="Migrate the SDK's tables (Alembic)."),
+    "group": Subcommand(
+        load=_group,
+        extra=None,
+        help="Reset consumer groups: replay from a seq or a time, or skip ahead.",
+    ),
     "outbox": Subcommand(
         load=_outbox,
         extra=None,

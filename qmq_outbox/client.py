@@ -24,10 +24,13 @@ import qmq_wire
 from qmq_outbox import http11
 from qmq_outbox.envelope import Message, OutgoingMessage, ProduceResult
 from qmq_outbox.errors import BrokerRejected, BrokerUnavailable
-from qmq_wire import OnDead, RoutesAnswerJson
+from qmq_wire import OnDead, PositionJson, ResetAnswerJson, RoutesAnswerJson
 
 PullMode = Literal["shared", "broadcast", "ordered"]
 StartAt = Literal["earliest", "latest"]
+Position = PositionJson
+"""Where a group reads from: ``"earliest"``, ``"latest"``, ``{"seq": n}`` or
+``{"time": "2026-11-28T09:00:00Z"}`` (RFC 3339 with an offset)."""
 DEFAULT_TIMEOUT = 10.0
 _JSON = {"content-type": "application/json"}
 _KNOWN_HEADS = 64  # request heads a client keeps: the API's fixed paths and a few others
@@ -129,12 +132,14 @@ def pull(
     max_messages: int = 32,
     wait_ms: int = 0,
     mode: PullMode = "shared",
-    start: StartAt = "earliest",
+    start: Position = "earliest",
     min_messages: int = 1,
     linger_ms: int = 0,
 ) -> Call[list[Message]]:
     """Lease up to ``max_messages`` of ``subject`` for ``group``, long-polling ``wait_ms``.
 
+    ``start``: where a group new to the subject (a broadcast consumer new to the group)
+    reads from; a seq or a time replays from there (not a seq on an ordered subject).
     ``mode="ordered"`` (the only mode of an ordered subject): batches of the partitions this
     consumer holds, each in seq order; a partition's next batch comes once this one is
     acked. ``min_messages``/``linger_ms``: during the first ``linger_ms`` (within ``wait_ms``) the
@@ -155,7 +160,7 @@ def _pull_doc(
     max_messages: int,
     wait_ms: int,
     mode: PullMode,
-    start: StartAt,
+    start: Position,
     min_messages: int,
     linger_ms: int,
 ) -> dict[str, Any]:
@@ -196,7 +201,7 @@ def ack_and_pull(
     max_messages: int = 32,
     wait_ms: int = 0,
     mode: PullMode = "shared",
-    start: StartAt = "earliest",
+    start: Position = "earliest",
     min_messages: int = 1,
     linger_ms: int = 0,
 ) -> Call[AckedPull]:
@@ -290,6 +295,33 @@ def redrive(
         doc["partition"] = partition
     path = f"/v1/subjects/{subject}/groups/{group}/dead/redrive"
     return _post(path, doc, lambda answer: int(answer["redriven"]))
+
+
+def reset_group(
+    subject: str,
+    group: str,
+    to: Position,
+    *,
+    force: bool = False,
+    partition: int | None = None,
+) -> Call[ResetAnswerJson]:
+    """Move ``group`` to ``to``: replay from a seq or a time, or skip to ``"latest"``.
+
+    Refused (409 ``group_busy``) while the group has messages leased out, unless ``force``:
+    then those leases are dropped and their acks answer ``unknown``. Leases, retries and
+    dead letters at or after the new position go (those messages are delivered afresh);
+    on an ordered subject every partition moves (a time maps to each partition's first
+    message stored at or after it), or ``partition`` alone (required with a seq)."""
+    doc: dict[str, Any] = {"to": to, "force": force}
+    if partition is not None:
+        doc["partition"] = partition
+    path = f"/v1/subjects/{subject}/groups/{group}/reset"
+    return _post(path, doc, _reset_answer)
+
+
+def _reset_answer(doc: Any) -> ResetAnswerJson:
+    answer: ResetAnswerJson = doc
+    return answer
 
 
 # -- ordered subjects: declaring and changing routes (operator calls) ---------------------------
@@ -465,6 +497,7 @@ class _Client(Generic[HttpClient, Transport, Lean]):
     subject = _Endpoint(subject)
     dead_letters = _Endpoint(dead_letters)
     redrive = _Endpoint(redrive)
+    reset_group = _Endpoint(reset_group)
     declare_subject = _Endpoint(declare_subject)
     routes = _Endpoint(routes)
     split_partition = _Endpoint(split_partition)

@@ -24,6 +24,7 @@ from qmq_wire.shapes import (
     HealthAnswerJson,
     NackAnswerJson,
     OnDead,
+    PositionJson,
     ProduceAnswerJson,
     ProduceResultJson,
     ProduceStatus,
@@ -31,15 +32,19 @@ from qmq_wire.shapes import (
     PulledMessageJson,
     PullMode,
     RedriveAnswerJson,
+    ResetAnswerJson,
+    ResetPositionJson,
     RouteChange,
     RouteRangeJson,
     RoutesAnswerJson,
     RouteVersionJson,
     ScheduledStatsJson,
+    SeqPositionJson,
     StartPosition,
     SubjectAnswerJson,
     SubjectsAnswerJson,
     SubjectStatsJson,
+    TimePositionJson,
 )
 
 __all__ = [
@@ -57,6 +62,7 @@ __all__ = [
     "HealthAnswerJson",
     "NackAnswerJson",
     "OnDead",
+    "PositionJson",
     "ProduceAnswerJson",
     "ProduceResultJson",
     "ProduceStatus",
@@ -64,15 +70,19 @@ __all__ = [
     "PullMode",
     "PulledMessageJson",
     "RedriveAnswerJson",
+    "ResetAnswerJson",
+    "ResetPositionJson",
     "RouteChange",
     "RouteRangeJson",
     "RouteVersionJson",
     "RoutesAnswerJson",
     "ScheduledStatsJson",
+    "SeqPositionJson",
     "StartPosition",
     "SubjectAnswerJson",
     "SubjectStatsJson",
     "SubjectsAnswerJson",
+    "TimePositionJson",
 ]
 
 # --- names ---------------------------------------------------------------------------------
@@ -168,6 +178,7 @@ ERROR_STATUS: Final[dict[str, int]] = {
     "subject_conflict": 409,
     "not_ordered": 409,
     "route_conflict": 409,
+    "group_busy": 409,  # a reset while the group has messages leased out (without force)
     # 409 too: requests valid on their own that an ordered subject (or a plain one) refuses
     "key_required": 409,
     "delay_not_ordered": 409,

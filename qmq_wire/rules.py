@@ -137,6 +137,15 @@ class Timestamp:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class PositionRule:
+    """Where a group reads from: ``"earliest"``, ``"latest"``, ``{"seq": n}`` or
+    ``{"time": RFC 3339}`` (``Position.of``)."""
+
+    def accepts(self, value: Any, name: str, where: str) -> bool:
+        return Position.of(value) is not None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Items:
     """A list of ``low`` to ``high`` items; with ``each``, a bad item is named by its index."""
 
@@ -296,13 +305,14 @@ _ADDRESS: Final = (
     Field("group", Name(), required=True),
     Field("consumer", CONSUMER_ID, required=True),
 )
+POSITION: Final = PositionRule()
 PULL: Final = Request(
     (
         *_ADDRESS,
         Field("max", PULL_MAX, default=DEFAULT_PULL),
         Field("wait_ms", WAIT_MS, default=0),
         Field("mode", Choice(PULL_MODES), default=PULL_MODES[0]),
-        Field("start", Choice(START_POSITIONS), default=START_POSITIONS[0]),
+        Field("start", POSITION, default=START_POSITIONS[0]),
         Field("ack", SEQS, nullable=True),
         Field("min", PULL_MAX, default=1),
         Field("linger_ms", WAIT_MS, default=0),
@@ -327,6 +337,15 @@ REDRIVE: Final = Request(
     )
 )
 """``POST .../dead/redrive``: ``seqs``, or ``all: true`` (``redrive_seqs``)."""
+RESET: Final = Request(
+    (
+        Field("to", POSITION, required=True),
+        Field("force", Choice((True, False)), default=False),
+        Field("partition", PARTITION, nullable=True),
+    )
+)
+"""``POST .../groups/{group}/reset``: ``force`` drops leases out; ``partition`` names one
+partition of an ordered subject (required there with ``{"seq": n}``)."""
 DECLARE: Final = Request(
     (
         Field("ordered", Choice((True,)), required=True),
@@ -386,3 +405,37 @@ def parse_timestamp(value: Any) -> datetime | None:
 def micros(value: datetime) -> int:
     """Microseconds since the epoch, exact (never overflows, unlike converting to UTC)."""
     return (value - _EPOCH) // _MICROSECOND
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Position:
+    """A checked position: ``kind`` and, for ``seq`` and ``time``, the seq or the time in
+    microseconds since the epoch."""
+
+    kind: str  # "earliest" | "latest" | "seq" | "time"
+    value: int = 0
+
+    @classmethod
+    def of(cls, doc: Any) -> Position | None:
+        """The position a JSON value states, or None when it is not one."""
+        if type(doc) is str:
+            return cls(kind=doc) if doc in START_POSITIONS else None
+        if not isinstance(doc, dict) or len(doc) != 1:
+            return None
+        ((kind, value),) = doc.items()
+        if kind == "seq" and SEQ.accepts(value, kind, kind):
+            return cls(kind="seq", value=value)
+        if kind == "time" and Timestamp().accepts(value, kind, kind):
+            parsed = parse_timestamp(value)
+            assert parsed is not None
+            return cls(kind="time", value=micros(parsed))
+        return None
+
+    def describe(self) -> str:
+        """For messages and logs: ``earliest``, ``seq 12``, ``time 2026-...Z``."""
+        if self.kind == "seq":
+            return f"seq {self.value}"
+        if self.kind == "time":
+            moment = _EPOCH + self.value * _MICROSECOND
+            return f"time {moment.isoformat().replace('+00:00', 'Z')}"
+        return self.kind

@@ -17,6 +17,22 @@ RouteChange = Literal["create", "split", "merge", "move"]
 StartPosition = Literal["earliest", "latest"]
 
 
+class SeqPositionJson(TypedDict):
+    """The message with this seq (of one partition, on an ordered subject)."""
+
+    seq: int
+
+
+class TimePositionJson(TypedDict):
+    """The first message stored at or after this RFC 3339 time."""
+
+    time: str
+
+
+PositionJson = StartPosition | SeqPositionJson | TimePositionJson
+"""Where a group reads from: a pull's ``start`` and a reset's ``to``."""
+
+
 class EnvelopeJson(TypedDict):
     """One message of ``POST /v1/messages``; optional fields may be left out."""
 
@@ -146,6 +162,21 @@ class DeadLettersAnswerJson(TypedDict):
 
 class RedriveAnswerJson(TypedDict):
     redriven: int
+
+
+class ResetPositionJson(TypedDict):
+    """Where one delivery state of the group reads next after a reset."""
+
+    partition: int | None  # an ordered subject's partition; null on a plain subject
+    consumer: str | None  # the broadcast consumer; null in shared and ordered groups
+    seq: int
+
+
+class ResetAnswerJson(TypedDict):
+    """``POST .../groups/{group}/reset``: every state moved, and the leases dropped."""
+
+    positions: list[ResetPositionJson]
+    dropped_leases: int
 
 
 class RouteRangeJson(TypedDict):

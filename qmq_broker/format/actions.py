@@ -25,6 +25,7 @@ class ActionType(IntEnum):
     RETRY = 4  # seqs to be delivered again no earlier than `due`
     DEAD = 5  # seqs moved to dead letters with an error
     REDRIVE = 6  # dead seqs put back for delivery
+    RESET = 7  # the cursor moved to `cursor`: leases dropped, retries and dead at or after it
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

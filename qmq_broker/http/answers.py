@@ -128,6 +128,17 @@ class RedriveResponse(_Answer):
     redriven: Count
 
 
+class ResetPosition(_Answer):
+    partition: int | None = Field(description="an ordered subject's partition; null otherwise")
+    consumer: str | None = Field(description="the broadcast consumer; null otherwise")
+    seq: Seq = Field(description="the seq this state reads next")
+
+
+class ResetResponse(_Answer):
+    positions: list[ResetPosition]
+    dropped_leases: Count = Field(description="leases dropped by force (their acks: unknown)")
+
+
 class ScheduleHour(_Answer):
     hour: Timestamp
     messages: Count
@@ -207,6 +218,7 @@ ANSWERS: tuple[type[BaseModel], ...] = (
     SubjectResponse,
     DeadLettersResponse,
     RedriveResponse,
+    ResetResponse,
     ScheduleResponse,
     RoutesResponse,
     HealthResponse,

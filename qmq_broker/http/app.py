@@ -35,11 +35,13 @@ from qmq_broker.http.schemas import (
     MergeRequest,
     MoveRequest,
     RedriveRequest,
+    ResetRequest,
     SplitRequest,
 )
 from qmq_broker.lifecycle import Lifecycle
 from qmq_broker.metrics import BrokerMetrics
 from qmq_broker.services import Services
+from qmq_wire import rules
 
 M = TypeVar("M", bound=BaseModel)
 Settle = TypeVar("Settle", bodies.AckBody, bodies.NackBody)
@@ -157,7 +159,7 @@ class Api:
             max_messages=parsed.max,
             wait_ms=wait_ms,
             mode=parsed.mode,
-            start=parsed.start,
+            start=parsed.position,
             ack=parsed.ack,
             min_messages=min(parsed.min, parsed.max),  # a larger min asks for a full batch
             linger_ms=parsed.linger_ms,
@@ -261,6 +263,19 @@ class Api:
             subject=subject, group=group, seqs=parsed.seqs, partition=parsed.partition
         )
         return _json({"redriven": redriven})
+
+    async def reset(self, request: Request) -> Response:
+        grant = self._grant(request)
+        subject = path_name(request, "subject")
+        group = path_name(request, "group")
+        self._require(grant, Right.MANAGE, subject, group=group, field="group")
+        parsed = await self._parse(request, ResetRequest)
+        to = rules.Position.of(parsed.to)
+        assert to is not None  # the model checked it
+        result = await self.services().resets.reset(
+            subject=subject, group=group, to=to, force=parsed.force, partition=parsed.partition
+        )
+        return _json(result)
 
     # --- ordered subjects -------------------------------------------------------------------
 
@@ -405,6 +420,7 @@ def create_app(
         ("/v1/subjects/{subject}/partitions/move", "move", api.move, ["POST"]),
         ("/v1/subjects/{subject}/groups/{group}/dead", "dead", api.dead, ["GET"]),
         ("/v1/subjects/{subject}/groups/{group}/dead/redrive", "redrive", api.redrive, ["POST"]),
+        ("/v1/subjects/{subject}/groups/{group}/reset", "reset", api.reset, ["POST"]),
         ("/v1/schedule", "schedule", api.schedule, ["GET"]),
         ("/healthz", "healthz", api.healthz, ["GET"]),
         ("/metrics", "metrics", api.metrics, ["GET"]),

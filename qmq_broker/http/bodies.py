@@ -172,10 +172,21 @@ class PullBody(_Body, frozen=True):
     max: PullMax = _default(rules.PULL, "max")
     wait_ms: WaitMs = _default(rules.PULL, "wait_ms")
     mode: wire.PullMode = _default(rules.PULL, "mode")
-    start: wire.StartPosition = _default(rules.PULL, "start")
+    start: str | dict[str, Any] = _default(rules.PULL, "start")
     ack: Seqs | None = None
     min: PullMax = _default(rules.PULL, "min")
     linger_ms: WaitMs = _default(rules.PULL, "linger_ms")
+
+    def __post_init__(self) -> None:
+        if self.start != "earliest" and rules.Position.of(self.start) is None:
+            raise ValueError("start is not a position")  # the reference model says why
+
+    @property
+    def position(self) -> rules.Position:
+        """``start``, checked."""
+        found = rules.Position.of(self.start)
+        assert found is not None
+        return found
 
 
 class AckBody(_Body, frozen=True):

@@ -30,6 +30,7 @@ from qmq_broker.http.schemas import (
     ProduceRequest,
     PullRequest,
     RedriveRequest,
+    ResetRequest,
     SplitRequest,
 )
 
@@ -276,6 +277,18 @@ def _operations() -> dict[str, dict[str, _Operation]]:
                 answer=answers.RedriveResponse,
                 params=subject_group,
                 errors=(404, 409),
+            )
+        },
+        "/v1/subjects/{subject}/groups/{group}/reset": {
+            "post": _Operation(
+                summary=(
+                    "Move a group to a position (replay from a seq or a time, or skip ahead); "
+                    "409 group_busy while it has messages leased out, unless force"
+                ),
+                request=ResetRequest,
+                answer=answers.ResetResponse,
+                params=subject_group,
+                errors=(400, 404, 409),
             )
         },
         "/v1/schedule": {

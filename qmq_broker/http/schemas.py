@@ -11,15 +11,20 @@ document is never refused with a 400.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
+import orjson
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
+    TypeAdapter,
+    ValidationError,
     WithJsonSchema,
 )
 
@@ -72,19 +77,74 @@ _OUT_OF_RANGE = r"^(?:0001-01-01T[^+]*\+(?!00:00)|9999-12-31T.*-(?!00:00)\d\d:\d
 negative one: some of them fall outside ``wire.MIN_TIME``..``wire.MAX_TIME`` in UTC, so the
 document refuses the lot (UTC or the other sign is always fine there)."""
 
-Timestamp = Annotated[
-    AwareDatetime,
-    WithJsonSchema(
+TIMESTAMP_SCHEMA: dict[str, Any] = {
+    "type": "string",
+    "format": "date-time",
+    "not": {"pattern": _OUT_OF_RANGE},
+    "description": f"RFC 3339 with an offset, between {wire.MIN_TIME} and {wire.MAX_TIME} in UTC",
+}
+Timestamp = Annotated[AwareDatetime, WithJsonSchema(TIMESTAMP_SCHEMA)]
+
+
+def _position(value: Any) -> Any:
+    """``value`` as ``qmq_wire.rules.Position.of`` reads it, or ``ValueError``. As for the
+    other fields, a seq may be ``104.0`` and a time is read by pydantic's parser (then
+    given as UTC text: the form the rule reads)."""
+    if rules.Position.of(value) is not None:
+        return value
+    if isinstance(value, dict) and len(value) == 1:
+        ((kind, inner),) = value.items()
+        if kind == "seq" and isinstance(inner, float) and inner.is_integer():
+            value = {"seq": int(inner)}
+        elif kind == "time" and isinstance(inner, str):
+            value = {"time": _utc_text(inner)}
+    if rules.Position.of(value) is None:
+        raise ValueError(
+            'a position is "earliest", "latest", {"seq": n} or {"time": RFC 3339 text}'
+        )
+    return value
+
+
+def _utc_text(text: str) -> str:
+    """An RFC 3339 time in range, as UTC text; the text itself when it is not one (the
+    caller then refuses it)."""
+    try:
+        moment = _TIMESTAMP.validate_json(orjson.dumps(text))
+    except ValidationError:
+        return text
+    us = rules.micros(moment)
+    if not wire.MIN_TIME_US <= us <= wire.MAX_TIME_US:
+        return text
+    return (_EPOCH + timedelta(microseconds=us)).isoformat().replace("+00:00", "Z")
+
+
+POSITION_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {"enum": list(wire.START_POSITIONS)},
         {
-            "type": "string",
-            "format": "date-time",
-            "not": {"pattern": _OUT_OF_RANGE},
-            "description": (
-                f"RFC 3339 with an offset, between {wire.MIN_TIME} and {wire.MAX_TIME} in UTC"
-            ),
-        }
+            "type": "object",
+            "properties": {
+                "seq": {"type": "integer", "minimum": rules.SEQ.low, "maximum": rules.SEQ.high}
+            },
+            "required": ["seq"],
+            "additionalProperties": False,
+        },
+        {
+            "type": "object",
+            "properties": {"time": TIMESTAMP_SCHEMA},
+            "required": ["time"],
+            "additionalProperties": False,
+        },
+    ],
+    "description": (
+        "earliest, latest, the message with this seq, or the first message stored at or "
+        "after this time"
     ),
-]
+}
+_TIMESTAMP: TypeAdapter[datetime] = TypeAdapter(Timestamp, config=ConfigDict(strict=True))
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+Position = Annotated[Any, AfterValidator(_position), WithJsonSchema(POSITION_SCHEMA)]
+"""A group's position: the same rule as ``qmq_wire.rules.POSITION``."""
 
 
 class _Strict(BaseModel):
@@ -145,7 +205,10 @@ class PullRequest(_Strict):
         default=_default(rules.PULL, "mode"),
         description="ordered: the only mode of an ordered subject",
     )
-    start: wire.StartPosition = _default(rules.PULL, "start")
+    start: Position = Field(
+        default=_default(rules.PULL, "start"),
+        description="where a group (a broadcast consumer) new to the subject starts",
+    )
     ack: Annotated[
         Seqs | None,
         Field(
@@ -206,6 +269,18 @@ class RedriveRequest(_Strict):
     )
 
 
+class ResetRequest(_Strict):
+    to: Position
+    force: bool = Field(
+        default=_default(rules.RESET, "force"),
+        description="drop the messages leased out (their acks become unknown) instead of a 409",
+    )
+    partition: Partition | None = Field(
+        default=None,
+        description="one partition of an ordered subject (required there with a seq)",
+    )
+
+
 class DeclareRequest(_Strict):
     ordered: Literal[True] = Field(description="only ordered subjects are declared")
     partitions: Annotated[
@@ -248,6 +323,7 @@ REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     AckRequest,
     NackRequest,
     RedriveRequest,
+    ResetRequest,
     DeclareRequest,
     SplitRequest,
     MergeRequest,

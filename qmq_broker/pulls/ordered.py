@@ -26,6 +26,7 @@ from qmq_broker.routebook import RouteBook
 from qmq_broker.subjects import SubjectTable
 from qmq_wire.ordered import COMMAND_PRODUCER, partition_log
 from qmq_wire.routes import Routes
+from qmq_wire.rules import Position
 
 SHARED = ""
 REBALANCE_CHECK_S = 0.1  # a consumer short of its share looks again this soon
@@ -79,20 +80,40 @@ class OrderedPulls:
 
     # --- joining ---------------------------------------------------------------------------
 
-    def join(self, subject: str, group: str, start: str) -> bool:
+    def join(self, subject: str, group: str, start: Position) -> bool:
         """Make the group's first states if it has none; True when this call made them.
 
-        ``earliest``: the partitions of route version 1, from their first seqs. ``latest``:
-        every partition at its end, so the group starts at the current version.
+        ``earliest``: the partitions of route version 1, from their first seqs. ``latest``
+        or a time: every partition, at its end or at its first message stored at or after
+        that time, so partitions closed before it count as finished.
         """
-        routes = self._routes(subject)
-        first = partition_log(subject, routes.at(1).partitions[0])
-        if (first, group) in self._groups:
+        if self.has_group(subject, group):
             return False
-        partitions = routes.at(1).partitions if start == "earliest" else routes.every_partition()
-        for partition in partitions:
-            self._state(subject, partition, group, latest=start == "latest")
+        for partition in self.reset_partitions(subject, group, start, None):
+            self.state(subject, partition, group, at=start)
         return True
+
+    def has_group(self, subject: str, group: str) -> bool:
+        """Whether ``group`` ever pulled from the ordered ``subject``."""
+        routes = self._routes(subject)
+        return (partition_log(subject, routes.at(1).partitions[0]), group) in self._groups
+
+    def reset_partitions(
+        self, subject: str, group: str, to: Position, partition: int | None
+    ) -> list[int]:
+        """The partitions a group joining or reset at ``to`` reads from there: ``partition``
+        alone if named; for ``earliest`` those of version 1 and any the group has a state
+        on (the others start at their first seqs when the group reaches them); else all."""
+        if partition is not None:
+            return [partition]
+        routes = self._routes(subject)
+        if to.kind != "earliest":
+            return sorted(routes.every_partition())
+        return sorted(
+            p
+            for p in routes.every_partition()
+            if p in routes.at(1).partitions or (partition_log(subject, p), group) in self._groups
+        )
 
     def renew(self, subject: str, group: str, consumer: str) -> None:
         """An ack or nack from ``consumer``: it is alive, its partitions stay its own."""
@@ -140,8 +161,7 @@ class OrderedPulls:
     def group_version(self, subject: str, group: str) -> int:
         """The route version whose partitions ``group`` consumes (1 before it pulled)."""
         routes = self._routes(subject)
-        first = partition_log(subject, routes.at(1).partitions[0])
-        if (first, group) not in self._groups:
+        if not self.has_group(subject, group):
             return 1
         return routes.group_version(lambda p: self._finished(routes, p, group))
 
@@ -174,7 +194,7 @@ class OrderedPulls:
         while True:
             unfinished = []
             for partition in routes.at(version).partitions:
-                state = self._state(routes.subject, partition, group)
+                state = self.state(routes.subject, partition, group)
                 self._expire(routes.subject, partition, group, state, now_us)
                 self._consume_command(routes, partition, group, state, now_us)
                 if not self._finished(routes, partition, group):
@@ -233,7 +253,7 @@ class OrderedPulls:
         held = [p for p in visible if p in view.leases and view.leases[p].consumer == consumer]
         kept: list[int] = []
         for partition in held:
-            in_flight = self._state(routes.subject, partition, group).leases
+            in_flight = self.state(routes.subject, partition, group).leases
             if len(kept) < share or in_flight:
                 view.leases[partition].until = now + self._lease_s
                 kept.append(partition)
@@ -261,7 +281,7 @@ class OrderedPulls:
         subject = routes.subject
         log_name = partition_log(subject, partition)
         log = self._subjects[log_name]
-        state = self._state(subject, partition, group)
+        state = self.state(subject, partition, group)
         state.skip_below(log.first_seq)
         if self._blocked(routes, state):
             return None
@@ -328,15 +348,16 @@ class OrderedPulls:
         for kind, seqs, fields in state.expire(now_us=now_us, policy=self._policy):
             self._record(_action(kind, now_us, log, group, seqs, fields))
 
-    def _state(
-        self, subject: str, partition: int, group: str, *, latest: bool = False
+    def state(
+        self, subject: str, partition: int, group: str, *, at: Position | None = None
     ) -> DeliveryState:
-        """The group's state on a partition, made (durably recorded) when first needed."""
+        """The group's state on a partition, made (durably recorded) when first needed, at
+        ``at`` (its first seq by default)."""
         log_name = partition_log(subject, partition)
         found = self._groups.get((log_name, group))
         if found is None:
             log = self._subjects.ensure(log_name)
-            cursor = log.end_seq if latest else log.first_seq
+            cursor = log.first_seq if at is None else log.seq_at(at)
             fields = {"mode": "shared", "cursor": cursor}
             self._record(
                 _action(ActionType.GROUP, self._clock.wall_us(), log_name, group, [], fields)
@@ -361,7 +382,7 @@ class OrderedPulls:
         give back what they hold beyond theirs at their next pull)."""
         times: list[float] = []
         for partition in held:
-            wakeup = self._state(routes.subject, partition, group).next_wakeup_us()
+            wakeup = self.state(routes.subject, partition, group).next_wakeup_us()
             if wakeup is not None:
                 times.append(now + max((wakeup - now_us) / 1_000_000, 0.001))
         others = [lease.until for lease in view.leases.values() if lease.consumer != consumer]

@@ -103,7 +103,7 @@ def create(
     """Declare NAME ordered (the same declaration again changes nothing)."""
     if not ordered:
         raise failures.BadInput("give --ordered: only ordered subjects are declared")
-    with _broker(broker_url, broker_token) as client:
+    with broker_client(broker_url, broker_token) as client:
         routes = client.declare_subject(name, partitions=partitions, on_dead=on_dead)
     _show(routes, as_json)
 
@@ -113,7 +113,7 @@ def create(
 @failures.reported
 def routes(name: str, broker_url: str, broker_token: str | None, as_json: bool) -> None:
     """Show NAME's routes: ranges, history and each group's version."""
-    with _broker(broker_url, broker_token) as client:
+    with broker_client(broker_url, broker_token) as client:
         answer = client.routes(name)
     _show(answer, as_json)
 
@@ -132,7 +132,7 @@ def split(
     name: str, broker_url: str, broker_token: str | None, as_json: bool, partition: int, at: int
 ) -> None:
     """Split PARTITION's logic range at AT onto two new partitions."""
-    with _broker(broker_url, broker_token) as client:
+    with broker_client(broker_url, broker_token) as client:
         answer = client.split_partition(name, partition=partition, at=at)
     _show(answer, as_json)
 
@@ -155,7 +155,7 @@ def merge(
     partitions: tuple[int, int],
 ) -> None:
     """Merge two partitions with adjacent ranges onto one new partition."""
-    with _broker(broker_url, broker_token) as client:
+    with broker_client(broker_url, broker_token) as client:
         answer = client.merge_partitions(name, partitions=list(partitions))
     _show(answer, as_json)
 
@@ -168,13 +168,13 @@ def move(
     name: str, broker_url: str, broker_token: str | None, as_json: bool, partition: int
 ) -> None:
     """Move PARTITION's range, unchanged, onto one new partition."""
-    with _broker(broker_url, broker_token) as client:
+    with broker_client(broker_url, broker_token) as client:
         answer = client.move_partition(name, partition=partition)
     _show(answer, as_json)
 
 
 @contextmanager
-def _broker(url: str, token: str | None) -> Iterator[BrokerClient]:
+def broker_client(url: str, token: str | None) -> Iterator[BrokerClient]:
     """A client of ``url``; what the broker refuses is bad input (exit 2), a broker that
     cannot serve it now is unavailable (exit 3)."""
     try:

@@ -6,7 +6,7 @@ import dataclasses
 import hashlib
 import threading
 
-from qmq_outbox.client import PullMode, StartAt
+from qmq_outbox.client import Position, PullMode
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -20,7 +20,7 @@ class ConsumerConfig:
     ack_batch_size: int
     ack_interval: float
     mode: PullMode
-    start: StartAt
+    start: Position
     shutdown_timeout: float
     outage_summary: float = 60.0  # seconds between the log's summaries of a broker outage
 

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
-from qmq_outbox.client import BrokerClient, PullMode, StartAt
+from qmq_outbox.client import BrokerClient, Position, PullMode
 from qmq_outbox.consumer.clients import OnThreads, PullClient, is_async_client
 from qmq_outbox.consumer.config import ConsumerConfig, ConsumerStats, Counters
 from qmq_outbox.consumer.handlers import (
@@ -29,6 +29,7 @@ from qmq_outbox.errors import ConfigurationError, ConsumerCrashed, UnsupportedBy
 from qmq_outbox.transports.base import ConsumerSpec, Transport
 from qmq_outbox.transports.qmq import CAPABILITIES as QMQ_CAPABILITIES
 from qmq_outbox.transports.urls import from_url
+from qmq_wire import rules
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -64,6 +65,8 @@ class Consumer:
     ``concurrency`` handlers run at once and at most ``concurrency + prefetch`` messages are
     leased to this consumer at any time, so a slow handler does not hoard the group's
     messages. ``mode="broadcast"`` gives every consumer of the group every message.
+    ``start`` is where a group new to a subject begins: ``"earliest"``, ``"latest"``, or on
+    the qmq broker ``{"seq": n}`` or ``{"time": "<RFC 3339>"}`` (replay into a new group).
     ``@handler(subject, ordered=True)`` consumes an ordered subject partition by partition
     (``docs/consumer.md``, "Ordered handlers").
 
@@ -92,7 +95,7 @@ class Consumer:
         ack_batch_size: int = 100,
         ack_interval: float = 0.05,
         mode: PullMode = "shared",
-        start: StartAt = "earliest",
+        start: Position = "earliest",
         shutdown_timeout: float = 30.0,
         token: str | None = None,
         client: BrokerClient | PullClient | None = None,
@@ -102,7 +105,7 @@ class Consumer:
             raise ConfigurationError("concurrency, max_batch and ack_batch_size must be >= 1")
         if not 0 <= wait_ms <= 60_000 or max_batch > 1000:
             raise ConfigurationError("wait_ms must be 0..60000 and max_batch at most 1000")
-        if mode not in ("shared", "broadcast") or start not in ("earliest", "latest"):
+        if mode not in ("shared", "broadcast") or rules.Position.of(start) is None:
             raise ConfigurationError(f"bad mode {mode!r} or start {start!r}")
         if not group or len(group) > 200:
             raise ConfigurationError("group must be 1..200 characters")
@@ -112,6 +115,10 @@ class Consumer:
             transport = from_url(broker_url, token=token)
         self.transport = transport
         self._capabilities = QMQ_CAPABILITIES if transport is None else transport.capabilities
+        if start not in ("earliest", "latest") and self._capabilities is not QMQ_CAPABILITIES:
+            raise UnsupportedByTransport(
+                f"{type(transport).__name__} starts a group at earliest or latest only"
+            )
         if mode == "broadcast" and not self._capabilities.broadcast:
             raise UnsupportedByTransport(
                 f"{type(transport).__name__} has no broadcast mode: give each consumer a "

@@ -25,6 +25,7 @@ from qmq_outbox.testing.failures import PlannedFailures
 from qmq_outbox.testing.longpoll import LongPoll, LongPolls
 from qmq_outbox.testing.produce import Produce
 from qmq_outbox.testing.pulls import Pulls
+from qmq_outbox.testing.resets import Resets
 from qmq_outbox.testing.routing import RouteChanges
 from qmq_outbox.testing.state import BrokerState
 from qmq_outbox.testing.stats import Stats
@@ -52,7 +53,8 @@ class InMemoryBroker:
     error. Introspection: ``stored`` (every accepted envelope, as sent), ``ids``,
     ``requests``, ``received(operation)``, ``most_leased``, ``acked_seqs``, ``dead_seqs``.
     Operations are named as the clients' methods: ``produce``, ``pull``, ``ack``, ``nack``,
-    ``subjects``, ``subject``, ``dead_letters``, ``redrive``, ``declare_subject``,
+    ``subjects``, ``subject``, ``dead_letters``, ``redrive``, ``reset_group``,
+    ``declare_subject``,
     ``routes``, ``split_partition``, ``merge_partitions``, ``move_partition``, and
     ``healthz``.
     """
@@ -90,6 +92,7 @@ class InMemoryBroker:
         self._dead = DeadLetters(self._state)
         self._stats = Stats(self._state)
         self._routing = RouteChanges(self._state, self._pulls.ordered)
+        self._resets = Resets(self._state, self._pulls.ordered)
         self._long_polls = LongPolls(self._lock, self._pulls, self._state.now_us)
         self._handlers: dict[str, Callable[..., Answer | LongPoll]] = {
             "produce": self._produce.produce,
@@ -105,6 +108,7 @@ class InMemoryBroker:
             "move_partition": self._routing.move_partition,
             "dead_letters": self._dead.dead_letters,
             "redrive": self._dead.redrive,
+            "reset_group": self._resets.reset_group,
             "healthz": lambda params: {"status": "ok"},
         }
         on_advance = getattr(clock, "on_advance", None)

@@ -156,6 +156,14 @@ class DeliveryState:
             self.retries[seq] = Retry(0, now_us)
         return len(chosen)
 
+    def reset(self, cursor: int) -> None:
+        """Read from ``cursor`` next: leases dropped, retries and dead letters at or after
+        it gone (their messages come again from there), those before it kept."""
+        self.cursor = cursor
+        self.leases.clear()
+        self.retries = {s: r for s, r in self.retries.items() if s < cursor}
+        self.dead = {s: d for s, d in self.dead.items() if s < cursor}
+
     def next_due_us(self) -> int | None:
         """When a lease expires or a retry comes due next."""
         times = [w.due_us for w in self.retries.values()]

@@ -23,6 +23,7 @@ ROUTES: list[tuple[re.Pattern[str], str, str]] = [
     (re.compile(r"/v1/subjects/([^/]+)/partitions/move"), "POST", "move_partition"),
     (re.compile(r"/v1/subjects/([^/]+)/groups/([^/]+)/dead"), "GET", "dead_letters"),
     (re.compile(r"/v1/subjects/([^/]+)/groups/([^/]+)/dead/redrive"), "POST", "redrive"),
+    (re.compile(r"/v1/subjects/([^/]+)/groups/([^/]+)/reset"), "POST", "reset_group"),
     (re.compile(r"/healthz"), "GET", "healthz"),
 ]
 """(path, method, operation), the operation named as the clients' method."""

@@ -13,7 +13,7 @@ from typing import Any
 
 import qmq_wire as wire
 from qmq_wire.ordered import partition_log
-from qmq_wire.rules import micros, parse_timestamp
+from qmq_wire.rules import Position, micros, parse_timestamp
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -70,6 +70,19 @@ class SubjectLog:
     def end(self) -> int:
         """The next seq (every stored message is visible at once)."""
         return len(self.messages)
+
+    def seq_at(self, position: Position) -> int:
+        """The seq a group at ``position`` reads next (as ``qmq_broker``'s ``SubjectLog``;
+        nothing is ever removed here, so the first seq is 0)."""
+        if position.kind == "latest":
+            return self.end
+        if position.kind == "seq":
+            return min(position.value, self.end)
+        if position.kind == "time":
+            return next(
+                (m.seq for m in self.messages if m.stored_at_us >= position.value), self.end
+            )
+        return 0
 
     def append(
         self,

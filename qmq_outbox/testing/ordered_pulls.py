@@ -15,8 +15,9 @@ from qmq_outbox.testing.delivery import DeliveryState, GroupState
 from qmq_outbox.testing.longpoll import LongPoll
 from qmq_outbox.testing.ordered import OrderedSubject
 from qmq_outbox.testing.state import BrokerState
+from qmq_wire import rules
 from qmq_wire.ordered import partition_log
-from qmq_wire.rules import Refused
+from qmq_wire.rules import Position, Refused
 
 
 class OrderedPulls:
@@ -36,9 +37,17 @@ class OrderedPulls:
         if pull["ack"] is not None:
             message = f"{subject!r} is ordered: ack with POST /v1/ack naming the partition"
             raise Refused("partition_required", message, "ack")
+        start = rules.Position.of(pull["start"])
+        assert start is not None  # checked
         if (routes.logs()[0][1], name) not in self.state.groups:  # joins: every partition now
+            if start.kind == "seq":
+                message = (
+                    f"{subject!r} is ordered: its seqs count per partition, so a group "
+                    "starts at a time (or resets one partition to a seq)"
+                )
+                raise Refused("partition_required", message, "start")
             for _, log in routes.logs():
-                self.owner(log, name, latest=pull["start"] == "latest")
+                self.owner(log, name, at=start)
         deadline = time.monotonic() + pull["wait_ms"] / 1000
         return LongPoll(subject, name, "", pull["consumer"], pull["max"], deadline, {})
 
@@ -65,16 +74,16 @@ class OrderedPulls:
             served.extend(stored.messages[seq].to_json(attempt) for seq, attempt in chosen)
         return served
 
-    def owner(self, log: str, group: str, *, latest: bool = False) -> DeliveryState:
-        """A group's state on an ordered subject's partition, made at its start (``latest``:
-        its end) when first needed: a partition a split made later starts empty."""
+    def owner(self, log: str, group: str, *, at: Position | None = None) -> DeliveryState:
+        """A group's state on an ordered subject's partition, made at its start (or at
+        ``at``) when first needed: a partition a split made later starts empty."""
         state = self.state.groups.get((log, group))
         if state is None:
             state = self.state.groups[(log, group)] = GroupState(group, "ordered")
         owner = state.owners.get("")
         if owner is None:
-            end = self.state.log(log).end  # made with the state, as the broker makes the log
-            owner = state.owners[""] = DeliveryState(end if latest else 0)
+            stored = self.state.log(log)  # made with the state, as the broker makes the log
+            owner = state.owners[""] = DeliveryState(0 if at is None else stored.seq_at(at))
         return owner
 
     def finished(self, routes: OrderedSubject, partition: int, group: str) -> bool:

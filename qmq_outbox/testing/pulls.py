@@ -41,8 +41,9 @@ class Pulls:
                 group = self.state.groups[(subject, name)] = GroupState(name, mode)
             owner = group.owner_key(consumer)
             if owner not in group.owners:
-                end = self.state.log(subject).end
-                group.owners[owner] = DeliveryState(end if pull["start"] == "latest" else 0)
+                start = rules.Position.of(pull["start"])
+                assert start is not None  # checked
+                group.owners[owner] = DeliveryState(self.state.log(subject).seq_at(start))
             acks = {} if pull["ack"] is None else self.apply_acks({**pull, "seqs": pull["ack"]})
             now = time.monotonic()
             poll = LongPoll(

@@ -30,9 +30,9 @@ from collections.abc import Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import qmq_wire
-from qmq_outbox.client import AckedPull, PullMode, StartAt
+from qmq_outbox.client import AckedPull, Position, PullMode, StartAt
 from qmq_outbox.envelope import Message, OutgoingMessage, ProduceResult
-from qmq_outbox.errors import BrokerRejected, BrokerUnavailable
+from qmq_outbox.errors import BrokerRejected, BrokerUnavailable, UnsupportedByTransport
 
 Outcome = ProduceResult | BrokerRejected | BrokerUnavailable
 Refusal = Literal["message", "unroutable", "configuration"]
@@ -108,7 +108,7 @@ class PullClient(Protocol):
         max_messages: int = ...,
         wait_ms: int = ...,
         mode: PullMode = ...,
-        start: StartAt = ...,
+        start: Position = ...,
     ) -> list[Message]: ...
 
     async def ack(
@@ -131,7 +131,7 @@ class PullClient(Protocol):
         max_messages: int = ...,
         wait_ms: int = ...,
         mode: PullMode = ...,
-        start: StartAt = ...,
+        start: Position = ...,
     ) -> AckedPull: ...
 
     async def nack(
@@ -181,7 +181,7 @@ class LeasingConsumer(abc.ABC):
         max_messages: int = 32,
         wait_ms: int = 0,
         mode: PullMode = "shared",
-        start: StartAt = "earliest",
+        start: Position = "earliest",
     ) -> list[Message]:
         return await self._fetch(subject, max_messages, wait_ms, start)
 
@@ -215,9 +215,10 @@ class LeasingConsumer(abc.ABC):
 
     @abc.abstractmethod
     async def _fetch(
-        self, subject: str, max_messages: int, wait_ms: int, start: StartAt
+        self, subject: str, max_messages: int, wait_ms: int, start: Position
     ) -> list[Message]:
-        """Lease up to ``max_messages`` of ``subject``, waiting up to ``wait_ms`` for one."""
+        """Lease up to ``max_messages`` of ``subject``, waiting up to ``wait_ms`` for one
+        (``start``: see ``named_start``)."""
 
     @abc.abstractmethod
     async def _ack(self, subject: str, seqs: Sequence[int]) -> tuple[int, list[int]]:
@@ -245,6 +246,14 @@ class DeadLetter:
     headers: dict[str, str]
 
 
+def named_start(start: Position, transport: str) -> StartAt:
+    """``earliest`` or ``latest``: a group's start at a seq or a time is the qmq broker's
+    alone (``Consumer`` refuses it for other transports when it is made)."""
+    if start == "earliest" or start == "latest":
+        return start
+    raise UnsupportedByTransport(f"{transport} starts a group at earliest or latest only")
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ConsumerSpec:
     """What a transport needs to open a consumer's client."""
@@ -252,7 +261,7 @@ class ConsumerSpec:
     group: str
     consumer_id: str
     subjects: tuple[str, ...]
-    start: StartAt
+    start: Position
     capacity: int
     """The most messages the consumer holds at once (running plus prefetched)."""
     connections: int

@@ -39,6 +39,7 @@ _ANSWER_MODELS: list[tuple[str, re.Pattern[str], type[BaseModel]]] = [
     ("GET", re.compile(r"/v1/subjects/[^/]+"), answers.SubjectResponse),
     ("GET", re.compile(r"/v1/subjects/[^/]+/groups/[^/]+/dead"), answers.DeadLettersResponse),
     ("POST", re.compile(r"/v1/subjects/[^/]+/groups/[^/]+/dead/redrive"), answers.RedriveResponse),
+    ("POST", re.compile(r"/v1/subjects/[^/]+/groups/[^/]+/reset"), answers.ResetResponse),
     ("PUT", re.compile(r"/v1/subjects/[^/]+"), answers.RoutesResponse),
     ("GET", re.compile(r"/v1/subjects/[^/]+/routes"), answers.RoutesResponse),
     (

@@ -101,6 +101,9 @@ def test_broadcast_and_ordered_are_the_qmq_brokers_alone(other: Kit) -> None:
     assert type(consumer.transport) is type(other.transport())
     with pytest.raises(UnsupportedByTransport, match="ordered"):
         consumer.add_handler("a.b", lambda m: None, ordered=True)
+    for start in ({"seq": 3}, {"time": "2026-11-28T09:00:00Z"}):
+        with pytest.raises(UnsupportedByTransport, match="earliest or latest only"):
+            Consumer(transport=other.transport(), group="g", start=start)
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ FLOORS: dict[int, tuple[str, ...]] = {
     4: ("actions", "metrics", "lifecycle", "routebook"),
     5: ("pulls",),
     6: ("delayed",),
-    7: ("produce", "delivery", "ordered", "stats", "maintenance"),
+    7: ("produce", "delivery", "resets", "ordered", "stats", "maintenance"),
     8: ("recovery",),  # recovery, migration, index repair, verify and repair
     9: ("console",),
     10: ("services",),

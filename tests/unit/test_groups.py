@@ -92,3 +92,42 @@ def test_snapshot_restore_equals_live_state() -> None:
     restored = DeliveryState.restore(state.snapshot())
     assert restored.snapshot() == state.snapshot()
     assert lease(restored, now=7, limit=10, end=8) == lease(state, now=7, limit=10, end=8)
+
+
+def test_a_reset_moves_the_cursor_drops_leases_and_what_failed_at_or_after_it() -> None:
+    state = DeliveryState(0)
+    assert lease(state, now=0, limit=6, end=6) == [0, 1, 2, 3, 4, 5]
+    state.apply(rec(ActionType.RETRY, [1, 4], due=9_000_000))
+    state.apply(rec(ActionType.DEAD, [0, 3], error="boom"))
+    state.apply(rec(ActionType.RESET, [], 5, cursor=2))
+    assert (state.cursor, state.leases) == (2, {})
+    assert sorted(state.retries) == [1]  # before the position: kept with its due time
+    assert sorted(state.dead) == [0]
+    assert state.holds(5, "c") is False  # a late ack of a dropped lease is unknown
+    assert lease(state, now=0, limit=10, end=6) == [2, 3, 4, 5]
+    assert [state.leases[s].attempt for s in (2, 3, 4, 5)] == [1, 1, 1, 1]
+    assert lease(state, now=9_000_000, limit=10, end=6) == [1]
+
+
+def test_a_reset_survives_a_snapshot_and_replays_the_same() -> None:
+    records = [
+        rec(ActionType.LEASE, [0, 1, 2], 0, consumer="c", deadline=30, attempts=[1, 1, 1]),
+        rec(ActionType.RETRY, [0], due=7),
+        rec(ActionType.DEAD, [2], error="x"),
+        rec(ActionType.RESET, [], 9, cursor=1),
+    ]
+    replayed = DeliveryState(0)
+    for record in records:
+        replayed.apply(record)
+    restored = DeliveryState.restore(replayed.snapshot())
+    assert restored.snapshot() == replayed.snapshot()
+    assert replayed.snapshot() == {
+        "cursor": 1,
+        "acked": 0,
+        "leases": [],
+        "retries": [[0, 1, 7, None]],
+        "dead": [],
+    }
+    encoded = records[-1].encode()
+    assert ActionRecord.decode(encoded) == records[-1]
+    assert encoded[0] == 7  # a record type old data never holds: no format version bump

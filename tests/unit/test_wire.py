@@ -27,6 +27,8 @@ MIRRORS: list[tuple[type[Any], type[BaseModel]]] = [
     (wire.DeadLettersAnswerJson, answers.DeadLettersResponse),
     (wire.DeadLetterJson, answers.DeadLetterItem),
     (wire.RedriveAnswerJson, answers.RedriveResponse),
+    (wire.ResetAnswerJson, answers.ResetResponse),
+    (wire.ResetPositionJson, answers.ResetPosition),
     (wire.HealthAnswerJson, answers.HealthResponse),
     (wire.ErrorAnswerJson, answers.ErrorResponse),
     (wire.ErrorDetailJson, answers.ErrorDetail),

@@ -4,6 +4,7 @@
 import { ApiError, call, setToken, token } from "./api.js";
 import { el, refusal } from "./dom.js";
 import * as dead from "./page-dead.js";
+import * as reset from "./page-reset.js";
 import * as delayed from "./page-delayed.js";
 import * as overview from "./page-overview.js";
 import * as routes from "./page-routes.js";
@@ -37,6 +38,7 @@ function resolve(hash) {
   const s = p[1];
   if (p.length === 2) return { page: subject, params: { subject: s } };
   if (p.length === 3 && p[2] === "routes") return { page: routes, params: { subject: s } };
+  if (p.length === 5 && p[2] === "groups" && p[4] === "reset") return { page: reset, params: { subject: s, group: p[3] } };
   if (p.length >= 5 && p[2] === "groups" && p[4] === "dead") {
     if (p.length === 5) return { page: dead, params: { subject: s, group: p[3] } };
     if (p.length === 7 && p[5] === "partitions" && /^\d+$/.test(p[6])) return { page: dead, params: { subject: s, group: p[3], partition: p[6] } };
@@ -93,7 +95,7 @@ function askToken(error) {
     { class: "token", id: "token-form" },
     el("h1", null, "A token, please"),
     el("p", null, token() ? "The broker refused the token this tab had: " : "The broker asks for a bearer token: ", el("em", null, error.message), "."),
-    el("p", null, "Any valid token shows what it may see; redriving dead letters needs manage. The token stays in this tab (sessionStorage) and is sent only to this broker."),
+    el("p", null, "Any valid token shows what it may see; redriving dead letters and resetting groups need manage. The token stays in this tab (sessionStorage) and is sent only to this broker."),
     el("label", null, "Token ", input),
     el("button", { type: "submit" }, "Use token"),
   );

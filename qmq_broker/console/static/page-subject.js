@@ -37,6 +37,7 @@ export async function render({ subject }) {
       el("td", { class: "num", data: { col: "acked" } }, count(g.acked)),
       el("td", { class: "num", data: { col: "oldest_unacked" } }, age(more ? more.oldest_unacked_age_s : null)),
       el("td", { data: { col: "consumers" } }, consumers(more ? more.consumers : [])),
+      el("td", { data: { col: "actions" } }, link(["subjects", subject, "groups", g.group, "reset"], "Reset…")),
     );
   });
   const parts = [
@@ -52,7 +53,7 @@ export async function render({ subject }) {
     el("h2", null, "Groups"),
     rows.length
       ? table(
-          ["Group", "Mode", ...["Backlog", "In flight", "Retrying", "Dead", "Acked", "Oldest unacked"].map((h) => [{ class: "num" }, h]), "Consumers seen (60 s)"],
+          ["Group", "Mode", ...["Backlog", "In flight", "Retrying", "Dead", "Acked", "Oldest unacked"].map((h) => [{ class: "num" }, h]), "Consumers seen (60 s)", "Replay"],
           rows,
           { class: "groups" },
         )

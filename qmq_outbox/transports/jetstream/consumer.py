@@ -25,11 +25,17 @@ import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from qmq_outbox.client import StartAt
+from qmq_outbox.client import Position, StartAt
 from qmq_outbox.envelope import Message
 from qmq_outbox.errors import BrokerUnavailable
 from qmq_outbox.transports import headers
-from qmq_outbox.transports.base import ConsumerSpec, DeadLetter, LeasingConsumer, retry_delay
+from qmq_outbox.transports.base import (
+    ConsumerSpec,
+    DeadLetter,
+    LeasingConsumer,
+    named_start,
+    retry_delay,
+)
 from qmq_outbox.transports.jetstream.config import JetStreamTransport
 from qmq_outbox.transports.jetstream.connection import Connection
 from qmq_outbox.transports.jetstream.durables import ensure_durable
@@ -68,9 +74,9 @@ class JetStreamConsumer(LeasingConsumer):
     # -- pulling ---------------------------------------------------------------------------
 
     async def _fetch(
-        self, subject: str, max_messages: int, wait_ms: int, start: StartAt
+        self, subject: str, max_messages: int, wait_ms: int, start: Position
     ) -> list[Message]:
-        subscription = await self._subscription(subject, start)
+        subscription = await self._subscription(subject, named_start(start, "JetStream"))
         client = await self._connection.client()
         if not client.is_connected:  # reconnecting: a fetch would only wait and time out
             raise BrokerUnavailable(f"NATS at {self.base_url}: connection lost, reconnecting")

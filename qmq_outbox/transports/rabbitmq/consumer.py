@@ -29,11 +29,17 @@ from typing import Any
 import aio_pika
 import aio_pika.abc
 
-from qmq_outbox.client import StartAt
+from qmq_outbox.client import Position
 from qmq_outbox.envelope import Message
 from qmq_outbox.errors import BrokerUnavailable
 from qmq_outbox.transports import headers
-from qmq_outbox.transports.base import ConsumerSpec, DeadLetter, LeasingConsumer, retry_delay
+from qmq_outbox.transports.base import (
+    ConsumerSpec,
+    DeadLetter,
+    LeasingConsumer,
+    named_start,
+    retry_delay,
+)
 from qmq_outbox.transports.rabbitmq.config import RabbitMqTransport
 from qmq_outbox.transports.rabbitmq.connection import (
     FAILURES,
@@ -124,8 +130,9 @@ class RabbitMqConsumer(LeasingConsumer):
     # -- pulling ---------------------------------------------------------------------------
 
     async def _fetch(
-        self, subject: str, max_messages: int, wait_ms: int, start: StartAt
+        self, subject: str, max_messages: int, wait_ms: int, start: Position
     ) -> list[Message]:
+        named_start(start, "RabbitMQ")
         await self._open()
         inbox = self._inboxes[subject]
         taken: list[Incoming] = []
