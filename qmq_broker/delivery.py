@@ -25,7 +25,7 @@ from qmq_broker.pulls.scheduler import PullScheduler
 from qmq_broker.storage.journal import Journal
 from qmq_broker.storage.segments import SegmentReader
 from qmq_broker.subjects import SubjectTable
-from qmq_wire import PulledMessageJson
+from qmq_wire import DEFAULT_KEYS_IN_FLIGHT, PulledMessageJson
 from qmq_wire.delivery import RetryPolicy
 from qmq_wire.ordered import partition_log
 
@@ -105,12 +105,14 @@ class DeliveryService:
         ack: list[int] | None,
         min_messages: int = 1,
         linger_ms: int = 0,
+        max_keys: int = DEFAULT_KEYS_IN_FLIGHT,
     ) -> tuple[list[PulledMessageJson], AckResult | None]:
         """Queue a pull in its group's actor and wait for the answer, acking ``ack`` (the
         consumer's previous batch, or None) in the same request.
 
         Messages as soon as there are some (at least ``min_messages`` of them during the
-        first ``linger_ms``); an empty list when ``wait_ms`` ran out; ``mailbox_full`` or
+        first ``linger_ms``); ``max_keys``: an ordered partition's keys in flight at once;
+        an empty list when ``wait_ms`` ran out; ``mailbox_full`` or
         ``deadline_exceeded`` when the group is overloaded.
 
         The acks are applied once the pull is queued (a pull refused at once applies none)
@@ -137,6 +139,7 @@ class DeliveryService:
             wait_s=wait_ms / 1000,
             min_messages=min_messages,
             linger_s=linger_ms / 1000,
+            max_keys=max_keys,
         )
         try:
             acked = None if not ack else self._record_acks(subject, group, consumer, ack)

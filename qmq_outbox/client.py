@@ -132,18 +132,23 @@ def pull(
     start: StartAt = "earliest",
     min_messages: int = 1,
     linger_ms: int = 0,
+    max_keys: int | None = None,
 ) -> Call[list[Message]]:
     """Lease up to ``max_messages`` of ``subject`` for ``group``, long-polling ``wait_ms``.
 
-    ``mode="ordered"`` (the only mode of an ordered subject): batches of the partitions this
-    consumer holds, each in seq order; a partition's next batch comes once this one is
-    acked. ``min_messages``/``linger_ms``: during the first ``linger_ms`` (within ``wait_ms``) the
+    ``mode="ordered"`` (the only mode of an ordered subject): messages of the partitions
+    this consumer holds, each partition's in seq order, one message per key in flight: a
+    key's next comes once this one is acked, other keys' meanwhile, up to ``max_keys`` keys
+    per partition (None: the broker's default, 16; 1: a partition's next batch comes once
+    this one is acked). ``min_messages``/``linger_ms``: during the first ``linger_ms`` (within ``wait_ms``) the
     broker answers only with at least ``min_messages``: fewer, fuller pulls for some
     latency.
     """
     doc = _pull_doc(
         subject, group, consumer, max_messages, wait_ms, mode, start, min_messages, linger_ms
     )
+    if max_keys is not None:
+        doc["max_keys"] = max_keys
     timeout = DEFAULT_TIMEOUT + wait_ms / 1000
     return _post("/v1/pull", doc, _messages, timeout=timeout)
 

@@ -2,15 +2,17 @@
 
 The same rules as the broker (``docs/architecture.md`` section 3.2): due retries before new
 messages, an expired lease is a failed attempt, out of attempts means dead, redrive starts
-the count again; an ordered subject's partition is served one batch at a time, in seq
-order (section 3.6). Times are microseconds of the in-memory broker's clock.
+the count again; an ordered subject's partition is served in seq order, one message per key
+in flight (``qmq_wire.keyed``), or one batch at a time with ``max_keys`` 1 (section 3.6). Times are microseconds of the in-memory broker's clock.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Hashable
 
 from qmq_wire.delivery import RetryPolicy
+from qmq_wire.keyed import choose_keyed
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -48,6 +50,7 @@ class DeliveryState:
         self.retries: dict[int, Retry] = {}
         self.dead: dict[int, DeadLetter] = {}
         self.acked: set[int] = set()
+        self.skipped: set[int] = set()  # ordered: below the cursor, passed over, not leased
 
     def expire(self, *, now_us: int, policy: RetryPolicy) -> None:
         for seq, lease in sorted(self.leases.items()):
@@ -77,10 +80,34 @@ class DeliveryState:
         now_us: int,
         policy: RetryPolicy,
         hold_on_dead: bool,
+        max_keys: int = 1,
+        key_of: Callable[[int], Hashable] | None = None,
     ) -> list[tuple[int, int]]:
-        """An ordered partition's next batch, in seq order: nothing while a message is
+        """An ordered partition's next batch, in seq order. ``max_keys`` above 1 (or with
+        messages skipped): per key, as ``choose_keyed``. Else nothing while a message is
         leased (or, ``hold_on_dead``, while one is dead); its retries once due, the oldest
         one not due holding back everything after it; else new messages."""
+        if key_of is not None and (max_keys > 1 or self.skipped):
+            seqs, attempts = choose_keyed(
+                self,
+                key_of=key_of,
+                limit=limit,
+                max_keys=max_keys,
+                end=end_seq,
+                now_us=now_us,
+                block_dead=hold_on_dead,
+            )
+            for seq in seqs:
+                self.retries.pop(seq, None)
+                self.skipped.discard(seq)
+                if seq > self.cursor:
+                    self.skipped.update(range(self.cursor, seq))
+                self.cursor = max(self.cursor, seq + 1)
+            return self._hold(
+                list(zip(seqs, attempts, strict=True)),
+                consumer,
+                deadline_us=now_us + policy.ack_timeout_us,
+            )
         if self.leases or (hold_on_dead and self.dead):
             return []
         chosen: list[tuple[int, int]] = []
@@ -179,7 +206,7 @@ class GroupState:
         return {
             "group": self.name,
             "mode": self.mode,
-            "backlog": sum(max(end_seq - s.cursor, 0) for s in owners),
+            "backlog": sum(max(end_seq - s.cursor, 0) + len(s.skipped) for s in owners),
             "in_flight": sum(len(s.leases) for s in owners),
             "retrying": sum(len(s.retries) for s in owners),
             "dead": sum(len(s.dead) for s in owners),

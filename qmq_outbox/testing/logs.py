@@ -71,6 +71,9 @@ class SubjectLog:
         """The next seq (every stored message is visible at once)."""
         return len(self.messages)
 
+    def key_of(self, seq: int) -> str | None:
+        return self.messages[seq].key
+
     def append(
         self,
         envelope: dict[str, Any],
