@@ -4,8 +4,9 @@ A partition's messages are served in seq order, but a message is leased only whe
 earlier message of its key is unfinished: leased, waiting for a retry, dead under
 ``on_dead: block``, or skipped (passed over below the cursor because its key was busy).
 So different keys are in flight together and a slow or failing key holds back its own
-messages only. Each key has at most one message in flight; ``max_keys`` bounds the keys
-that have one (leased or retrying) per partition.
+messages only. ``max_keys`` bounds the keys with messages in flight (leased or retrying)
+per partition. A key's consecutive messages may go out together in one pull (in seq order,
+run one after another by the consumer); its later messages wait for all of them.
 
 One source for the broker (whose state is rebuilt from the action log: the seqs from its
 LEASE/ACK/RETRY/DEAD records, the skipped ones from the gaps a LEASE leaves, their keys from
@@ -51,7 +52,10 @@ class KeyedState(Protocol):
 MAX_SKIPPED = 10_000
 """Messages of busy keys a partition may hold back below its cursor per group: once this
 many wait, the partition serves only them (and retries) until some are done, which bounds
-the state a poison key can grow. A pull also looks at most this many new messages ahead."""
+the state a poison key can grow."""
+LOOK_AHEAD = 1_000
+"""New messages a pull passes over at most after the last one it took: a partition whose
+next thousand messages all belong to busy keys waits for one of them."""
 
 
 def choose_keyed(
@@ -66,7 +70,7 @@ def choose_keyed(
 ) -> tuple[list[int], list[int]]:
     """Seqs to lease now, in seq order, with their attempt numbers: due retries and skipped
     messages whose key is free, then new messages from the cursor up to ``end``, at most
-    ``limit`` of them and one per key."""
+    ``limit`` of them."""
     held: set[Hashable] = {key_of(seq) for seq in state.leases}
     in_flight = set(held)
     for seq, retry in state.retries.items():
@@ -76,13 +80,18 @@ def choose_keyed(
             held.add(key)
     if block_dead:
         held.update(key_of(seq) for seq in state.dead)
-    seen: set[Hashable] = set()
+    seen: set[Hashable] = set()  # keys met in this pull: taken, or passed over
+    taken: set[Hashable] = set()
     seqs: list[int] = []
     attempts: list[int] = []
 
     def take(seq: int) -> bool:
-        """Whether ``seq`` may be leased now; its key is taken for this pull either way."""
+        """Whether ``seq`` may be leased now: the next of a key taken in this pull, or the
+        first of a free key while fewer than ``max_keys`` are in flight. A key met and
+        passed over stays passed over in this pull."""
         key = key_of(seq)
+        if key in taken:
+            return True
         if key in seen:
             return False
         seen.add(key)
@@ -92,6 +101,7 @@ def choose_keyed(
             if len(in_flight) >= max_keys:
                 return False
             in_flight.add(key)
+        taken.add(key)
         return True
 
     due = {seq: r.attempts + 1 for seq, r in state.retries.items() if r.due_us <= now_us}
@@ -104,7 +114,7 @@ def choose_keyed(
     passed = 0  # new messages not taken since the last one taken: skipped if one is
     room = MAX_SKIPPED - len(state.skipped)
     seq = state.cursor
-    while seq < end and len(seqs) < limit and len(in_flight) < max_keys:
+    while seq < end and len(seqs) < limit:
         if take(seq):
             seqs.append(seq)
             attempts.append(1)
@@ -112,7 +122,7 @@ def choose_keyed(
             passed = 0
         else:
             passed += 1
-            if passed > room:
+            if passed > min(room, LOOK_AHEAD) or (not taken and len(in_flight) >= max_keys):
                 break
         seq += 1
     return seqs, attempts
