@@ -137,12 +137,12 @@ def pull(
     """Lease up to ``max_messages`` of ``subject`` for ``group``, long-polling ``wait_ms``.
 
     ``mode="ordered"`` (the only mode of an ordered subject): messages of the partitions
-    this consumer holds, each partition's in seq order, one message per key in flight: a
-    key's next comes once this one is acked, other keys' meanwhile, up to ``max_keys`` keys
-    per partition (None: the broker's default, 16; 1: a partition's next batch comes once
-    this one is acked). ``min_messages``/``linger_ms``: during the first ``linger_ms`` (within ``wait_ms``) the
-    broker answers only with at least ``min_messages``: fewer, fuller pulls for some
-    latency.
+    this consumer holds, each partition's in seq order; a key's next messages come once
+    those out are acked, other keys' meanwhile, up to ``max_keys`` keys per partition
+    (None: the broker's default, 16; 1: a partition's next batch comes once this one is
+    acked). ``min_messages``/``linger_ms``: during the first ``linger_ms`` (within
+    ``wait_ms``) the broker answers only with at least ``min_messages``: fewer, fuller
+    pulls for some latency.
     """
     doc = _pull_doc(
         subject, group, consumer, max_messages, wait_ms, mode, start, min_messages, linger_ms

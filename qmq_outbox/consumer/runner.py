@@ -13,9 +13,10 @@ caller's thread, ``Consumer.run_async()`` on the caller's loop.
 An ordered handler's subject is pulled in ``"ordered"`` mode and its messages go to one lane
 per key of a partition (``lanes.py``) instead of the shared queue: a worker takes a whole
 lane and runs its messages one after another, so one key's handlers never overlap and
-different keys' run on different workers. The broker has at most one message per key in
-flight, and up to ``KEYS_PER_WORKER * concurrency`` keys per partition (its pull's
-``max_keys``), so that the next keys wait leased while the workers run. A failure nacks
+different keys' run on different workers. The broker serves a key's next messages only
+once those out are acked, and keeps up to ``KEYS_PER_WORKER * concurrency`` keys per
+partition in flight (the pull's ``max_keys``), so that the next keys wait leased while the
+workers run. A failure nacks
 that message and the rest of its lane in one request (they come back together, in order)
 and runs none of them; when a lane is done its acks are sent at once, since the broker
 serves a key's next message only once this one is acked. Ordered subjects draw on a lease

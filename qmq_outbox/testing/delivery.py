@@ -2,8 +2,9 @@
 
 The same rules as the broker (``docs/architecture.md`` section 3.2): due retries before new
 messages, an expired lease is a failed attempt, out of attempts means dead, redrive starts
-the count again; an ordered subject's partition is served in seq order, one message per key
-in flight (``qmq_wire.keyed``), or one batch at a time with ``max_keys`` 1 (section 3.6). Times are microseconds of the in-memory broker's clock.
+the count again; an ordered subject's partition is served in seq order per key
+(``qmq_wire.keyed``), or one batch at a time with ``max_keys`` 1 (section 3.6). Times are
+microseconds of the in-memory broker's clock.
 """
 
 from __future__ import annotations
