@@ -27,6 +27,7 @@ from qmq_broker.storage.segments import SegmentReader
 from qmq_broker.subjects import SubjectTable
 from qmq_wire import DEFAULT_KEYS_IN_FLIGHT, PulledMessageJson
 from qmq_wire.delivery import RetryPolicy
+from qmq_wire.keyed import first_of_each_key
 from qmq_wire.ordered import partition_log
 
 
@@ -304,8 +305,14 @@ class DeliveryService:
         state, key = self._state_of(subject, group, consumer)
         now = self._clock.wall_us()
         delay_us = delay_ms * 1000 if delay_ms is not None else None
+        counted = [s for s in dict.fromkeys(seqs) if state.holds(s, consumer)]
+        released: list[int] = []
+        if subject != shown:  # an ordered partition: one attempt per key
+            counted, released = first_of_each_key(
+                counted, key_of=lambda seq: self._ordered.key_of(subject, seq)
+            )
         retry, dead = state.nack_outcomes(
-            dict.fromkeys(seqs),
+            counted,
             consumer=consumer,
             now_us=now,
             delay_us=delay_us,
@@ -326,10 +333,12 @@ class DeliveryService:
                 relaxed=True,
             )
 
-        retrying = 0
+        retrying = len(released)
         for due, batch in sorted(retry.items()):
             record(ActionType.RETRY, batch, {"due": due, "error": error})
             retrying += len(batch)
+        if released:
+            record(ActionType.RETRY, released, {"due": now, "error": error, "released": True})
         if dead:
             record(ActionType.DEAD, dead, {"error": error})
         self._heard_from(shown, group, consumer)

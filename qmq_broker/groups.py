@@ -185,10 +185,14 @@ class DeliveryState:
         elif kind is ActionType.RETRY:
             due = int(record.fields["due"])
             error = record.fields.get("error")
+            # "released": given back unrun (behind a failure of their key): no attempt made
+            made = 0 if record.fields.get("released") else 1
             for seq in record.seqs:
                 lease = self.leases.pop(seq, None)
                 previous = self.retries.get(seq)
-                attempts = lease.attempt if lease else (previous.attempts if previous else 0)
+                attempts = (
+                    lease.attempt - 1 + made if lease else (previous.attempts if previous else 0)
+                )
                 self.retries[seq] = RetryDue(attempts=attempts, due_us=due, error=error)
                 heapq.heappush(self.retry_heap, (due, seq))
         elif kind is ActionType.DEAD:

@@ -126,3 +126,19 @@ def choose_keyed(
                 break
         seq += 1
     return seqs, attempts
+
+
+def first_of_each_key(
+    seqs: list[int], *, key_of: Callable[[int], Hashable]
+) -> tuple[list[int], list[int]]:
+    """A nack of an ordered partition's seqs split in two: the first of each key, whose
+    attempt counts, and the rest, released without counting one (a consumer runs a key's
+    messages in order and stops at the first that fails: the others never ran)."""
+    first: list[int] = []
+    rest: list[int] = []
+    met: set[Hashable] = set()
+    for seq in sorted(seqs):
+        key = key_of(seq)
+        (rest if key in met else first).append(seq)
+        met.add(key)
+    return first, rest

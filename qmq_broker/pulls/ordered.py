@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Hashable
 from typing import Any
 
 from qmq_broker.actions import ActionLog, action
@@ -68,7 +69,7 @@ class OrderedPulls:
     ) -> None:
         self._book = book
         self._reader = reader
-        self._keys: dict[str, dict[int, object]] = {}  # log -> seq -> the message's key
+        self._keys: dict[str, dict[int, Hashable]] = {}  # log -> seq -> the message's key
         self._subjects = subjects
         self._groups = groups
         self._record = actions.record
@@ -286,7 +287,7 @@ class OrderedPulls:
         if request.max_keys > 1 or state.skipped:
             seqs, attempts = choose_keyed(
                 state,
-                key_of=lambda seq: self._key_of(log_name, seq),
+                key_of=lambda seq: self.key_of(log_name, seq),
                 limit=limit,
                 max_keys=request.max_keys,
                 end=end,
@@ -310,7 +311,7 @@ class OrderedPulls:
             attempts = [1] * len(seqs)
         return (seqs, attempts) if seqs else None
 
-    def _key_of(self, log_name: str, seq: int) -> object:
+    def key_of(self, log_name: str, seq: int) -> Hashable:
         """The key of a stored message (read once, then remembered); an unreadable one is
         a key of its own, so that the pull serves it and the read reports the damage."""
         keys = self._keys.setdefault(log_name, {})

@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Callable, Hashable
 
 from qmq_wire.delivery import RetryPolicy
-from qmq_wire.keyed import choose_keyed
+from qmq_wire.keyed import choose_keyed, first_of_each_key
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -161,12 +161,20 @@ class DeliveryState:
         delay_us: int | None,
         error: str | None,
         policy: RetryPolicy,
+        key_of: Callable[[int], Hashable] | None = None,
     ) -> tuple[int, int]:
-        """Retry or bury the ones among ``seqs`` that ``consumer`` holds; (retrying, dead)."""
-        retrying = dead = 0
-        for seq in seqs:
-            if not self.holds(seq, consumer):
-                continue
+        """Retry or bury the ones among ``seqs`` that ``consumer`` holds; (retrying, dead).
+        With ``key_of`` (an ordered partition) only the first of each key counts an
+        attempt: the others are released as they were (``first_of_each_key``)."""
+        held = [seq for seq in seqs if self.holds(seq, consumer)]
+        released: list[int] = []
+        if key_of is not None:
+            held, released = first_of_each_key(held, key_of=key_of)
+        for seq in released:
+            lease = self.leases.pop(seq)
+            self.retries[seq] = Retry(lease.attempt - 1, now_us)
+        retrying, dead = len(released), 0
+        for seq in held:
             lease = self.leases.pop(seq)
             if lease.attempt >= policy.max_attempts:
                 self.dead[seq] = DeadLetter(lease.attempt, error, now_us)

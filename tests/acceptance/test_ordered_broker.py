@@ -222,7 +222,8 @@ def test_a_partition_serves_the_next_batch_only_after_the_last_is_acked(api: Api
     api.ack("c1", 0, [0, 1])
     assert api.nack("c1", 0, [2, 3, 4]) == {"retrying": 3, "dead": 0}
     again = api.pull("c1", max_messages=5, max_keys=1)
-    assert [(m["seq"], m["attempt"]) for m in again] == [(2, 2), (3, 2), (4, 2)]
+    # an attempt counted for the first of each key only: k0's 4 never ran
+    assert [(m["seq"], m["attempt"]) for m in again] == [(2, 2), (3, 2), (4, 1)]
     api.ack("c1", 0, [2, 3, 4])
     assert [m["seq"] for m in api.pull("c1", max_messages=5, max_keys=1)] == [5, 6, 7, 8, 9]
 

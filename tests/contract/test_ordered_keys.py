@@ -69,7 +69,23 @@ def test_keys_of_one_partition_run_side_by_side_and_a_retry_holds_back_its_own_o
     stats = target.client.subject(part.subject)["groups"][0]
     assert (stats["backlog"], stats["in_flight"], stats["retrying"]) == (1, 0, 2)  # a2 waits
     target.advance(WAIT_OUT_S)
-    assert part.pull() == [("a", 0, 2), ("a", 1, 2), ("a", 2, 1)]
+    assert part.pull() == [("a", 0, 2), ("a", 1, 1), ("a", 2, 1)]  # a1 never ran
+
+
+def test_a_keys_messages_behind_a_failure_never_die_with_it(target: Target) -> None:
+    """Nacked together, the first of each key counts an attempt, the others are released:
+    a dead first letter (``on_dead: skip``) lets the next one go at its first attempt."""
+    part = Partition(target)
+    part.publish(("a", 0), ("a", 1), ("b", 0), ("b", 1))
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        served = part.pull()
+        assert served == [("a", 0, attempt), ("a", 1, 1), ("b", 0, attempt), ("b", 1, 1)]
+        answer = target.client.nack(
+            part.subject, "g", "c1", sorted(part.seqs.values()), delay_ms=0, partition=0
+        )
+        dead = 2 if attempt == MAX_ATTEMPTS else 0
+        assert answer == {"retrying": 4 - dead, "dead": dead}
+    assert part.pull() == [("a", 1, 1), ("b", 1, 1)]
 
 
 def test_max_keys_bounds_the_keys_in_flight_per_partition(target: Target) -> None:

@@ -263,7 +263,7 @@ def test_a_failure_nacks_the_rest_of_its_partitions_batch_in_one_request(made: M
     consumer.add_handler(SUBJECT, fails_on_2, ordered=True)
     with running(consumer):
         wait_until(lambda: broker.acked_seqs(SUBJECT, GROUP, partition=0) == set(range(5)))
-    assert runs == [(0, 1), (1, 1), (2, 1), (2, 2), (3, 2), (4, 2)]
+    assert runs == [(0, 1), (1, 1), (2, 1), (2, 2), (3, 1), (4, 1)]  # 3, 4 never ran
     (nack,) = broker.received("nack")
     assert (nack["seqs"], nack["partition"], nack["delay_ms"]) == ([2, 3, 4], 0, 0)
     assert nack["error"] == "RetryLater: not yet"

@@ -7,7 +7,7 @@ from typing import Any
 
 from qmq_broker.format.actions import ActionRecord, ActionType
 from qmq_broker.groups import DeliveryState, GroupTable
-from qmq_wire.keyed import LOOK_AHEAD, MAX_SKIPPED, choose_keyed
+from qmq_wire.keyed import LOOK_AHEAD, MAX_SKIPPED, choose_keyed, first_of_each_key
 
 NOW = 1_000_000
 KEYS = "abacbdaaef"  # the key of seq n is KEYS[n]
@@ -135,3 +135,14 @@ def test_retention_drops_skipped_seqs_it_removed() -> None:
     assert state.skipped == {0, 1, 2, 3, 4}
     state.skip_below(3)
     assert state.skipped == {3, 4}
+
+
+def test_a_nack_counts_an_attempt_for_the_first_of_each_key_only() -> None:
+    first, rest = first_of_each_key([4, 0, 1, 2], key_of=lambda seq: KEYS[seq])
+    assert (first, rest) == ([0, 1], [2, 4])  # a0, b1 count; a2, b4 never ran
+    state = DeliveryState(0)
+    lease(state, [0, 1, 2, 4], attempt=2)
+    state.apply(record(ActionType.RETRY, first, due=NOW + 5, error="x"))
+    state.apply(record(ActionType.RETRY, rest, due=NOW, error="x", released=True))
+    assert {seq: r.attempts for seq, r in state.retries.items()} == {0: 2, 1: 2, 2: 1, 4: 1}
+    assert choose(state) == [3, 5, 8, 9]  # a and b wait for their first, not yet due
