@@ -29,6 +29,7 @@ from qmq_outbox.errors import ConfigurationError, ConsumerCrashed, UnsupportedBy
 from qmq_outbox.transports.base import ConsumerSpec, Transport
 from qmq_outbox.transports.qmq import CAPABILITIES as QMQ_CAPABILITIES
 from qmq_outbox.transports.urls import from_url
+from qmq_wire import MAX_KEYS_IN_FLIGHT
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -64,8 +65,9 @@ class Consumer:
     ``concurrency`` handlers run at once and at most ``concurrency + prefetch`` messages are
     leased to this consumer at any time, so a slow handler does not hoard the group's
     messages. ``mode="broadcast"`` gives every consumer of the group every message.
-    ``@handler(subject, ordered=True)`` consumes an ordered subject partition by partition
-    (``docs/consumer.md``, "Ordered handlers").
+    ``@handler(subject, ordered=True)`` consumes an ordered subject key by key, up to
+    ``ordered_keys`` keys in flight per partition (default ``2 * concurrency``; 1: one
+    batch per partition at a time) (``docs/consumer.md``, "Ordered handlers").
 
     ``transport`` is where the messages come from (docs/transports.md): the qmq broker
     (``QmqTransport``), NATS JetStream or RabbitMQ; ``broker_url`` is its short form, the
@@ -97,9 +99,12 @@ class Consumer:
         token: str | None = None,
         client: BrokerClient | PullClient | None = None,
         outage_summary: float = 60.0,
+        ordered_keys: int | None = None,
     ) -> None:
         if concurrency < 1 or max_batch < 1 or ack_batch_size < 1:
             raise ConfigurationError("concurrency, max_batch and ack_batch_size must be >= 1")
+        if ordered_keys is not None and not 1 <= ordered_keys <= MAX_KEYS_IN_FLIGHT:
+            raise ConfigurationError(f"ordered_keys must be 1..{MAX_KEYS_IN_FLIGHT}")
         if not 0 <= wait_ms <= 60_000 or max_batch > 1000:
             raise ConfigurationError("wait_ms must be 0..60000 and max_batch at most 1000")
         if mode not in ("shared", "broadcast") or start not in ("earliest", "latest"):
@@ -131,6 +136,7 @@ class Consumer:
             start=start,
             shutdown_timeout=shutdown_timeout,
             outage_summary=outage_summary,
+            ordered_keys=ordered_keys,
         )
         self._client = client
         self._specs: dict[str, HandlerSpec] = {}

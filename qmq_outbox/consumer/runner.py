@@ -15,11 +15,12 @@ per key of a partition (``lanes.py``) instead of the shared queue: a worker take
 lane and runs its messages one after another, so one key's handlers never overlap and
 different keys' run on different workers. The broker serves a key's next messages only
 once those out are acked, and keeps up to ``KEYS_PER_WORKER * concurrency`` keys per
-partition in flight (the pull's ``max_keys``), so that the next keys wait leased while the
-workers run. A failure nacks
-that message and the rest of its lane in one request (they come back together, in order)
-and runs none of them; when a lane is done its acks are sent at once, since the broker
-serves a key's next message only once this one is acked. Ordered subjects draw on a lease
+partition in flight (the pull's ``max_keys``; the consumer's ``ordered_keys`` overrides
+it), so that the next keys wait leased while the workers run. A failure nacks that message
+and the rest of its lane in one request (they come back together, in order; the broker
+counts an attempt for the failed one only) and runs none of them; when a lane is done its
+acks are sent at once, since the broker serves a key's next messages only once these are
+acked. Ordered subjects draw on a lease
 budget of their own,
 ``concurrency * LANE_BATCH``, and ask for all of it that is free: the broker shares a pull
 out over the partitions this consumer holds, so they all run, each on batches of a useful
@@ -226,7 +227,8 @@ class Runner:
             "start": cfg.start,
         }
         if self.specs[subject].ordered:
-            options["max_keys"] = min(KEYS_PER_WORKER * cfg.concurrency, MAX_KEYS_IN_FLIGHT)
+            default = min(KEYS_PER_WORKER * cfg.concurrency, MAX_KEYS_IN_FLIGHT)
+            options["max_keys"] = cfg.ordered_keys or default
         if not carried:
             return await self.client.pull(subject, cfg.group, cfg.consumer_id, **options)
         # No long poll with acks on board: their answer (and slots) would wait for it. If
