@@ -7,7 +7,8 @@ in their long polls. ``--consumers`` consumer processes (the SDK's ``Consumer``,
 ``--concurrency`` handler threads each) run a handler that sleeps ``--handler-ms``, and
 ``--slow-s`` for every message of one key. Measured: the other keys' messages per second,
 from the first produce to the last of them handled, and the CPU per message of every
-process (the broker and the consumers). Systems, in rounds, the order rotated each round:
+process (the broker; the consumers together), from the first produce until every message
+is acked. Systems, in rounds, the order rotated each round:
 
 - ``per-key``: ordered, ``@consumer.handler(subject, ordered=True)`` as configured by
   default (``ordered_keys`` = 2 x concurrency keys in flight per partition);
@@ -130,15 +131,18 @@ def run_one(
         proc.start()
     time.sleep(STARTUP_S)  # the processes import, start and wait in their long polls
     assert broker.proc is not None
-    measured = [psutil.Process(broker.proc.pid)] + [psutil.Process(p.pid) for p in procs]
-    before = cpu_snapshot(measured)
+    roles = {
+        "broker": [psutil.Process(broker.proc.pid)],
+        "consumers": [psutil.Process(p.pid) for p in procs],
+    }
+    before = {role: cpu_snapshot(found) for role, found in roles.items()}
     began = time.time()
     asyncio.run(store(broker.url, subject, args))
     others = args.messages - len(range(0, args.messages, args.keys))  # all but the slow key's
     with BrokerClient(broker.url) as client:
         while sum(g["acked"] for g in client.subject(subject)["groups"]) < args.messages:
             time.sleep(0.05)
-    after = cpu_snapshot(measured)
+    after = {role: cpu_snapshot(found) for role, found in roles.items()}
     stop.set()
     rows: list[Row] = []
     for _ in procs:
@@ -150,10 +154,8 @@ def run_one(
     if len({(k, n) for k, n, _ in rows}) != args.messages:
         raise AssertionError(f"{subject}: not every message was handled")
     last_other = max(at for key, _, at in rows if key != SLOW_KEY)
-    return {
-        "rate": others / (last_other - began),
-        "cpu_us": cpu_spent(before, after) / args.messages * 1e6,
-    }
+    cpu = {role: cpu_spent(before[role], after[role]) / args.messages * 1e6 for role in roles}
+    return {"rate": others / (last_other - began)} | {f"{role}_us": v for role, v in cpu.items()}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -174,7 +176,8 @@ def main(args: argparse.Namespace) -> None:
                     results[system].append(result)
                     print(
                         f"round {round_no + 1} {system:<10} {result['rate']:8,.0f} msgs/s of "
-                        f"the other keys, {result['cpu_us']:6,.0f} us CPU/msg",
+                        f"the other keys; CPU per message: broker {result['broker_us']:,.0f} "
+                        f"us, consumers {result['consumers_us']:,.0f} us",
                         flush=True,
                     )
         finally:
@@ -190,7 +193,11 @@ def main(args: argparse.Namespace) -> None:
     print("| | " + " | ".join(f"round {n + 1}" for n in range(args.rounds)) + " | median |")
     print("|---|" + "---|" * (args.rounds + 1))
     for system, runs in results.items():
-        for what, unit in (("rate", "other keys' msgs/s"), ("cpu_us", "CPU us/msg")):
+        for what, unit in (
+            ("rate", "other keys' msgs/s"),
+            ("broker_us", "broker CPU us/msg"),
+            ("consumers_us", "consumers' CPU us/msg"),
+        ):
             values = [run[what] for run in runs]
             cells = " | ".join(f"{v:,.0f}" for v in values)
             print(f"| {system}: {unit} | {cells} | {statistics.median(values):,.0f} |")
