@@ -36,7 +36,7 @@ from qmq_wire.routes import Routes
 
 SHARED = ""
 REBALANCE_CHECK_S = 0.1  # a consumer short of its share looks again this soon
-KEY_CACHE_SIZE = 100_000  # messages' keys remembered per partition log, then forgotten
+KEY_CACHE_SIZE = 20_000  # keys remembered per partition log, then forgotten: skipped + look-ahead
 
 
 @dataclasses.dataclass(slots=True)
