@@ -5,8 +5,8 @@ earlier message of its key is unfinished: leased, waiting for a retry, dead unde
 ``on_dead: block``, or skipped (passed over below the cursor because its key was busy).
 So different keys are in flight together and a slow or failing key holds back its own
 messages only. ``max_keys`` bounds the keys with messages in flight (leased or retrying)
-per partition. A key's consecutive messages may go out together in one pull (in seq order,
-run one after another by the consumer); its later messages wait for all of them.
+per partition. A pull that takes a key also takes that key's later messages it meets (in
+seq order, run one after another by the consumer); the key's next ones wait for them all.
 
 One source for the broker (whose state is rebuilt from the action log: the seqs from its
 LEASE/ACK/RETRY/DEAD records, the skipped ones from the gaps a LEASE leaves, their keys from
