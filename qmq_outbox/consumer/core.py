@@ -193,9 +193,10 @@ class Consumer:
         ``handler(message)`` between a *processing* claim and *done*.
 
         ``ordered=True`` for an ordered subject (declared with partitions): its messages are
-        pulled in ``"ordered"`` mode, one partition's run strictly one after another in seq
-        order, different partitions' concurrently (up to ``concurrency``). A failure nacks
-        that message and the partition's later ones of the same batch together, unrun.
+        pulled in ``"ordered"`` mode, one key's run strictly one after another in seq
+        order, different keys' concurrently (up to ``concurrency``). A failure nacks that
+        message and the key's later ones of the same batch together, unrun (an attempt
+        counted for the failed one only).
         A store then commits one message per transaction (its ``batch_size`` is not used).
         """
 
