@@ -1,7 +1,12 @@
-"""Ordered subjects: what per-key order costs, and how fast a split takes effect (issue 16).
+"""Ordered subjects: what per-key order costs, and how fast a split takes effect (issue 16);
+with ``--part keys``, what a slow key costs the other keys of its partition (issue 39).
 
     .venv/bin/python bench/ordered.py [--rounds 3] [--messages 6000] [--keys 2000]
         [--handler-ms 2] [--concurrency 8]
+    .venv/bin/python bench/ordered.py --part keys [--rounds 3] [--messages 5000]
+        [--keys 1000] [--handler-ms 5] [--slow-s 2] [--concurrency 8] [--consumers 1]
+
+``--part keys`` is described in ``bench/_ordered_keys.py``.
 
 Throughput: 3 consumer processes (the SDK's ``Consumer``, ``--concurrency`` handler
 threads each, a handler that sleeps ``--handler-ms``) are started and left to wait in their
@@ -38,6 +43,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import _ordered_keys
+from bench._cli import positive
 from qmq_outbox.client import AsyncBrokerClient, BrokerClient
 from qmq_outbox.consumer import Consumer
 from qmq_outbox.envelope import Message, OutgoingMessage
@@ -232,14 +239,27 @@ def split_time(broker: BrokerProcess, args: argparse.Namespace, tag: str) -> dic
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--messages", type=int, default=6000)
-    parser.add_argument("--keys", type=int, default=2000)
-    parser.add_argument("--handler-ms", type=float, default=2.0)
-    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--part", choices=("partitions", "keys"), default="partitions")
+    parser.add_argument("--rounds", type=positive, default=3)
+    parser.add_argument("--messages", type=positive, help="6000; --part keys: 5000")
+    parser.add_argument("--keys", type=positive, help="2000; --part keys: 1000")
+    parser.add_argument("--handler-ms", type=float, help="2; --part keys: 5")
+    parser.add_argument("--concurrency", type=positive, default=8)
     parser.add_argument("--split-rate", type=float, default=1000.0, help="msgs/s during the split")
     parser.add_argument("--after-split", type=float, default=4.0, help="seconds of load after it")
+    _ordered_keys.add_arguments(parser)
     args = parser.parse_args()
+    keyed = args.part == "keys"
+    for name, partitions_default, keys_default in (
+        ("messages", 6000, 5000),
+        ("keys", 2000, 1000),
+        ("handler_ms", 2.0, 5.0),
+    ):
+        if getattr(args, name) is None:
+            setattr(args, name, keys_default if keyed else partitions_default)
+    if keyed:
+        _ordered_keys.main(args)
+        return
     print(f"load average at the start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     systems: list[tuple[str, int | None]] = [
         ("unordered", None),

@@ -25,8 +25,9 @@ from qmq_broker.pulls.scheduler import PullScheduler
 from qmq_broker.storage.journal import Journal
 from qmq_broker.storage.segments import SegmentReader
 from qmq_broker.subjects import SubjectTable
-from qmq_wire import PulledMessageJson
+from qmq_wire import DEFAULT_KEYS_IN_FLIGHT, PulledMessageJson
 from qmq_wire.delivery import RetryPolicy
+from qmq_wire.keyed import first_of_each_key
 from qmq_wire.ordered import partition_log
 from qmq_wire.rules import Position
 
@@ -106,12 +107,14 @@ class DeliveryService:
         ack: list[int] | None,
         min_messages: int = 1,
         linger_ms: int = 0,
+        max_keys: int = DEFAULT_KEYS_IN_FLIGHT,
     ) -> tuple[list[PulledMessageJson], AckResult | None]:
         """Queue a pull in its group's actor and wait for the answer, acking ``ack`` (the
         consumer's previous batch, or None) in the same request.
 
         Messages as soon as there are some (at least ``min_messages`` of them during the
-        first ``linger_ms``); an empty list when ``wait_ms`` ran out; ``mailbox_full`` or
+        first ``linger_ms``); ``max_keys``: an ordered partition's keys in flight at once;
+        an empty list when ``wait_ms`` ran out; ``mailbox_full`` or
         ``deadline_exceeded`` when the group is overloaded.
 
         ``start`` places a group (a broadcast consumer) its first pull makes: a checked
@@ -143,6 +146,7 @@ class DeliveryService:
             wait_s=wait_ms / 1000,
             min_messages=min_messages,
             linger_s=linger_ms / 1000,
+            max_keys=max_keys,
         )
         try:
             acked = None if not ack else self._record_acks(subject, group, consumer, ack)
@@ -322,8 +326,14 @@ class DeliveryService:
         state, key = self._state_of(subject, group, consumer)
         now = self._clock.wall_us()
         delay_us = delay_ms * 1000 if delay_ms is not None else None
+        counted = [s for s in dict.fromkeys(seqs) if state.holds(s, consumer)]
+        released: list[int] = []
+        if subject != shown:  # an ordered partition: one attempt per key
+            counted, released = first_of_each_key(
+                counted, key_of=lambda seq: self._ordered.key_of(subject, seq)
+            )
         retry, dead = state.nack_outcomes(
-            dict.fromkeys(seqs),
+            counted,
             consumer=consumer,
             now_us=now,
             delay_us=delay_us,
@@ -344,10 +354,12 @@ class DeliveryService:
                 relaxed=True,
             )
 
-        retrying = 0
+        retrying = len(released)
         for due, batch in sorted(retry.items()):
             record(ActionType.RETRY, batch, {"due": due, "error": error})
             retrying += len(batch)
+        if released:
+            record(ActionType.RETRY, released, {"due": now, "error": error, "released": True})
         if dead:
             record(ActionType.DEAD, dead, {"error": error})
         self._heard_from(shown, group, consumer)

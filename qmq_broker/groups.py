@@ -5,7 +5,10 @@ replay from the action log, so a restart rebuilds exactly the state the broker h
 clock is passed in; nothing here does I/O.
 
 ``DeliveryState`` belongs to a whole group in shared mode, and to one consumer of the group
-in broadcast mode. Messages below the cursor that are not leased, retrying or dead are done.
+in broadcast mode. Messages below the cursor that are not leased, retrying, dead or skipped
+are done. ``skipped``: seqs below the cursor never leased, the gaps a LEASE of later seqs
+leaves (an ordered partition serves past the messages of keys that have one in flight);
+shared and broadcast pulls lease from the cursor on, so their states never have any.
 """
 
 from __future__ import annotations
@@ -52,7 +55,16 @@ Policy = RetryPolicy  # the pulls import it by this name
 class DeliveryState:
     """Where one state owner (a shared group, or a broadcast consumer) stands in a subject."""
 
-    __slots__ = ("acked", "cursor", "dead", "lease_heap", "leases", "retries", "retry_heap")
+    __slots__ = (
+        "acked",
+        "cursor",
+        "dead",
+        "lease_heap",
+        "leases",
+        "retries",
+        "retry_heap",
+        "skipped",
+    )
 
     def __init__(self, cursor: int) -> None:
         self.cursor = cursor
@@ -62,6 +74,7 @@ class DeliveryState:
         self.acked = 0
         self.lease_heap: list[tuple[int, int]] = []  # (deadline, seq), stale entries skipped
         self.retry_heap: list[tuple[int, int]] = []  # (due, seq), stale entries skipped
+        self.skipped: set[int] = set()  # below the cursor, never leased (see the module doc)
 
     # --- decisions (return records; nothing changes until they are applied) --------------
 
@@ -150,6 +163,8 @@ class DeliveryState:
         """
         if self.cursor < first_seq:
             self.cursor = first_seq
+        if self.skipped and min(self.skipped) < first_seq:
+            self.skipped = {seq for seq in self.skipped if seq >= first_seq}
 
     def next_wakeup_us(self) -> int | None:
         """When a lease expires or a retry comes due next (stale heap tops make it early)."""
@@ -170,10 +185,14 @@ class DeliveryState:
         elif kind is ActionType.RETRY:
             due = int(record.fields["due"])
             error = record.fields.get("error")
+            # "released": given back unrun (behind a failure of their key): no attempt made
+            made = 0 if record.fields.get("released") else 1
             for seq in record.seqs:
                 lease = self.leases.pop(seq, None)
                 previous = self.retries.get(seq)
-                attempts = lease.attempt if lease else (previous.attempts if previous else 0)
+                attempts = (
+                    lease.attempt - 1 + made if lease else (previous.attempts if previous else 0)
+                )
                 self.retries[seq] = RetryDue(attempts=attempts, due_us=due, error=error)
                 heapq.heappush(self.retry_heap, (due, seq))
         elif kind is ActionType.DEAD:
@@ -193,13 +212,15 @@ class DeliveryState:
 
     def _apply_reset(self, cursor: int) -> None:
         """Read from ``cursor`` next: every lease is dropped (a late ack of one is
-        ``unknown``), and retries and dead letters at or after ``cursor`` go, since their
-        messages are delivered afresh from there; those before it stay as they were."""
+        ``unknown``), and retries, dead letters and passed-over seqs at or after ``cursor``
+        go, since their messages are delivered afresh from there; those before it stay as
+        they were."""
         self.cursor = cursor
         self.leases.clear()
         self.lease_heap.clear()
         self.retries = {s: r for s, r in self.retries.items() if s < cursor}
         self.dead = {s: d for s, d in self.dead.items() if s < cursor}
+        self.skipped = {s for s in self.skipped if s < cursor}
         self.retry_heap = [(r.due_us, s) for s, r in self.retries.items()]
         heapq.heapify(self.retry_heap)
 
@@ -209,8 +230,11 @@ class DeliveryState:
         attempts = record.fields["attempts"]
         for seq, attempt in zip(record.seqs, attempts, strict=True):
             self.retries.pop(seq, None)
+            self.skipped.discard(seq)
             self.leases[seq] = Lease(consumer=consumer, attempt=int(attempt), deadline_us=deadline)
             heapq.heappush(self.lease_heap, (deadline, seq))
+            if seq > self.cursor:
+                self.skipped.update(range(self.cursor, seq))  # leased past: not done
             if seq >= self.cursor:
                 self.cursor = seq + 1
 
@@ -223,6 +247,7 @@ class DeliveryState:
             "leases": [[s, x.consumer, x.attempt, x.deadline_us] for s, x in self.leases.items()],
             "retries": [[s, r.attempts, r.due_us, r.error] for s, r in self.retries.items()],
             "dead": [[s, d.attempts, d.error, d.at_us] for s, d in self.dead.items()],
+            **({"skipped": sorted(self.skipped)} if self.skipped else {}),
         }
 
     @classmethod
@@ -237,6 +262,7 @@ class DeliveryState:
             state.retry_heap.append((due, seq))
         for seq, attempts, error, at in doc["dead"]:
             state.dead[seq] = DeadLetter(attempts=attempts, error=error, at_us=at)
+        state.skipped = {int(seq) for seq in doc.get("skipped", ())}  # absent before issue 39
         heapq.heapify(state.lease_heap)
         heapq.heapify(state.retry_heap)
         return state
@@ -270,7 +296,7 @@ class Group:
         return GroupStats(
             group=self.name,
             mode=self.mode,
-            backlog=sum(max(end_seq - s.cursor, 0) for s in states),
+            backlog=sum(max(end_seq - s.cursor, 0) + len(s.skipped) for s in states),
             in_flight=sum(len(s.leases) for s in states),
             retrying=sum(len(s.retries) for s in states),
             dead=sum(len(s.dead) for s in states),

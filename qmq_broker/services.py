@@ -106,6 +106,7 @@ def build_services(
         policy=policy,
         clock=shared.clock,
         lease_s=config.partition_lease_s,
+        reader=shared.reader,
     )
     read_pool = ThreadPoolExecutor(config.workers, thread_name_prefix="qmq-pull-read")
     pulls = _pull_scheduler(shared, recovered, actions, policy, ordered, read_pool)

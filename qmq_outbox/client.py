@@ -135,20 +135,25 @@ def pull(
     start: Position = "earliest",
     min_messages: int = 1,
     linger_ms: int = 0,
+    max_keys: int | None = None,
 ) -> Call[list[Message]]:
     """Lease up to ``max_messages`` of ``subject`` for ``group``, long-polling ``wait_ms``.
 
     ``start``: where a group new to the subject (a broadcast consumer new to the group)
     reads from; a seq or a time replays from there (not a seq on an ordered subject).
-    ``mode="ordered"`` (the only mode of an ordered subject): batches of the partitions this
-    consumer holds, each in seq order; a partition's next batch comes once this one is
-    acked. ``min_messages``/``linger_ms``: during the first ``linger_ms`` (within ``wait_ms``) the
-    broker answers only with at least ``min_messages``: fewer, fuller pulls for some
-    latency.
+    ``mode="ordered"`` (the only mode of an ordered subject): messages of the partitions
+    this consumer holds, each partition's in seq order; a key's next messages come once
+    those out are acked, other keys' meanwhile, up to ``max_keys`` keys per partition
+    (None: the broker's default, 16; 1: a partition's next batch comes once this one is
+    acked). ``min_messages``/``linger_ms``: during the first ``linger_ms`` (within
+    ``wait_ms``) the broker answers only with at least ``min_messages``: fewer, fuller
+    pulls for some latency.
     """
     doc = _pull_doc(
         subject, group, consumer, max_messages, wait_ms, mode, start, min_messages, linger_ms
     )
+    if max_keys is not None:
+        doc["max_keys"] = max_keys
     timeout = DEFAULT_TIMEOUT + wait_ms / 1000
     return _post("/v1/pull", doc, _messages, timeout=timeout)
 

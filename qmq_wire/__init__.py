@@ -114,6 +114,9 @@ MAX_BODY_BYTES: Final = 1024 * 1024
 MAX_PRODUCE_BATCH: Final = 1000
 MAX_PULL: Final = 1000
 DEFAULT_PULL: Final = 32
+MAX_KEYS_IN_FLIGHT: Final = 1024
+DEFAULT_KEYS_IN_FLIGHT: Final = 16
+"""An ordered pull's ``max_keys``: keys with a message in flight per partition at once."""
 MAX_WAIT_MS: Final = 60_000
 MAX_SEQS: Final = 10_000
 MAX_NACK_DELAY_MS: Final = 63_072_000_000

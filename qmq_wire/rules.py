@@ -22,6 +22,7 @@ from typing import Any, Final, Protocol
 from qmq_wire import (
     BODY_ENCODINGS,
     CONSUMER_ID_PATTERN,
+    DEFAULT_KEYS_IN_FLIGHT,
     DEFAULT_PULL,
     MAX_DEAD_PAGE,
     MAX_ERROR_TEXT,
@@ -29,6 +30,7 @@ from qmq_wire import (
     MAX_HEADER_VALUE,
     MAX_HEADERS,
     MAX_KEY,
+    MAX_KEYS_IN_FLIGHT,
     MAX_NACK_DELAY_MS,
     MAX_PARTITION_NUMBER,
     MAX_PRODUCE_BATCH,
@@ -266,6 +268,7 @@ SEQS: Final = Items(SEQ, 1, MAX_SEQS)
 PARTITION: Final = Integer(0, MAX_PARTITION_NUMBER)
 """A partition number a request may name (numbers grow with route changes)."""
 PULL_MAX: Final = Integer(1, MAX_PULL)
+KEYS_IN_FLIGHT: Final = Integer(1, MAX_KEYS_IN_FLIGHT)
 WAIT_MS: Final = Integer(0, MAX_WAIT_MS)
 NACK_DELAY_MS: Final = Integer(0, MAX_NACK_DELAY_MS)
 ERROR_TEXT: Final = Text(high=MAX_ERROR_TEXT)
@@ -316,9 +319,11 @@ PULL: Final = Request(
         Field("ack", SEQS, nullable=True),
         Field("min", PULL_MAX, default=1),
         Field("linger_ms", WAIT_MS, default=0),
+        Field("max_keys", KEYS_IN_FLIGHT, default=DEFAULT_KEYS_IN_FLIGHT),
     )
 )
-"""``POST /v1/pull``: ``min`` above ``max`` asks for a full batch."""
+"""``POST /v1/pull``: ``min`` above ``max`` asks for a full batch; ``max_keys`` (ordered
+mode) bounds the keys of each partition with a message in flight (1: one batch at a time)."""
 ACK: Final = Request(
     (*_ADDRESS, Field("seqs", SEQS, required=True), Field("partition", PARTITION, nullable=True))
 )

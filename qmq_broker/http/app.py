@@ -163,6 +163,7 @@ class Api:
             ack=parsed.ack,
             min_messages=min(parsed.min, parsed.max),  # a larger min asks for a full batch
             linger_ms=parsed.linger_ms,
+            max_keys=parsed.max_keys,
         )
         answered = time.thread_time()
         if acked is None:

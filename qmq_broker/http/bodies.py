@@ -110,6 +110,7 @@ Seq = Annotated[int, _between(rules.SEQ)]
 Seqs = Annotated[list[Seq], msgspec.Meta(min_length=rules.SEQS.low, max_length=rules.SEQS.high)]
 PullMax = Annotated[int, _between(rules.PULL_MAX)]
 WaitMs = Annotated[int, _between(rules.WAIT_MS)]
+KeysInFlight = Annotated[int, _between(rules.KEYS_IN_FLIGHT)]
 NackDelayMs = Annotated[int, _between(rules.NACK_DELAY_MS)]
 ErrorText = Annotated[str, _text(rules.ERROR_TEXT)]
 Partition = Annotated[int, _between(rules.PARTITION)]
@@ -176,6 +177,7 @@ class PullBody(_Body, frozen=True):
     ack: Seqs | None = None
     min: PullMax = _default(rules.PULL, "min")
     linger_ms: WaitMs = _default(rules.PULL, "linger_ms")
+    max_keys: KeysInFlight = _default(rules.PULL, "max_keys")
 
     def __post_init__(self) -> None:
         if self.start != "earliest" and rules.Position.of(self.start) is None:

@@ -231,6 +231,15 @@ class PullRequest(_Strict):
         _between(rules.WAIT_MS, "How long the pull may wait for min messages (within wait_ms)."),
         _AS_JSON_INTEGER,
     ] = _default(rules.PULL, "linger_ms")
+    max_keys: Annotated[
+        int,
+        _between(
+            rules.KEYS_IN_FLIGHT,
+            "Ordered mode: keys of a partition with a message in flight at once (1: the "
+            "partition's next batch only once the previous one is acked).",
+        ),
+        _AS_JSON_INTEGER,
+    ] = _default(rules.PULL, "max_keys")
 
 
 class AckRequest(_Strict):

@@ -8,28 +8,36 @@ version v + 1 once every partition closed by that change was consumed up to its 
 Partition leases (which consumer holds which partition) live only in memory: after a
 restart consumers take partitions anew, and the message leases, which are durable, keep
 a partition's order meanwhile.
+
+Inside a partition, keys run side by side up to the pull's ``max_keys`` (``keyed.py``);
+``max_keys`` 1 serves the partition one batch at a time, the next once it is all acked.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Hashable
 from typing import Any
 
 from qmq_broker.actions import ActionLog, action
 from qmq_broker.clock import Clock
+from qmq_broker.errors import CorruptRecord, StorageError
 from qmq_broker.format.actions import ActionType
 from qmq_broker.groups import DeliveryState, GroupTable, Policy
-from qmq_broker.pulls.reads import Batch
+from qmq_broker.pulls.reads import Batch, read_message
 from qmq_broker.pulls.request import QueuedPull
 from qmq_broker.routebook import RouteBook
+from qmq_broker.storage.segments import SegmentReader
 from qmq_broker.subjects import SubjectTable
+from qmq_wire.keyed import choose_keyed
 from qmq_wire.ordered import COMMAND_PRODUCER, partition_log
 from qmq_wire.routes import Routes
 from qmq_wire.rules import Position
 
 SHARED = ""
 REBALANCE_CHECK_S = 0.1  # a consumer short of its share looks again this soon
+KEY_CACHE_SIZE = 20_000  # keys remembered per partition log, then forgotten: skipped + look-ahead
 
 
 @dataclasses.dataclass(slots=True)
@@ -58,8 +66,11 @@ class OrderedPulls:
         policy: Policy,
         clock: Clock,
         lease_s: float,
+        reader: SegmentReader,
     ) -> None:
         self._book = book
+        self._reader = reader
+        self._keys: dict[str, dict[int, Hashable]] = {}  # log -> seq -> the message's key
         self._subjects = subjects
         self._groups = groups
         self._record = actions.record
@@ -146,7 +157,7 @@ class OrderedPulls:
             ready = [
                 (partition, found)
                 for partition in held[start:] + held[:start]
-                if (found := self._next_seqs(routes, partition, group, limit, now_us))
+                if (found := self._next_seqs(routes, partition, group, request, now_us))
             ]
             shares = share_out(limit, [len(found[0]) for _, found in ready])
             for (partition, (seqs, attempts)), share in zip(ready, shares, strict=True):
@@ -216,6 +227,7 @@ class OrderedPulls:
             state.cursor > command
             and not state.leases
             and not state.retries
+            and not state.skipped
             and (routes.on_dead == "skip" or not state.dead)
         )
 
@@ -229,6 +241,7 @@ class OrderedPulls:
             command is None
             or state.cursor != command
             or state.retries
+            or state.skipped
             or self._blocked(routes, state)
         ):
             return
@@ -273,20 +286,39 @@ class OrderedPulls:
         return bool(state.leases) or (routes.on_dead == "block" and bool(state.dead))
 
     def _next_seqs(
-        self, routes: Routes, partition: int, group: str, limit: int, now_us: int
+        self, routes: Routes, partition: int, group: str, request: QueuedPull, now_us: int
     ) -> tuple[list[int], list[int]] | None:
-        """The partition's next batch, up to ``limit``, and each one's attempt: its due
-        retries in seq order if it has retries, else new messages up to its command;
-        nothing while anything is leased."""
+        """The partition's next batch, up to the request's ``max_messages``, and each one's
+        attempt, up to its command. With ``max_keys`` 1 (and nothing skipped): its due
+        retries in seq order if it has retries, else new messages; nothing while anything
+        is leased. Otherwise per key (``choose_keyed``)."""
         subject = routes.subject
         log_name = partition_log(subject, partition)
         log = self._subjects[log_name]
         state = self.state(subject, partition, group)
         state.skip_below(log.first_seq)
+        gone = [seq for seq in state.retries if seq < log.first_seq]
+        if gone:
+            error = "removed by retention before it was acknowledged"
+            self._record(_action(ActionType.DEAD, now_us, log_name, group, gone, {"error": error}))
+        command = self._book.command_seq(subject, partition)
+        end = log.end_seq if command is None else min(log.end_seq, command)
+        limit = request.max_messages
+        if request.max_keys > 1 or state.skipped:
+            seqs, attempts = choose_keyed(
+                state,
+                key_of=lambda seq: self.key_of(log_name, seq),
+                limit=limit,
+                max_keys=request.max_keys,
+                end=end,
+                now_us=now_us,
+                block_dead=routes.on_dead == "block",
+            )
+            return (seqs, attempts) if seqs else None
         if self._blocked(routes, state):
             return None
-        seqs: list[int] = []
-        attempts: list[int] = []
+        seqs = []
+        attempts = []
         if state.retries:
             for seq in sorted(state.retries):
                 retry = state.retries[seq]
@@ -294,19 +326,23 @@ class OrderedPulls:
                     break  # the oldest retry not due yet holds back everything after it
                 seqs.append(seq)
                 attempts.append(retry.attempts + 1)
-            gone = [seq for seq in seqs if seq < log.first_seq]
-            if gone:
-                error = "removed by retention before it was acknowledged"
-                self._record(
-                    _action(ActionType.DEAD, now_us, log_name, group, gone, {"error": error})
-                )
-                return None  # chosen again at the next pull, without them
         else:
-            command = self._book.command_seq(subject, partition)
-            end = log.end_seq if command is None else min(log.end_seq, command)
             seqs = list(range(state.cursor, min(end, state.cursor + limit)))
             attempts = [1] * len(seqs)
         return (seqs, attempts) if seqs else None
+
+    def key_of(self, log_name: str, seq: int) -> Hashable:
+        """The key of a stored message (read once, then remembered); an unreadable one is
+        a key of its own, so that the pull serves it and the read reports the damage."""
+        keys = self._keys.setdefault(log_name, {})
+        if seq not in keys:
+            if len(keys) >= KEY_CACHE_SIZE:
+                keys.clear()
+            try:
+                keys[seq] = read_message(self._reader, self._subjects[log_name], seq).key
+            except (StorageError, CorruptRecord, ValueError, OverflowError):
+                keys[seq] = ("unreadable", seq)
+        return keys[seq]
 
     def _lease(
         self,

@@ -38,6 +38,7 @@ class QueuedPull:
     deadline: float
     future: asyncio.Future[list[Any]]
     min_messages: int = 1
+    max_keys: int = 1  # ordered mode: a partition's keys with a message in flight at once
     linger_until: float = 0.0
     status: PullStatus = PullStatus.QUEUED
     timed_out: bool = False  # its wait ended while parked: answer now, data or not

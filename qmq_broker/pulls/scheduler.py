@@ -123,6 +123,7 @@ class PullScheduler:
         wait_s: float,
         min_messages: int = 1,
         linger_s: float = 0.0,
+        max_keys: int = 1,
     ) -> asyncio.Future[list[Any]]:
         """Queue a pull in its group's mailbox; the future resolves with the messages.
 
@@ -147,6 +148,7 @@ class PullScheduler:
             key=key,
             consumer=consumer,
             max_messages=max_messages,
+            max_keys=max_keys,
             min_messages=min_messages,
             linger_until=now + min(linger_s, wait_s),
             arrived=now,

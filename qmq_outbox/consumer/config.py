@@ -23,6 +23,7 @@ class ConsumerConfig:
     start: Position
     shutdown_timeout: float
     outage_summary: float = 60.0  # seconds between the log's summaries of a broker outage
+    ordered_keys: int | None = None  # an ordered partition's keys in flight; None: 2 x concurrency
 
     @property
     def capacity(self) -> int:

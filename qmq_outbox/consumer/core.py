@@ -29,7 +29,7 @@ from qmq_outbox.errors import ConfigurationError, ConsumerCrashed, UnsupportedBy
 from qmq_outbox.transports.base import ConsumerSpec, Transport
 from qmq_outbox.transports.qmq import CAPABILITIES as QMQ_CAPABILITIES
 from qmq_outbox.transports.urls import from_url
-from qmq_wire import rules
+from qmq_wire import MAX_KEYS_IN_FLIGHT, rules
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -67,8 +67,9 @@ class Consumer:
     messages. ``mode="broadcast"`` gives every consumer of the group every message.
     ``start`` is where a group new to a subject begins: ``"earliest"``, ``"latest"``, or on
     the qmq broker ``{"seq": n}`` or ``{"time": "<RFC 3339>"}`` (replay into a new group).
-    ``@handler(subject, ordered=True)`` consumes an ordered subject partition by partition
-    (``docs/consumer.md``, "Ordered handlers").
+    ``@handler(subject, ordered=True)`` consumes an ordered subject key by key, up to
+    ``ordered_keys`` keys in flight per partition (default ``2 * concurrency``; 1: one
+    batch per partition at a time) (``docs/consumer.md``, "Ordered handlers").
 
     ``transport`` is where the messages come from (docs/transports.md): the qmq broker
     (``QmqTransport``), NATS JetStream or RabbitMQ; ``broker_url`` is its short form, the
@@ -100,9 +101,12 @@ class Consumer:
         token: str | None = None,
         client: BrokerClient | PullClient | None = None,
         outage_summary: float = 60.0,
+        ordered_keys: int | None = None,
     ) -> None:
         if concurrency < 1 or max_batch < 1 or ack_batch_size < 1:
             raise ConfigurationError("concurrency, max_batch and ack_batch_size must be >= 1")
+        if ordered_keys is not None and not 1 <= ordered_keys <= MAX_KEYS_IN_FLIGHT:
+            raise ConfigurationError(f"ordered_keys must be 1..{MAX_KEYS_IN_FLIGHT}")
         if not 0 <= wait_ms <= 60_000 or max_batch > 1000:
             raise ConfigurationError("wait_ms must be 0..60000 and max_batch at most 1000")
         if mode not in ("shared", "broadcast") or rules.Position.of(start) is None:
@@ -138,6 +142,7 @@ class Consumer:
             start=start,
             shutdown_timeout=shutdown_timeout,
             outage_summary=outage_summary,
+            ordered_keys=ordered_keys,
         )
         self._client = client
         self._specs: dict[str, HandlerSpec] = {}
@@ -194,9 +199,10 @@ class Consumer:
         ``handler(message)`` between a *processing* claim and *done*.
 
         ``ordered=True`` for an ordered subject (declared with partitions): its messages are
-        pulled in ``"ordered"`` mode, one partition's run strictly one after another in seq
-        order, different partitions' concurrently (up to ``concurrency``). A failure nacks
-        that message and the partition's later ones of the same batch together, unrun.
+        pulled in ``"ordered"`` mode, one key's run strictly one after another in seq
+        order, different keys' concurrently (up to ``concurrency``). A failure nacks that
+        message and the key's later ones of the same batch together, unrun (an attempt
+        counted for the failed one only).
         A store then commits one message per transaction (its ``batch_size`` is not used).
         """
 

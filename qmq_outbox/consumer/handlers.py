@@ -80,7 +80,7 @@ ACK_DUPLICATE = Ack(duplicate=True)
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class HandlerSpec:
     """One registered handler: its subject, function, idempotency guard, and whether its
-    subject is ordered (pulled in ``"ordered"`` mode, one partition's messages at a time)."""
+    subject is ordered (pulled in ``"ordered"`` mode, one key's messages at a time)."""
 
     subject: str
     fn: Callable[..., Any]

@@ -11,12 +11,17 @@ shutdown as a stop. ``Consumer.run()`` drives this runner with ``asyncio.run`` o
 caller's thread, ``Consumer.run_async()`` on the caller's loop.
 
 An ordered handler's subject is pulled in ``"ordered"`` mode and its messages go to one lane
-per partition (``lanes.py``) instead of the shared queue: a worker takes a whole lane and
-runs its messages one after another, so a partition's handlers never overlap and different
-partitions' run on different workers. A failure nacks that message and the rest of its lane
-in one request (they come back together, in order) and runs none of them; when a lane is
-done its acks are sent at once, since the broker serves a partition's next batch only once
-this one is acked. Ordered subjects draw on a lease budget of their own,
+per key of a partition (``lanes.py``) instead of the shared queue: a worker takes a whole
+lane and runs its messages one after another, so one key's handlers never overlap and
+different keys' run on different workers. The broker serves a key's next messages only
+once those out are acked, and keeps up to ``KEYS_PER_WORKER * concurrency`` keys per
+partition in flight (the pull's ``max_keys``; the consumer's ``ordered_keys`` overrides
+it), so that the next keys wait leased while the workers run. A failure nacks that message
+and the rest of its lane in one request (they come back together, in order; the broker
+counts an attempt for the failed one only) and runs none of them; when a lane is done its
+acks are sent at once, since the broker serves a key's next messages only once these are
+acked. Ordered subjects draw on a lease
+budget of their own,
 ``concurrency * LANE_BATCH``, and ask for all of it that is free: the broker shares a pull
 out over the partitions this consumer holds, so they all run, each on batches of a useful
 size (a partition can be held by one consumer only, so holding its messages takes nothing
@@ -63,6 +68,7 @@ from qmq_outbox.consumer.threads import ThreadPool
 from qmq_outbox.envelope import Message
 from qmq_outbox.errors import BrokerError, BrokerUnavailable
 from qmq_outbox.failure_log import client_url, delivery, describe
+from qmq_wire import MAX_KEYS_IN_FLIGHT
 from qmq_wire.ordered import split_partition_log
 
 logger = logging.getLogger(__name__)
@@ -70,6 +76,7 @@ T = TypeVar("T")
 
 ACK_FLUSH_GRACE = 5.0  # seconds the acker gets at a stop beyond the handlers' deadline
 LANE_BATCH = 16  # an ordered subject's leases held at once: this many per worker
+KEYS_PER_WORKER = 2  # an ordered partition's keys in flight: this many per worker
 
 
 class Runner:
@@ -219,6 +226,9 @@ class Runner:
             "mode": "ordered" if self.specs[subject].ordered else cfg.mode,
             "start": cfg.start,
         }
+        if self.specs[subject].ordered:
+            default = min(KEYS_PER_WORKER * cfg.concurrency, MAX_KEYS_IN_FLIGHT)
+            options["max_keys"] = cfg.ordered_keys or default
         if not carried:
             return await self.client.pull(subject, cfg.group, cfg.consumer_id, **options)
         # No long poll with acks on board: their answer (and slots) would wait for it. If
@@ -287,7 +297,7 @@ class Runner:
                 self.queue.put_nowait(lane)
 
     async def _run_lane(self, lane: Lane) -> None:
-        """Run a partition's messages one at a time until none is left; at a failure, give
+        """Run a key's messages one at a time until none is left; at a failure, give
         that message and the rest back in one nack. Once stopping, leave the rest on the
         lane: ``shutdown`` returns them after the pulls ended, so that none of our own
         pulls takes them again."""
@@ -302,7 +312,7 @@ class Runner:
             else:
                 self._log_failure(message, result)
                 await self._nack_lane(lane, message, result)
-        # The broker serves this partition's next batch only once the last one is acked.
+        # The broker serves this key's next message only once the last one is acked.
         self.acker.send_now()
 
     async def _nack_lane(self, lane: Lane, first: Message, result: Nack) -> None:

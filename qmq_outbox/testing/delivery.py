@@ -2,15 +2,18 @@
 
 The same rules as the broker (``docs/architecture.md`` section 3.2): due retries before new
 messages, an expired lease is a failed attempt, out of attempts means dead, redrive starts
-the count again; an ordered subject's partition is served one batch at a time, in seq
-order (section 3.6). Times are microseconds of the in-memory broker's clock.
+the count again; an ordered subject's partition is served in seq order per key
+(``qmq_wire.keyed``), or one batch at a time with ``max_keys`` 1 (section 3.6). Times are
+microseconds of the in-memory broker's clock.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Hashable
 
 from qmq_wire.delivery import RetryPolicy
+from qmq_wire.keyed import choose_keyed, first_of_each_key
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -48,6 +51,7 @@ class DeliveryState:
         self.retries: dict[int, Retry] = {}
         self.dead: dict[int, DeadLetter] = {}
         self.acked: set[int] = set()
+        self.skipped: set[int] = set()  # ordered: below the cursor, passed over, not leased
 
     def expire(self, *, now_us: int, policy: RetryPolicy) -> None:
         for seq, lease in sorted(self.leases.items()):
@@ -77,10 +81,34 @@ class DeliveryState:
         now_us: int,
         policy: RetryPolicy,
         hold_on_dead: bool,
+        max_keys: int = 1,
+        key_of: Callable[[int], Hashable] | None = None,
     ) -> list[tuple[int, int]]:
-        """An ordered partition's next batch, in seq order: nothing while a message is
+        """An ordered partition's next batch, in seq order. ``max_keys`` above 1 (or with
+        messages skipped): per key, as ``choose_keyed``. Else nothing while a message is
         leased (or, ``hold_on_dead``, while one is dead); its retries once due, the oldest
         one not due holding back everything after it; else new messages."""
+        if key_of is not None and (max_keys > 1 or self.skipped):
+            seqs, attempts = choose_keyed(
+                self,
+                key_of=key_of,
+                limit=limit,
+                max_keys=max_keys,
+                end=end_seq,
+                now_us=now_us,
+                block_dead=hold_on_dead,
+            )
+            for seq in seqs:
+                self.retries.pop(seq, None)
+                self.skipped.discard(seq)
+                if seq > self.cursor:
+                    self.skipped.update(range(self.cursor, seq))
+                self.cursor = max(self.cursor, seq + 1)
+            return self._hold(
+                list(zip(seqs, attempts, strict=True)),
+                consumer,
+                deadline_us=now_us + policy.ack_timeout_us,
+            )
         if self.leases or (hold_on_dead and self.dead):
             return []
         chosen: list[tuple[int, int]] = []
@@ -133,12 +161,20 @@ class DeliveryState:
         delay_us: int | None,
         error: str | None,
         policy: RetryPolicy,
+        key_of: Callable[[int], Hashable] | None = None,
     ) -> tuple[int, int]:
-        """Retry or bury the ones among ``seqs`` that ``consumer`` holds; (retrying, dead)."""
-        retrying = dead = 0
-        for seq in seqs:
-            if not self.holds(seq, consumer):
-                continue
+        """Retry or bury the ones among ``seqs`` that ``consumer`` holds; (retrying, dead).
+        With ``key_of`` (an ordered partition) only the first of each key counts an
+        attempt: the others are released as they were (``first_of_each_key``)."""
+        held = [seq for seq in seqs if self.holds(seq, consumer)]
+        released: list[int] = []
+        if key_of is not None:
+            held, released = first_of_each_key(held, key_of=key_of)
+        for seq in released:
+            lease = self.leases.pop(seq)
+            self.retries[seq] = Retry(lease.attempt - 1, now_us)
+        retrying, dead = len(released), 0
+        for seq in held:
             lease = self.leases.pop(seq)
             if lease.attempt >= policy.max_attempts:
                 self.dead[seq] = DeadLetter(lease.attempt, error, now_us)
@@ -157,12 +193,14 @@ class DeliveryState:
         return len(chosen)
 
     def reset(self, cursor: int) -> None:
-        """Read from ``cursor`` next: leases dropped, retries and dead letters at or after
-        it gone (their messages come again from there), those before it kept."""
+        """Read from ``cursor`` next: leases dropped, retries, dead letters and passed-over
+        seqs at or after it gone (their messages come again from there), those before it
+        kept."""
         self.cursor = cursor
         self.leases.clear()
         self.retries = {s: r for s, r in self.retries.items() if s < cursor}
         self.dead = {s: d for s, d in self.dead.items() if s < cursor}
+        self.skipped = {s for s in self.skipped if s < cursor}
 
     def next_due_us(self) -> int | None:
         """When a lease expires or a retry comes due next."""
@@ -187,7 +225,7 @@ class GroupState:
         return {
             "group": self.name,
             "mode": self.mode,
-            "backlog": sum(max(end_seq - s.cursor, 0) for s in owners),
+            "backlog": sum(max(end_seq - s.cursor, 0) + len(s.skipped) for s in owners),
             "in_flight": sum(len(s.leases) for s in owners),
             "retrying": sum(len(s.retries) for s in owners),
             "dead": sum(len(s.dead) for s in owners),

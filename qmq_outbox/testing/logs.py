@@ -84,6 +84,9 @@ class SubjectLog:
             )
         return 0
 
+    def key_of(self, seq: int) -> str | None:
+        return self.messages[seq].key
+
     def append(
         self,
         envelope: dict[str, Any],

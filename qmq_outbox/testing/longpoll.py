@@ -31,6 +31,7 @@ class LongPoll:
     acks: dict[str, Any]  # the answer to the acks the pull carried, merged into its answer
     min_messages: int = 1
     linger_until: float = 0.0  # time.monotonic(); fewer than min_messages are not served before
+    max_keys: int = 1  # ordered: a partition's keys with a message in flight at once
 
 
 class Leases(Protocol):

@@ -1,4 +1,5 @@
-"""Ordered pulls in memory: each partition in seq order, one batch at a time.
+"""Ordered pulls in memory: each partition in seq order, its keys side by side up to the
+pull's ``max_keys`` (``qmq_wire.keyed``, as the broker); with 1, one batch at a time.
 
 A group joins every partition at its first pull and consumes the partitions of the route
 version it has reached; it reaches the next once it finished every partition the change
@@ -7,6 +8,7 @@ closed (everything handled; dead letters too unless the subject blocks on them).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -49,7 +51,8 @@ class OrderedPulls:
             for _, log in routes.logs():
                 self.owner(log, name, at=start)
         deadline = time.monotonic() + pull["wait_ms"] / 1000
-        return LongPoll(subject, name, "", pull["consumer"], pull["max"], deadline, {})
+        poll = LongPoll(subject, name, "", pull["consumer"], pull["max"], deadline, {})
+        return dataclasses.replace(poll, max_keys=pull["max_keys"])
 
     def lease(
         self, poll: LongPoll, routes: OrderedSubject, now: int
@@ -70,6 +73,8 @@ class OrderedPulls:
                 now_us=now,
                 policy=policy,
                 hold_on_dead=routes.on_dead == "block",
+                max_keys=poll.max_keys,
+                key_of=stored.key_of,
             )
             served.extend(stored.messages[seq].to_json(attempt) for seq, attempt in chosen)
         return served
@@ -98,6 +103,7 @@ class OrderedPulls:
             owner.cursor >= self.state.log(log).end
             and not owner.leases
             and not owner.retries
+            and not owner.skipped
             and (routes.on_dead == "skip" or not owner.dead)
         )
 

@@ -129,8 +129,10 @@ class Pulls:
     def nack(self, doc: Any) -> dict[str, Any]:
         owner = self.state.owner(rules.NACK.check(doc))
         delay_ms = doc.get("delay_ms")
+        log = self.state.log_of(doc["subject"], doc.get("partition"))
         retrying, dead = owner.nack(
             list(dict.fromkeys(doc["seqs"])),
+            key_of=self.state.logs[log].key_of if doc["subject"] in self.state.ordered else None,
             consumer=doc["consumer"],
             now_us=self.state.now_us(),
             delay_us=delay_ms * 1000 if delay_ms is not None else None,

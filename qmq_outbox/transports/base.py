@@ -109,6 +109,7 @@ class PullClient(Protocol):
         wait_ms: int = ...,
         mode: PullMode = ...,
         start: Position = ...,
+        max_keys: int | None = ...,
     ) -> list[Message]: ...
 
     async def ack(
@@ -182,6 +183,7 @@ class LeasingConsumer(abc.ABC):
         wait_ms: int = 0,
         mode: PullMode = "shared",
         start: Position = "earliest",
+        max_keys: int | None = None,  # ordered subjects only, which these engines lack
     ) -> list[Message]:
         return await self._fetch(subject, max_messages, wait_ms, start)
 

@@ -227,20 +227,30 @@ def test_a_partition_is_served_in_order_one_batch_at_a_time(target: Target) -> N
     assert target.client.routes(subject)["groups"] == [{"group": "g", "version": 1}]
 
 
-def test_a_nack_brings_the_rest_of_the_batch_back_together_and_in_order(target: Target) -> None:
+@pytest.mark.parametrize("max_keys", [1, None])
+def test_a_nack_brings_the_rest_of_the_batch_back_together_and_in_order(
+    target: Target, max_keys: int | None
+) -> None:
+    """With one key: the retries come back together, an attempt counted for the first only
+    (the others never ran); per key (the default) the key's next new message may join
+    them, with ``max_keys`` 1 it waits for the next batch."""
     subject = declare(target, 1)
     publish(target, subject, [("k", n) for n in range(5)])
-    batch = target.client.pull(subject, "g", "c1", max_messages=4, mode="ordered")
+    keys = {"max_keys": max_keys, "mode": "ordered"}
+    batch = target.client.pull(subject, "g", "c1", max_messages=4, **keys)
     assert [m.seq for m in batch] == [0, 1, 2, 3]
     assert target.client.ack(subject, "g", "c1", [0], partition=0)["acked"] == 1
     nacked = target.client.nack(
         subject, "g", "c1", [1, 2, 3], delay_ms=0, error="handler failed", partition=0
     )
     assert nacked == {"retrying": 3, "dead": 0}
-    again = target.client.pull(subject, "g", "c1", max_messages=10, mode="ordered")
-    assert [(m.seq, m.attempt) for m in again] == [(1, 2), (2, 2), (3, 2)]
-    assert target.client.ack(subject, "g", "c1", [1, 2, 3], partition=0)["acked"] == 3
-    assert [m.seq for m in target.client.pull(subject, "g", "c1", mode="ordered")] == [4]
+    again = target.client.pull(subject, "g", "c1", max_messages=10, **keys)
+    retried = [(1, 2), (2, 1), (3, 1)]
+    assert [(m.seq, m.attempt) for m in again] == retried + ([(4, 1)] if max_keys is None else [])
+    acked = [m.seq for m in again]
+    assert target.client.ack(subject, "g", "c1", acked, partition=0)["acked"] == len(acked)
+    rest = [m.seq for m in target.client.pull(subject, "g", "c1", **keys)]
+    assert rest == ([] if max_keys is None else [4])
 
 
 def test_a_retry_not_due_holds_back_the_ones_after_it(target: Target) -> None:
@@ -271,12 +281,10 @@ def test_dead_letters_skip_or_block_the_partition(target: Target) -> None:
         assert dead[0]["message"]["partition"] == 0
         assert target.client.redrive(subject, "g", partition=0) == 1
         if on_dead == "block":
-            # the redriven one comes back alone (a retry), then the partition moves on
+            # the redriven one comes back (a retry), its key's next one behind it
             served = target.client.pull(subject, "g", "c1", max_messages=5, mode="ordered")
-            assert [(m.seq, m.attempt) for m in served] == [(0, 1)]
-            assert target.client.ack(subject, "g", "c1", [0], partition=0)["acked"] == 1
-            served = target.client.pull(subject, "g", "c1", max_messages=5, mode="ordered")
-            assert [(m.seq, m.attempt) for m in served] == [(1, 1)]
+            assert [(m.seq, m.attempt) for m in served] == [(0, 1), (1, 1)]
+            assert target.client.ack(subject, "g", "c1", [0, 1], partition=0)["acked"] == 2
 
 
 def test_ordered_calls_on_the_wrong_subject_or_without_a_partition(target: Target) -> None:

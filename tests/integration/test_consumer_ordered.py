@@ -151,26 +151,30 @@ def ordered_consumer(url: str, consumer_id: str, **kwargs: Any) -> Consumer:
 
 
 class Overlaps:
-    """Which partitions each consumer is running now: a partition must never run twice at
-    once in one consumer, and different partitions should run side by side."""
+    """Which keys each consumer is running now: a key must never run twice at once in one
+    consumer, while different keys, of one partition too, should run side by side."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._running: dict[str, set[int | None]] = defaultdict(set)
-        self.overlaps: list[tuple[str, int | None]] = []
+        self._running: dict[str, set[tuple[int | None, str | None]]] = defaultdict(set)
+        self.overlaps: list[tuple[str, int | None, str | None]] = []
         self.most_at_once = 0
+        self.most_of_one_partition = 0
 
     def enter(self, consumer: str, message: Message) -> None:
         with self._lock:
             running = self._running[consumer]
-            if message.partition in running:
-                self.overlaps.append((consumer, message.partition))
-            running.add(message.partition)
+            where = (message.partition, message.key)
+            if where in running:
+                self.overlaps.append((consumer, *where))
+            running.add(where)
             self.most_at_once = max(self.most_at_once, len(running))
+            alongside = sum(1 for partition, _ in running if partition == message.partition)
+            self.most_of_one_partition = max(self.most_of_one_partition, alongside)
 
     def leave(self, consumer: str, message: Message) -> None:
         with self._lock:
-            self._running[consumer].discard(message.partition)
+            self._running[consumer].discard((message.partition, message.key))
 
 
 def watched(consumer_id: str, overlaps: Overlaps, engine: Engine) -> Any:
@@ -181,7 +185,7 @@ def watched(consumer_id: str, overlaps: Overlaps, engine: Engine) -> Any:
         overlaps.enter(consumer_id, message)
         try:
             record(message, session)
-            time.sleep(0.001)  # long enough for partitions to overlap, if they may
+            time.sleep(0.001)  # long enough for keys to overlap, if they may
         finally:
             overlaps.leave(consumer_id, message)
 
@@ -219,6 +223,7 @@ def test_three_consumers_keep_each_keys_order(
     assert sorted(placed) == sorted(placed_later) == [0, 1, 2, 3]
     assert_in_order(engine, subject, keys, 40)
     assert overlaps.overlaps == []
+    assert overlaps.most_of_one_partition > 1  # one partition's keys ran side by side
     rows = ledger_rows(engine, subject)
     for row in rows:  # a key stays on the partition its logic partition maps to
         assert row.partition == logic_partition(row.key) * 4 // 1024
@@ -453,21 +458,21 @@ def test_async_ordered_handlers_keep_each_keys_order(
     keys = [f"a{i}" for i in range(10)]
     publish(client, subject, keys, range(20))
     seen: dict[str, list[int]] = defaultdict(list)
-    running_now: set[int | None] = set()
-    overlaps: list[int | None] = []
+    running_now: set[str | None] = set()
+    overlaps: list[str | None] = []
 
     async def main() -> None:
         consumer = ordered_consumer(ordered_broker.url, "async-1")
 
         @consumer.handler(subject, ordered=True)
         async def handle(message: Message) -> None:
-            if message.partition in running_now:
-                overlaps.append(message.partition)
-            running_now.add(message.partition)
+            if message.key in running_now:
+                overlaps.append(message.key)
+            running_now.add(message.key)
             await asyncio.sleep(0.001)
             body = message.json()
             seen[body["key"]].append(body["n"])
-            running_now.discard(message.partition)
+            running_now.discard(message.key)
 
         task = asyncio.create_task(consumer.run_async(install_signal_handlers=False))
         deadline = time.monotonic() + 60

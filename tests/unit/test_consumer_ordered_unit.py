@@ -6,6 +6,7 @@ batch in one nack) and when handlers run."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -66,6 +67,17 @@ def test_a_lane_is_scheduled_once_until_it_runs_dry() -> None:
     again = lanes.add(message(3, 3))
     assert again is not None
     assert again.scheduled
+
+
+def test_each_key_of_a_partition_has_a_lane_of_its_own_acked_as_the_partition() -> None:
+    lanes = Lanes()
+    a = lanes.add(message(0, 3))
+    b = lanes.add(dataclasses.replace(message(1, 3), key="other"))
+    assert a is not None
+    assert b is not None
+    assert a is not b  # both go to workers at once
+    assert a.key == b.key == f"{SUBJECT}#3"  # their acks name the partition
+    assert lanes.add(message(2, 3)) is None  # behind key k's running lane
 
 
 def test_take_all_empties_every_lane() -> None:
@@ -263,7 +275,7 @@ def test_a_failure_nacks_the_rest_of_its_partitions_batch_in_one_request(made: M
     consumer.add_handler(SUBJECT, fails_on_2, ordered=True)
     with running(consumer):
         wait_until(lambda: broker.acked_seqs(SUBJECT, GROUP, partition=0) == set(range(5)))
-    assert runs == [(0, 1), (1, 1), (2, 1), (2, 2), (3, 2), (4, 2)]
+    assert runs == [(0, 1), (1, 1), (2, 1), (2, 2), (3, 1), (4, 1)]  # 3, 4 never ran
     (nack,) = broker.received("nack")
     assert (nack["seqs"], nack["partition"], nack["delay_ms"]) == ([2, 3, 4], 0, 0)
     assert nack["error"] == "RetryLater: not yet"
@@ -347,3 +359,44 @@ def test_run_async_with_an_ordered_coroutine_handler(made: Made) -> None:
     assert seen == {key: list(range(10)) for key in keys}
     assert consumer.stats().acked == 40
     assert {a["partition"] for a in broker.received("ack")} == {0, 1, 2, 3}
+
+
+def test_one_partitions_keys_run_side_by_side_while_one_key_waits(made: Made) -> None:
+    """One partition, a handler of key "slow" that waits: every other key's messages are
+    handled meanwhile, each key in order; the slow key's next one only after it."""
+    broker = declared(1)
+    keys = [f"key-{i}" for i in range(10)]
+    publish(broker, [(key, n) for n in range(3) for key in ["slow", *keys]])
+    released = threading.Event()
+    seen: dict[str, list[int]] = {key: [] for key in ["slow", *keys]}
+    lock = threading.Lock()
+
+    def handle(message: Message) -> None:
+        body = message.json()
+        if body["key"] == "slow":
+            assert released.wait(10)
+        with lock:
+            seen[body["key"]].append(body["n"])
+
+    consumer = made.consumer(broker, concurrency=4)
+    consumer.add_handler(SUBJECT, handle, ordered=True)
+    with running(consumer):
+        wait_until(lambda: all(seen[key] == [0, 1, 2] for key in keys))
+        assert seen["slow"] == []
+        released.set()
+        wait_until(lambda: seen["slow"] == [0, 1, 2])
+    assert {p["max_keys"] for p in broker.received("pull")} == {8}  # 2 x concurrency
+
+
+def test_ordered_keys_is_sent_as_max_keys_and_checked(made: Made) -> None:
+    broker = declared(1)
+    publish(broker, [("a", 0), ("b", 0)])
+    consumer = made.consumer(broker, concurrency=4, ordered_keys=1)
+    seen: list[str] = []
+    consumer.add_handler(SUBJECT, lambda m: seen.append(m.json()["key"]), ordered=True)
+    with running(consumer):
+        wait_until(lambda: sorted(seen) == ["a", "b"])
+    assert {p["max_keys"] for p in broker.received("pull")} == {1}
+    for bad in (0, 1025):
+        with pytest.raises(ConfigurationError, match="ordered_keys"):
+            Consumer("http://unused", GROUP, ordered_keys=bad)

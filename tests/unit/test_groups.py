@@ -131,3 +131,15 @@ def test_a_reset_survives_a_snapshot_and_replays_the_same() -> None:
     encoded = records[-1].encode()
     assert ActionRecord.decode(encoded) == records[-1]
     assert encoded[0] == 7  # a record type old data never holds: no format version bump
+
+
+def test_a_reset_drops_the_passed_over_seqs_it_will_read_again() -> None:
+    records = [  # a keyed lease of 0 and 3 passes over 1 and 2
+        rec(ActionType.LEASE, [0, 3], 0, consumer="c", deadline=30, attempts=[1, 1]),
+        rec(ActionType.RESET, [], 9, cursor=2),
+    ]
+    state = DeliveryState(0)
+    state.apply(records[0])
+    assert state.skipped == {1, 2}
+    state.apply(records[1])
+    assert (state.cursor, state.skipped, state.leases) == (2, {1}, {})
