@@ -99,6 +99,12 @@ MAX_HEADERS: Final = 64
 MAX_HEADER_NAME: Final = 256
 MAX_HEADER_VALUE: Final = 8192
 MAX_PRODUCER: Final = 200
+MAX_TAGS: Final = 8
+"""Tags of one message, and of one group's filter: a handful, like a queue's tags."""
+MAX_TAG: Final = 64
+TAG_PATTERN: Final = r"^[A-Za-z0-9._:-]{1,64}$"
+"""A tag: 1 to ``MAX_TAG`` of ``A-Za-z0-9._:-`` (safe as a JetStream subject token, a
+RabbitMQ routing-key word and a header value; no comma, so a list joins with one)."""
 MAX_BODY_BYTES: Final = 1024 * 1024
 """The broker's default body limit (``--max-body``)."""
 MAX_PRODUCE_BATCH: Final = 1000

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
     BeforeValidator,
@@ -65,6 +66,32 @@ Seqs = Annotated[list[Seq], Field(min_length=rules.SEQS.low, max_length=rules.SE
 Partition = Annotated[
     int, _between(rules.PARTITION, "an ordered subject's partition"), _AS_JSON_INTEGER
 ]
+
+
+
+def _unique(values: list[str]) -> list[str]:
+    if len(set(values)) != len(values):
+        raise ValueError(rules.DUPLICATE_ITEMS)
+    return values
+
+
+def _tags(rule: rules.Items, description: str) -> Any:
+    """A list of distinct tags, from its rule (``uniqueItems`` in the document)."""
+    assert isinstance(rule.item, rules.Text)
+    return Annotated[
+        list[Annotated[str, _text(rule.item)]],
+        Field(
+            min_length=rule.low,
+            max_length=rule.high,
+            json_schema_extra={"uniqueItems": True},
+            description=description,
+        ),
+        AfterValidator(_unique),
+    ]
+
+
+Tags = _tags(rules.TAGS, "the message's tags, distinct; a group's filter matches on them")
+TagFilter = _tags(rules.TAG_FILTER, "a tag filter: messages with any of these tags")
 
 BASE64_PATTERN = rules.BASE64_PATTERN
 _OUT_OF_RANGE = r"^(?:0001-01-01T[^+]*\+(?!00:00)|9999-12-31T.*-(?!00:00)\d\d:\d\d$)"
@@ -124,6 +151,7 @@ class Envelope(_Strict):
             "(2 years by default) ahead (400 delay_too_long beyond)"
         ),
     )
+    tags: Tags = Field(default_factory=list)
 
 
 class ProduceRequest(_Strict):
@@ -168,6 +196,15 @@ class PullRequest(_Strict):
         _between(rules.WAIT_MS, "How long the pull may wait for min messages (within wait_ms)."),
         _AS_JSON_INTEGER,
     ] = _default(rules.PULL, "linger_ms")
+    tags: Annotated[
+        TagFilter | None,
+        Field(
+            description=(
+                "The group's tag filter (any of these), fixed by its first pull: a different "
+                "one is 409 tags_conflict until the group is reset. Not in ordered mode."
+            )
+        ),
+    ] = None
 
 
 class AckRequest(_Strict):
