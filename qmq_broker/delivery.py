@@ -105,6 +105,7 @@ class DeliveryService:
         ack: list[int] | None,
         min_messages: int = 1,
         linger_ms: int = 0,
+        tags: list[str] | None = None,
     ) -> tuple[list[PulledMessageJson], AckResult | None]:
         """Queue a pull in its group's actor and wait for the answer, acking ``ack`` (the
         consumer's previous batch, or None) in the same request.
@@ -118,12 +119,21 @@ class DeliveryService:
         the acks are as durable as ``ack`` makes them. A pull that fails later (e.g.
         ``deadline_exceeded``) has still applied its acks: sent again, they answer as
         ``unknown``. The ``AckResult`` is None when ``ack`` is.
+
+        ``tags``: the group's tag filter, fixed by the pull that creates the group (a
+        different one is ``tags_conflict``); not for ordered subjects.
         """
         self._lifecycle.require()
         if mode == "ordered" or self._ordered.ordered(subject):
+            if tags:
+                raise Conflict(
+                    code="tags_not_ordered",
+                    message="tag filters are for shared and broadcast groups, not ordered ones",
+                    field="tags",
+                )
             key, created = self._join_ordered(subject, group, consumer, mode, start, ack)
         else:
-            key, created = self._join(subject, group, consumer, mode, start)
+            key, created = self._join(subject, group, consumer, mode, start, tags)
         if created:
             # A group that starts at "latest" must not lose its start to a crash: messages
             # stored after this answer are the group's even if the broker dies now.
@@ -159,9 +169,14 @@ class DeliveryService:
         return self._pulls.measured_s
 
     def _join(
-        self, subject: str, group: str, consumer: str, mode: str, start: str
+        self, subject: str, group: str, consumer: str, mode: str, start: str, tags: list[str] | None
     ) -> tuple[str, bool]:
-        """The delivery-state key of a puller, and whether this pull created its state."""
+        """The delivery-state key of a puller, and whether this pull created its state.
+
+        The GROUP record that creates a group fixes its tag filter (``"tags"``, left out
+        when there is none); one on a group whose filter is not fixed (after a reset) fixes
+        it. Either way it is durable before the pull is answered.
+        """
         found = self._groups.get((subject, group))
         if found is not None and found.mode != mode:
             raise Conflict(
@@ -169,10 +184,22 @@ class DeliveryService:
                 message=f"group {group!r} on {subject!r} is in {found.mode} mode",
                 field="mode",
             )
+        wanted = tuple(sorted(tags or ()))
+        if found is not None and found.tags is not None and found.tags != wanted:
+            shown = list(found.tags) or "no filter"
+            raise Conflict(
+                code="tags_conflict",
+                message=f"group {group!r} on {subject!r} filters tags {shown}: reset it first",
+                field="tags",
+            )
         key = consumer if mode == "broadcast" else ""
-        if found is None or key not in found.states:
+        fixing = found is not None and found.tags is None
+        if found is None or key not in found.states or fixing:
             log = self._subjects.ensure(subject)
             cursor = log.end_seq if start == "latest" else log.first_seq
+            fields: dict[str, object] = {"mode": mode, "cursor": cursor}
+            if wanted or fixing:
+                fields["tags"] = list(wanted)
             self._actions.record(
                 action(
                     ActionType.GROUP,
@@ -180,7 +207,7 @@ class DeliveryService:
                     subject=subject,
                     group=group,
                     state=key,
-                    fields={"mode": mode, "cursor": cursor},
+                    fields=fields,
                 )
             )
             return key, True

@@ -5,7 +5,10 @@ replay from the action log, so a restart rebuilds exactly the state the broker h
 clock is passed in; nothing here does I/O.
 
 ``DeliveryState`` belongs to a whole group in shared mode, and to one consumer of the group
-in broadcast mode. Messages below the cursor that are not leased, retrying or dead are done.
+in broadcast mode. Messages below the cursor that are not leased, retrying or dead are done:
+acked, or skipped by the group's tag filter. A filter's skips ride on the LEASE record of
+the pull that made them (``skip_to``: the cursor moves there, ``filtered``: how many), so
+they need no record of their own and replay counts them once.
 """
 
 from __future__ import annotations
@@ -52,7 +55,16 @@ Policy = RetryPolicy  # the pulls import it by this name
 class DeliveryState:
     """Where one state owner (a shared group, or a broadcast consumer) stands in a subject."""
 
-    __slots__ = ("acked", "cursor", "dead", "lease_heap", "leases", "retries", "retry_heap")
+    __slots__ = (
+        "acked",
+        "cursor",
+        "dead",
+        "filtered",
+        "lease_heap",
+        "leases",
+        "retries",
+        "retry_heap",
+    )
 
     def __init__(self, cursor: int) -> None:
         self.cursor = cursor
@@ -60,6 +72,7 @@ class DeliveryState:
         self.retries: dict[int, RetryDue] = {}
         self.dead: dict[int, DeadLetter] = {}
         self.acked = 0
+        self.filtered = 0  # messages the group's tag filter skipped
         self.lease_heap: list[tuple[int, int]] = []  # (deadline, seq), stale entries skipped
         self.retry_heap: list[tuple[int, int]] = []  # (due, seq), stale entries skipped
 
@@ -199,6 +212,11 @@ class DeliveryState:
             heapq.heappush(self.lease_heap, (deadline, seq))
             if seq >= self.cursor:
                 self.cursor = seq + 1
+        # A tag filter's skips (absent from records without a filter, and older ones)
+        skip_to = record.fields.get("skip_to")
+        if skip_to is not None and int(skip_to) > self.cursor:
+            self.cursor = int(skip_to)
+        self.filtered += int(record.fields.get("filtered", 0))
 
     # --- snapshots ---------------------------------------------------------------------------
 
@@ -206,6 +224,7 @@ class DeliveryState:
         return {
             "cursor": self.cursor,
             "acked": self.acked,
+            "filtered": self.filtered,
             "leases": [[s, x.consumer, x.attempt, x.deadline_us] for s, x in self.leases.items()],
             "retries": [[s, r.attempts, r.due_us, r.error] for s, r in self.retries.items()],
             "dead": [[s, d.attempts, d.error, d.at_us] for s, d in self.dead.items()],
@@ -215,6 +234,7 @@ class DeliveryState:
     def restore(cls, doc: dict[str, Any]) -> DeliveryState:
         state = cls(int(doc["cursor"]))
         state.acked = int(doc["acked"])
+        state.filtered = int(doc.get("filtered", 0))  # absent from older checkpoints
         for seq, consumer, attempt, deadline in doc["leases"]:
             state.leases[seq] = Lease(consumer=consumer, attempt=attempt, deadline_us=deadline)
             state.lease_heap.append((deadline, seq))
@@ -237,16 +257,23 @@ class GroupStats:
     retrying: int
     dead: int
     acked: int
+    filtered: int
+    tags: list[str]
 
 
 @dataclasses.dataclass(slots=True)
 class Group:
-    """A consumer group on one subject: its mode and its delivery state(s)."""
+    """A consumer group on one subject: its mode, tag filter and delivery state(s).
+
+    ``tags``: the filter its first pull fixed (any of them; empty: every message), or None
+    when nothing has fixed one yet (a reset clears it so the next pull fixes it again).
+    """
 
     subject: str
     name: str
     mode: str  # "shared" | "broadcast"
     states: dict[str, DeliveryState] = dataclasses.field(default_factory=dict)
+    tags: tuple[str, ...] | None = ()
 
     def state_key(self, consumer: str) -> str:
         return consumer if self.mode == "broadcast" else SHARED_STATE
@@ -261,14 +288,28 @@ class Group:
             retrying=sum(len(s.retries) for s in states),
             dead=sum(len(s.dead) for s in states),
             acked=sum(s.acked for s in states),
+            filtered=sum(s.filtered for s in states),
+            tags=list(self.tags or ()),
         )
 
     def snapshot(self) -> dict[str, Any]:
-        return {"mode": self.mode, "states": {k: s.snapshot() for k, s in self.states.items()}}
+        doc: dict[str, Any] = {
+            "mode": self.mode,
+            "states": {k: s.snapshot() for k, s in self.states.items()},
+        }
+        if self.tags != ():
+            doc["tags"] = None if self.tags is None else list(self.tags)
+        return doc
 
     @classmethod
     def restore(cls, subject: str, name: str, doc: dict[str, Any]) -> Group:
-        group = cls(subject=subject, name=name, mode=str(doc["mode"]))
+        tags = doc.get("tags", ())  # absent: no filter (and every older checkpoint)
+        group = cls(
+            subject=subject,
+            name=name,
+            mode=str(doc["mode"]),
+            tags=None if tags is None else tuple(tags),
+        )
         for key, state in doc["states"].items():
             group.states[key] = DeliveryState.restore(state)
         return group
@@ -302,6 +343,8 @@ class GroupTable(Mapping[tuple[str, str], Group]):
                 group = self._groups[key] = Group(
                     subject=record.subject, name=record.group, mode=str(record.fields["mode"])
                 )
+            if "tags" in record.fields:  # fixes the filter (absent: none, or already fixed)
+                group.tags = tuple(record.fields["tags"])
             if record.state not in group.states:
                 group.states[record.state] = DeliveryState(int(record.fields["cursor"]))
             return

@@ -171,6 +171,7 @@ ERROR_STATUS: Final[dict[str, int]] = {
     "method_not_allowed": 405,
     # 409: the request contradicts existing state
     "mode_conflict": 409,
+    "tags_conflict": 409,  # a pull's tag filter is not the one its group fixed
     "subject_conflict": 409,
     "not_ordered": 409,
     "route_conflict": 409,
@@ -178,6 +179,7 @@ ERROR_STATUS: Final[dict[str, int]] = {
     "key_required": 409,
     "delay_not_ordered": 409,
     "partition_required": 409,
+    "tags_not_ordered": 409,  # a tag filter on an ordered subject's pull
     # 413: too large
     "request_too_large": 413,
     "body_too_large": 413,

@@ -161,6 +161,7 @@ class Api:
             ack=parsed.ack,
             min_messages=min(parsed.min, parsed.max),  # a larger min asks for a full batch
             linger_ms=parsed.linger_ms,
+            tags=parsed.tags,
         )
         answered = time.thread_time()
         if acked is None:

@@ -68,30 +68,34 @@ Partition = Annotated[
 ]
 
 
-
 def _unique(values: list[str]) -> list[str]:
     if len(set(values)) != len(values):
         raise ValueError(rules.DUPLICATE_ITEMS)
     return values
 
 
-def _tags(rule: rules.Items, description: str) -> Any:
-    """A list of distinct tags, from its rule (``uniqueItems`` in the document)."""
-    assert isinstance(rule.item, rules.Text)
-    return Annotated[
-        list[Annotated[str, _text(rule.item)]],
-        Field(
-            min_length=rule.low,
-            max_length=rule.high,
-            json_schema_extra={"uniqueItems": True},
-            description=description,
-        ),
-        AfterValidator(_unique),
-    ]
-
-
-Tags = _tags(rules.TAGS, "the message's tags, distinct; a group's filter matches on them")
-TagFilter = _tags(rules.TAG_FILTER, "a tag filter: messages with any of these tags")
+_TAG = Annotated[str, _text(rules.TAG)]
+_UNIQUE = {"uniqueItems": True}  # stated for the document; checked by ``_unique``
+Tags = Annotated[
+    list[_TAG],
+    Field(
+        min_length=rules.TAGS.low,
+        max_length=rules.TAGS.high,
+        json_schema_extra=_UNIQUE,
+        description="the message's tags, distinct; a group's tag filter matches on them",
+    ),
+    AfterValidator(_unique),
+]
+TagFilter = Annotated[
+    list[_TAG],
+    Field(
+        min_length=rules.TAG_FILTER.low,
+        max_length=rules.TAG_FILTER.high,
+        json_schema_extra=_UNIQUE,
+        description="a tag filter: messages with any of these tags",
+    ),
+    AfterValidator(_unique),
+]
 
 BASE64_PATTERN = rules.BASE64_PATTERN
 _OUT_OF_RANGE = r"^(?:0001-01-01T[^+]*\+(?!00:00)|9999-12-31T.*-(?!00:00)\d\d:\d\d$)"

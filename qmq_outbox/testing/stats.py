@@ -13,7 +13,7 @@ from qmq_wire import rules
 from qmq_wire.ordered import split_partition_log
 from qmq_wire.rules import Refused
 
-_GROUP_COUNTERS = ("backlog", "in_flight", "retrying", "dead", "acked")
+_GROUP_COUNTERS = ("backlog", "in_flight", "retrying", "dead", "acked", "filtered")
 
 
 class Stats:
