@@ -174,9 +174,8 @@ def _message_rows(
             if unreadable:
                 yield _region_row(broker, segment, item, len(MESSAGE_SCHEMA.fields))
             continue
-        offset, (seq, _, created, stored, deliver, log, id_, key, producer, headers, body, tags) = (
-            item
-        )
+        offset, fields = item
+        seq, _, created, stored, deliver, log, id_, key, producer, headers, body, _ = fields
         subject, partition = logs[log]
         yield (
             broker,
