@@ -132,6 +132,7 @@ def pull(
     start: StartAt = "earliest",
     min_messages: int = 1,
     linger_ms: int = 0,
+    tags: Sequence[str] | None = None,
 ) -> Call[list[Message]]:
     """Lease up to ``max_messages`` of ``subject`` for ``group``, long-polling ``wait_ms``.
 
@@ -139,11 +140,14 @@ def pull(
     consumer holds, each in seq order; a partition's next batch comes once this one is
     acked. ``min_messages``/``linger_ms``: during the first ``linger_ms`` (within ``wait_ms``) the
     broker answers only with at least ``min_messages``: fewer, fuller pulls for some
-    latency.
+    latency. ``tags``: the group's tag filter (any of them), fixed by the group's first pull
+    (another one is ``BrokerRejected`` 409 ``tags_conflict``); the broker skips the rest
+    for the group without a lease. Not for ordered subjects.
     """
     doc = _pull_doc(
-        subject, group, consumer, max_messages, wait_ms, mode, start, min_messages, linger_ms
-    )
+        subject, group, consumer, max_messages, wait_ms, mode, start, min_messages, linger_ms,
+        tags,
+    )  # fmt: skip
     timeout = DEFAULT_TIMEOUT + wait_ms / 1000
     return _post("/v1/pull", doc, _messages, timeout=timeout)
 
@@ -158,6 +162,7 @@ def _pull_doc(
     start: StartAt,
     min_messages: int,
     linger_ms: int,
+    tags: Sequence[str] | None,
 ) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "subject": subject,
@@ -170,6 +175,8 @@ def _pull_doc(
     }
     if min_messages != 1 or linger_ms:
         doc["min"], doc["linger_ms"] = min_messages, linger_ms
+    if tags:
+        doc["tags"] = list(tags)
     return doc
 
 
@@ -199,16 +206,18 @@ def ack_and_pull(
     start: StartAt = "earliest",
     min_messages: int = 1,
     linger_ms: int = 0,
+    tags: Sequence[str] | None = None,
 ) -> Call[AckedPull]:
     """Ack ``ack`` (1..1000 seqs, e.g. the previous batch) and ``pull`` in one request.
 
     The acks are as durable when this answers as ``ack`` makes them. If it fails after the
     broker applied them, sending them again answers them as ``unknown``. Not for ordered
-    subjects: their acks name a partition, so they go by ``ack``.
+    subjects: their acks name a partition, so they go by ``ack``. ``tags`` as for ``pull``.
     """
     doc = _pull_doc(
-        subject, group, consumer, max_messages, wait_ms, mode, start, min_messages, linger_ms
-    )
+        subject, group, consumer, max_messages, wait_ms, mode, start, min_messages, linger_ms,
+        tags,
+    )  # fmt: skip
     doc["ack"] = list(ack)
     timeout = DEFAULT_TIMEOUT + wait_ms / 1000
     return _post("/v1/pull", doc, _acked_pull, timeout=timeout)
