@@ -64,6 +64,7 @@ from qmq_outbox.envelope import Message
 from qmq_outbox.errors import BrokerError, BrokerUnavailable
 from qmq_outbox.failure_log import client_url, delivery, describe
 from qmq_wire.ordered import split_partition_log
+from qmq_wire.rules import tags_match
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -83,9 +84,11 @@ class Runner:
         client: PullClient,
         counters: Counters,
         stop: asyncio.Event,
+        tag_filter: bool = False,
     ) -> None:
         self.config = config
         self.specs = specs
+        self.tag_filter = tag_filter  # the transport filters by tags on pull
         self.client = client
         self.counters = counters
         self.stop = stop
@@ -190,8 +193,14 @@ class Runner:
             if ordered:
                 self._to_lanes(messages)
             else:
+                wanted = self.specs[subject].tags
                 for message in messages:
-                    self.queue.put_nowait(message)
+                    if wanted and not tags_match(message.tags, wanted):
+                        # A transport that cannot filter (JetStream, RabbitMQ): acked unrun.
+                        self.counters.add("filtered")
+                        self.acker.add(message.subject, message.seq)
+                    else:
+                        self.queue.put_nowait(message)
             want = next_want(last_pulled=len(messages), max_batch=max_batch)
             busy = bool(messages)
 
@@ -219,6 +228,8 @@ class Runner:
             "mode": "ordered" if self.specs[subject].ordered else cfg.mode,
             "start": cfg.start,
         }
+        if self.specs[subject].tags and self.tag_filter:
+            options["tags"] = list(self.specs[subject].tags)
         if not carried:
             return await self.client.pull(subject, cfg.group, cfg.consumer_id, **options)
         # No long poll with acks on board: their answer (and slots) would wait for it. If
