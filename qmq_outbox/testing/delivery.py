@@ -195,12 +195,12 @@ class DeliveryState:
 @dataclasses.dataclass(slots=True)
 class GroupState:
     """A consumer group on one log: its mode, its tag filter (fixed by its first pull; empty:
-    none) and its state owners (by ``owner_key``)."""
+    none; None: not fixed, after a reset) and its state owners (by ``owner_key``)."""
 
     name: str
     mode: str
     owners: dict[str, DeliveryState] = dataclasses.field(default_factory=dict)
-    tags: tuple[str, ...] = ()
+    tags: tuple[str, ...] | None = ()
 
     def owner_key(self, consumer: str) -> str:
         return consumer if self.mode == "broadcast" else ""
@@ -216,5 +216,5 @@ class GroupState:
             "dead": sum(len(s.dead) for s in owners),
             "acked": sum(len(s.acked) for s in owners),
             "filtered": sum(s.filtered for s in owners),
-            "tags": list(self.tags),
+            "tags": list(self.tags or ()),
         }

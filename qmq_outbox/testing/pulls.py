@@ -41,12 +41,14 @@ class Pulls:
                 message = f"group {name!r} on {subject!r} is in {group.mode} mode"
                 raise Refused("mode_conflict", message, "mode")
             wanted = tuple(sorted(pull["tags"] or ()))
-            if group is not None and group.tags != wanted:
+            if group is not None and group.tags is not None and group.tags != wanted:
                 shown = list(group.tags) or "no filter"
                 message = f"group {name!r} on {subject!r} filters tags {shown}: reset it first"
                 raise Refused("tags_conflict", message, "tags")
             if group is None:
                 group = self.state.groups[(subject, name)] = GroupState(name, mode, tags=wanted)
+            elif group.tags is None:  # a reset cleared it: this pull fixes it again
+                group.tags = wanted
             owner = group.owner_key(consumer)
             if owner not in group.owners:
                 end = self.state.log(subject).end

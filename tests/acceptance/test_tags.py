@@ -8,6 +8,7 @@ kill -9; a changed filter is 409; bad tags are 400 naming the field.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -210,10 +211,12 @@ def test_bad_tag_filters_on_pull_are_400_naming_the_field(
 
 
 def test_delayed_and_ordered_messages_keep_their_tags(http: httpx.Client) -> None:
-    soon = "2000-01-01T00:00:00Z"  # in the past: stored now, through the delayed path's rules
+    soon = (datetime.now(UTC) + timedelta(seconds=1)).isoformat()
     later = {"id": "d", "subject": "orders", "body": "b", "tags": ["late"], "deliver_at": soon}
-    assert post(http, "/v1/messages", {"messages": [later]}).status_code == 200
-    served = pull(http, "late", ["late"]).json()["messages"]
+    answer = post(http, "/v1/messages", {"messages": [later]})
+    assert answer.json()["results"][0]["status"] == "scheduled"  # kept in the schedule log
+    doc = {"subject": "orders", "group": "late", "consumer": "c", "tags": ["late"]}
+    served = post(http, "/v1/pull", {**doc, "wait_ms": 10_000}).json()["messages"]
     assert [(m["id"], m["tags"]) for m in served] == [("d", ["late"])]
 
     assert http.put("/v1/subjects/ledger", json={"ordered": True}).status_code in (200, 201)
