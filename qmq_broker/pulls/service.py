@@ -304,8 +304,9 @@ class PullService:
             # not enough for its min yet: skip only what lies before the first match
             self._skip(request, start, matches[0] if matches else end, matches, unreadable, now)
             return LINGER
-        taken = matches[: request.max_messages - len(seqs)]
-        skip_to = taken[-1] + 1 if len(taken) < len(matches) else end
+        taken = matches[: max(request.max_messages - len(seqs), 0)]
+        # past what was looked at, or up to the first match left for the next pull
+        skip_to = matches[len(taken)] if len(taken) < len(matches) else end
         if not seqs and not taken:
             self._skip(request, start, skip_to, taken, unreadable, now)
             return None
@@ -323,8 +324,10 @@ class PullService:
             "deadline": deadline,
             "attempts": attempts,
         }
+        if skip_to > (taken[-1] + 1 if taken else start):  # past skipped or unreadable seqs
+            fields["skip_to"] = skip_to
         if filtered:
-            fields["skip_to"], fields["filtered"] = skip_to, filtered
+            fields["filtered"] = filtered
         self._record(_action(ActionType.LEASE, now, request, seqs, fields), relaxed=True)
         self._metrics.filtered.inc(filtered)
         return Batch(

@@ -232,3 +232,28 @@ def test_delayed_and_ordered_messages_keep_their_tags(http: httpx.Client) -> Non
         "message": refused.json()["error"]["message"],
         "field": "tags",
     }
+
+
+def test_an_unreadable_record_under_a_filter_goes_dead_once_and_is_passed(
+    broker: BrokerProcess, http: httpx.Client
+) -> None:
+    messages = [
+        {"id": f"m-{i}", "subject": "orders", "body": f"payload-{i}", "tags": ["red"]}
+        for i in range(4)
+    ]
+    assert post(http, "/v1/messages", {"messages": messages}).status_code == 200
+    assert broker.terminate() == 0
+    segment = sorted((broker.data_dir / "messages").iterdir())[-1]
+    data = bytearray(segment.read_bytes())
+    data[data.find(b"payload-3")] ^= 0xFF  # the last one: nothing after it to lease
+    segment.write_bytes(bytes(data))
+    broker.start()
+
+    served = pull(http, "reds", ["red"]).json()["messages"]
+    assert [m["seq"] for m in served] == [0, 1, 2]
+    for _ in range(3):  # looked at again and again: buried once, the cursor past it
+        assert pull(http, "reds", ["red"]).json()["messages"] == []
+    dead = http.get("/v1/subjects/orders/groups/reds/dead").json()["dead"]
+    assert [(d["seq"], d["error"]) for d in dead] == [(3, "unreadable record")]
+    stats = group_stats(http, "reds")
+    assert (stats["dead"], stats["backlog"], stats["filtered"]) == (1, 0, 0)

@@ -69,14 +69,19 @@ def test_a_broadcast_group_filters_for_each_consumer(target: Target) -> None:
     assert target.client.subject(subject)["groups"][0]["filtered"] == 12
 
 
-def test_a_nack_retries_a_match_and_the_filter_stays(target: Target) -> None:
+def test_retries_come_first_and_the_filter_stays(target: Target) -> None:
     subject = target.subject()
-    produce(target, subject, 8)
-    (first, second) = target.client.pull(subject, "g", "c1", tags=["gold"])
-    target.client.nack(subject, "g", "c1", [first.seq], delay_ms=0)
-    again = target.client.pull(subject, "g", "c1", tags=["gold"])
-    assert [(m.id, m.attempt) for m in again] == [("id-3", 2)]
-    assert second.id == "id-7"
+    produce(target, subject, 12)  # reds: 0, 4, 8
+    first = target.client.pull(subject, "g", "c1", max_messages=2, tags=["red"])
+    assert [(m.id, m.attempt) for m in first] == [("id-0", 1), ("id-4", 1)]
+    target.client.nack(subject, "g", "c1", [m.seq for m in first], delay_ms=0)
+    # the retries fill the pull: the next match waits for the one after
+    again = target.client.pull(subject, "g", "c1", max_messages=2, tags=["red"])
+    assert [(m.id, m.attempt) for m in again] == [("id-0", 2), ("id-4", 2)]
+    last = target.client.pull(subject, "g", "c1", max_messages=2, tags=["red"])
+    assert [(m.id, m.attempt) for m in last] == [("id-8", 1)]
+    (stats,) = target.client.subject(subject)["groups"]
+    assert (stats["filtered"], stats["in_flight"], stats["backlog"]) == (9, 3, 0)
 
 
 def test_a_changed_filter_is_409_naming_tags(target: Target) -> None:
