@@ -54,11 +54,20 @@ class _Linger:
 
 LINGER = _Linger()
 
+
+class _More:
+    """What ``_decide_filtered`` returns when its looks ran out before a match or the end:
+    the pull goes on after other groups had their turn (``SCAN_LOOKS``)."""
+
+
+MORE = _More()
+
 # How often a pull waiting for read-ahead records looks again: soon (an SSD delivers in
 # well under a millisecond), then less and less often.
 FIRST_LOOK_S = 0.0005
 LONGEST_LOOK_S = 0.008
 SCAN_WINDOW = 512  # records a filtered group reads per look ahead of its cursor
+SCAN_LOOKS = 64  # looks one decision may take before it yields to other groups
 
 
 class PullService:
@@ -118,7 +127,9 @@ class PullService:
                     began = time.thread_time()
                 else:
                     batch = self._decide(request, state)
-                if isinstance(batch, _Linger):
+                if isinstance(batch, _More):  # looked far without a match: on in a moment
+                    outcomes[index] = PullOutcome(None, wake_at=self._clock.now())
+                elif isinstance(batch, _Linger):
                     # fewer than its min: back when the linger ends, or with new data
                     wake_at = min(self._wake_at(state) or math.inf, request.linger_until)
                     outcomes[index] = PullOutcome(None, wake_at=wake_at, lingering=True)
@@ -226,16 +237,18 @@ class PullService:
 
     async def _decide_filtered(
         self, request: QueuedPull, state: DeliveryState, wanted: tuple[str, ...]
-    ) -> tuple[Batch | _Linger | None, float]:
+    ) -> tuple[Batch | _Linger | _More | None, float]:
         """``_decide`` for a group with a tag filter, and the CPU seconds its scans took.
 
         Windows of records from the cursor are read until one holds a match or the end of
-        the subject is reached; the decision after each read has no await, and starts
-        over when the cursor moved meanwhile (retention, a reset).
+        the subject is reached, at most ``SCAN_LOOKS`` of them (then ``MORE``: the pull is
+        parked and resumed at once, so one group's long run of skipped messages does not
+        hold a worker); the decision after each read has no await, and starts over when
+        the cursor moved meanwhile (retention, a reset).
         """
         log = self._subjects[request.subject]
         work = 0.0
-        while True:
+        for _ in range(SCAN_LOOKS):
             state.skip_below(log.first_seq)
             start = state.cursor
             end = min(log.end_seq, start + SCAN_WINDOW)
@@ -250,6 +263,7 @@ class PullService:
             if decided is not None or end >= log.end_seq:
                 return decided, work
             await asyncio.sleep(0)  # a long run of skipped messages: let the loop breathe
+        return MORE, work
 
     async def _scan(
         self,

@@ -257,3 +257,26 @@ def test_an_unreadable_record_under_a_filter_goes_dead_once_and_is_passed(
     assert [(d["seq"], d["error"]) for d in dead] == [(3, "unreadable record")]
     stats = group_stats(http, "reds")
     assert (stats["dead"], stats["backlog"], stats["filtered"]) == (1, 0, 0)
+
+
+def test_a_long_run_of_skipped_messages_is_crossed_in_turns(
+    broker: BrokerProcess, http: httpx.Client
+) -> None:
+    """Past ``SCAN_LOOKS`` looks without a match a pull yields and goes on at once: 40,000
+    skipped messages, then the one that matches, reached within one long poll."""
+    for batch in range(40):
+        messages = [
+            {"id": f"m-{batch}-{i}", "subject": "orders", "body": "x", "tags": ["noise"]}
+            for i in range(1000)
+        ]
+        assert post(http, "/v1/messages", {"messages": messages}).status_code == 200
+    wanted = {"id": "signal", "subject": "orders", "body": "x", "tags": ["signal"]}
+    assert post(http, "/v1/messages", {"messages": [wanted]}).status_code == 200
+
+    doc = {"subject": "orders", "group": "g", "consumer": "c", "tags": ["signal"]}
+    first = post(http, "/v1/pull", doc).json()["messages"]  # no wait: what one turn found
+    assert first == []
+    assert 0 < group_stats(http, "g")["filtered"] < 40_000
+    served = post(http, "/v1/pull", {**doc, "wait_ms": 20_000}).json()["messages"]
+    assert [m["id"] for m in served] == ["signal"]
+    assert group_stats(http, "g")["filtered"] == 40_000
