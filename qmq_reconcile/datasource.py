@@ -77,7 +77,8 @@ MESSAGE_SCHEMA = StructType(
 
 # One row per (action record, seq); a record without seqs (e.g. ``group``) gives one row
 # with a null seq. ``start_seq`` is a ``group`` record's start cursor (its first seq), and
-# ``tags`` the tag filter it fixes (null: none, or a record of another type).
+# ``tags`` the tag filter it fixes (``[]``: none, fixed after a reset; null: it fixes
+# nothing, or a record of another type).
 # ``subject`` and ``partition`` as in ``MESSAGE_SCHEMA``: a group's state on partition p
 # of an ordered subject is kept per partition, and its seqs are that partition's.
 ACTION_SCHEMA = StructType(
@@ -148,9 +149,10 @@ def _start_seq(record: ActionRecord) -> int | None:
 
 
 def _tag_filter(record: ActionRecord) -> list[str] | None:
-    """The tag filter a ``group`` record fixes (``qmq_broker.delivery``), if any."""
+    """The tag filter a ``group`` record fixes (``qmq_broker.delivery``): ``[]`` for none
+    (after a reset); None when it fixes nothing (absent, or another record type)."""
     tags = record.fields.get("tags") if record.type is ActionType.GROUP else None
-    return [str(tag) for tag in tags] if isinstance(tags, list) and tags else None
+    return [str(tag) for tag in tags] if isinstance(tags, list) else None
 
 
 def _batches(

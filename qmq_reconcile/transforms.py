@@ -323,7 +323,8 @@ def _event_code(type_: Column, at: Column) -> Column:
 def owners(actions: DataFrame) -> DataFrame:
     """Every state owner (``broker, subject, partition, group, state``) with its ``owner``
     key (``owner_key``), ``start_seq``: its ``group`` record's start cursor, else 0, and
-    ``tag_filter``: the tags its latest ``group`` record with a filter fixed (null: none)."""
+    ``tag_filter``: the tags its latest ``group`` record with a filter fixed (null or
+    empty: none)."""
     start = F.min(F.when(F.col("type") == "group", F.col("start_seq")))
     fixed = F.when((F.col("type") == "group") & F.col("tags").isNotNull(), F.col("at"))
     return actions.groupBy(*_OWNER).agg(
@@ -355,7 +356,7 @@ def _stored_for_owners(messages: DataFrame, found: DataFrame) -> DataFrame:
     tag_filter = F.col("o.tag_filter")
     tags = F.coalesce(F.col("m.tags"), F.array().cast("array<string>"))
     filtered = F.coalesce(
-        tag_filter.isNotNull() & ~F.arrays_overlap(tags, tag_filter), F.lit(False)
+        (F.size(tag_filter) > 0) & ~F.arrays_overlap(tags, tag_filter), F.lit(False)
     )
     return stored.join(owner, same_log).select(
         "o.owner",

@@ -36,11 +36,14 @@ def test_a_filtered_message_is_settled_for_the_group_that_skipped_it(spark: Spar
             {"type": "ack", "group": "reds", "seq": 0},
             {"type": "group", "group": "vips", "start_seq": 0, "tags": ["vip", "gold"]},
             {"type": "group", "group": "all", "start_seq": 0},
+            # a filter a reset cleared: the later record fixes "none"
+            {"type": "group", "group": "was-red", "start_seq": 0, "tags": ["red"]},
+            {"type": "group", "group": "was-red", "start_seq": 0, "tags": [], "at": NOW},
         ],
     )
     rows = group_stats(messages, acts, now=NOW, ack_threshold=timedelta(0)).collect()
     got = {r["group"]: (r["acked"], r["unacked_past_threshold"]) for r in rows}
-    assert got == {"reds": (1, 1), "vips": (0, 1), "all": (0, 4)}
+    assert got == {"reds": (1, 1), "vips": (0, 1), "all": (0, 4), "was-red": (0, 4)}
 
 
 def test_group_stats_from_a_real_brokers_files_settle_the_filtered(
