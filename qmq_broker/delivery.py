@@ -108,6 +108,7 @@ class DeliveryService:
         min_messages: int = 1,
         linger_ms: int = 0,
         max_keys: int = DEFAULT_KEYS_IN_FLIGHT,
+        tags: list[str] | None = None,
     ) -> tuple[list[PulledMessageJson], AckResult | None]:
         """Queue a pull in its group's actor and wait for the answer, acking ``ack`` (the
         consumer's previous batch, or None) in the same request.
@@ -125,14 +126,23 @@ class DeliveryService:
         the acks are as durable as ``ack`` makes them. A pull that fails later (e.g.
         ``deadline_exceeded``) has still applied its acks: sent again, they answer as
         ``unknown``. The ``AckResult`` is None when ``ack`` is.
+
+        ``tags``: the group's tag filter, fixed by the pull that creates the group (a
+        different one is ``tags_conflict``); not for ordered subjects.
         """
         self._lifecycle.require()
         if isinstance(start, str):  # "earliest" or "latest"
             start = Position(kind=start)
         if mode == "ordered" or self._ordered.ordered(subject):
+            if tags:
+                raise Conflict(
+                    code="tags_not_ordered",
+                    message="tag filters are for shared and broadcast groups, not ordered ones",
+                    field="tags",
+                )
             key, created = self._join_ordered(subject, group, consumer, mode, start, ack)
         else:
-            key, created = self._join(subject, group, consumer, mode, start)
+            key, created = self._join(subject, group, consumer, mode, start, tags)
         if created:
             # A group that starts at "latest" must not lose its start to a crash: messages
             # stored after this answer are the group's even if the broker dies now.
@@ -169,9 +179,20 @@ class DeliveryService:
         return self._pulls.measured_s
 
     def _join(
-        self, subject: str, group: str, consumer: str, mode: str, start: Position
+        self,
+        subject: str,
+        group: str,
+        consumer: str,
+        mode: str,
+        start: Position,
+        tags: list[str] | None,
     ) -> tuple[str, bool]:
-        """The delivery-state key of a puller, and whether this pull created its state."""
+        """The delivery-state key of a puller, and whether this pull created its state.
+
+        The GROUP record that creates a group fixes its tag filter (``"tags"``, left out
+        when there is none); one on a group whose filter is not fixed (after a reset) fixes
+        it. Either way it is durable before the pull is answered.
+        """
         found = self._groups.get((subject, group))
         if found is not None and found.mode != mode:
             raise Conflict(
@@ -179,10 +200,22 @@ class DeliveryService:
                 message=f"group {group!r} on {subject!r} is in {found.mode} mode",
                 field="mode",
             )
+        wanted = tuple(sorted(tags or ()))
+        if found is not None and found.tags is not None and found.tags != wanted:
+            shown = list(found.tags) or "no filter"
+            raise Conflict(
+                code="tags_conflict",
+                message=f"group {group!r} on {subject!r} filters tags {shown}: reset it first",
+                field="tags",
+            )
         key = consumer if mode == "broadcast" else ""
-        if found is None or key not in found.states:
+        fixing = found is not None and found.tags is None
+        if found is None or key not in found.states or fixing:
             log = self._subjects.ensure(subject)
             cursor = log.seq_at(start)
+            fields: dict[str, object] = {"mode": mode, "cursor": cursor}
+            if wanted or fixing:
+                fields["tags"] = list(wanted)
             self._actions.record(
                 action(
                     ActionType.GROUP,
@@ -190,7 +223,7 @@ class DeliveryService:
                     subject=subject,
                     group=group,
                     state=key,
-                    fields={"mode": mode, "cursor": cursor},
+                    fields=fields,
                 )
             )
             return key, True

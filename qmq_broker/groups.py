@@ -6,9 +6,12 @@ clock is passed in; nothing here does I/O.
 
 ``DeliveryState`` belongs to a whole group in shared mode, and to one consumer of the group
 in broadcast mode. Messages below the cursor that are not leased, retrying, dead or skipped
-are done. ``skipped``: seqs below the cursor never leased, the gaps a LEASE of later seqs
-leaves (an ordered partition serves past the messages of keys that have one in flight);
-shared and broadcast pulls lease from the cursor on, so their states never have any.
+are done: acked, or passed by the group's tag filter. ``skipped``: seqs below the cursor
+never leased, the gaps a LEASE of later seqs leaves (an ordered partition serves past the
+messages of keys that have one in flight); shared and broadcast pulls lease from the cursor
+on, so their states never have any. A filter's skips ride on the LEASE record of the pull
+that made them (``skip_to``: the cursor moves there, ``filtered``: how many), so they need
+no record of their own and replay counts them once.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ class DeliveryState:
         "acked",
         "cursor",
         "dead",
+        "filtered",
         "lease_heap",
         "leases",
         "retries",
@@ -72,6 +76,7 @@ class DeliveryState:
         self.retries: dict[int, RetryDue] = {}
         self.dead: dict[int, DeadLetter] = {}
         self.acked = 0
+        self.filtered = 0  # messages the group's tag filter skipped
         self.lease_heap: list[tuple[int, int]] = []  # (deadline, seq), stale entries skipped
         self.retry_heap: list[tuple[int, int]] = []  # (due, seq), stale entries skipped
         self.skipped: set[int] = set()  # below the cursor, never leased (see the module doc)
@@ -228,15 +233,23 @@ class DeliveryState:
         consumer = str(record.fields["consumer"])
         deadline = int(record.fields["deadline"])
         attempts = record.fields["attempts"]
+        # a filtered pull's gaps are done (filtered, or dead if unreadable); an ordered one's
+        # are passed over (the tag filters are not for ordered subjects)
+        filtering = "filtered" in record.fields or "skip_to" in record.fields
         for seq, attempt in zip(record.seqs, attempts, strict=True):
             self.retries.pop(seq, None)
             self.skipped.discard(seq)
             self.leases[seq] = Lease(consumer=consumer, attempt=int(attempt), deadline_us=deadline)
             heapq.heappush(self.lease_heap, (deadline, seq))
-            if seq > self.cursor:
-                self.skipped.update(range(self.cursor, seq))  # leased past: not done
+            if seq > self.cursor and not filtering:
+                self.skipped.update(s for s in range(self.cursor, seq) if s not in self.dead)
             if seq >= self.cursor:
                 self.cursor = seq + 1
+        # A tag filter's skips (absent from records without a filter, and older ones)
+        skip_to = record.fields.get("skip_to")
+        if skip_to is not None and int(skip_to) > self.cursor:
+            self.cursor = int(skip_to)
+        self.filtered += int(record.fields.get("filtered", 0))
 
     # --- snapshots ---------------------------------------------------------------------------
 
@@ -244,6 +257,7 @@ class DeliveryState:
         return {
             "cursor": self.cursor,
             "acked": self.acked,
+            "filtered": self.filtered,
             "leases": [[s, x.consumer, x.attempt, x.deadline_us] for s, x in self.leases.items()],
             "retries": [[s, r.attempts, r.due_us, r.error] for s, r in self.retries.items()],
             "dead": [[s, d.attempts, d.error, d.at_us] for s, d in self.dead.items()],
@@ -254,6 +268,7 @@ class DeliveryState:
     def restore(cls, doc: dict[str, Any]) -> DeliveryState:
         state = cls(int(doc["cursor"]))
         state.acked = int(doc["acked"])
+        state.filtered = int(doc.get("filtered", 0))  # absent from older checkpoints
         for seq, consumer, attempt, deadline in doc["leases"]:
             state.leases[seq] = Lease(consumer=consumer, attempt=attempt, deadline_us=deadline)
             state.lease_heap.append((deadline, seq))
@@ -277,16 +292,23 @@ class GroupStats:
     retrying: int
     dead: int
     acked: int
+    filtered: int
+    tags: list[str]
 
 
 @dataclasses.dataclass(slots=True)
 class Group:
-    """A consumer group on one subject: its mode and its delivery state(s)."""
+    """A consumer group on one subject: its mode, tag filter and delivery state(s).
+
+    ``tags``: the filter its first pull fixed (any of them; empty: every message), or None
+    when nothing has fixed one yet (a reset clears it so the next pull fixes it again).
+    """
 
     subject: str
     name: str
     mode: str  # "shared" | "broadcast"
     states: dict[str, DeliveryState] = dataclasses.field(default_factory=dict)
+    tags: tuple[str, ...] | None = ()
 
     def state_key(self, consumer: str) -> str:
         return consumer if self.mode == "broadcast" else SHARED_STATE
@@ -301,14 +323,28 @@ class Group:
             retrying=sum(len(s.retries) for s in states),
             dead=sum(len(s.dead) for s in states),
             acked=sum(s.acked for s in states),
+            filtered=sum(s.filtered for s in states),
+            tags=list(self.tags or ()),
         )
 
     def snapshot(self) -> dict[str, Any]:
-        return {"mode": self.mode, "states": {k: s.snapshot() for k, s in self.states.items()}}
+        doc: dict[str, Any] = {
+            "mode": self.mode,
+            "states": {k: s.snapshot() for k, s in self.states.items()},
+        }
+        if self.tags != ():
+            doc["tags"] = None if self.tags is None else list(self.tags)
+        return doc
 
     @classmethod
     def restore(cls, subject: str, name: str, doc: dict[str, Any]) -> Group:
-        group = cls(subject=subject, name=name, mode=str(doc["mode"]))
+        tags = doc.get("tags", ())  # absent: no filter (and every older checkpoint)
+        group = cls(
+            subject=subject,
+            name=name,
+            mode=str(doc["mode"]),
+            tags=None if tags is None else tuple(tags),
+        )
         for key, state in doc["states"].items():
             group.states[key] = DeliveryState.restore(state)
         return group
@@ -342,11 +378,15 @@ class GroupTable(Mapping[tuple[str, str], Group]):
                 group = self._groups[key] = Group(
                     subject=record.subject, name=record.group, mode=str(record.fields["mode"])
                 )
+            if "tags" in record.fields:  # fixes the filter (absent: none, or already fixed)
+                group.tags = tuple(record.fields["tags"])
             if record.state not in group.states:
                 group.states[record.state] = DeliveryState(int(record.fields["cursor"]))
             return
         if group is None:
             return
+        if record.type is ActionType.RESET:
+            group.tags = None  # a reset frees the tag filter: the next pull fixes it again
         state = group.states.get(record.state)
         if state is not None:
             state.apply(record)

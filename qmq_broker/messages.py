@@ -29,6 +29,7 @@ class IncomingMessage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     producer: str | None
     created_at_us: int | None
     deliver_at_us: int
+    tags: tuple[str, ...] = ()
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -64,7 +65,7 @@ def pulled(record: MessageRecord, *, attempt: int) -> PulledMessageJson:
         body, encoding = base64.b64encode(record.body).decode("ascii"), "base64"
     else:
         body, encoding = record.body.decode("utf-8"), "utf-8"
-    return {
+    message: PulledMessageJson = {
         "id": record.id,
         "subject": record.subject,
         "seq": record.seq,
@@ -77,6 +78,9 @@ def pulled(record: MessageRecord, *, attempt: int) -> PulledMessageJson:
         "created_at": rfc3339(record.created_at_us),
         "stored_at": rfc3339(record.stored_at_us),
     }
+    if record.tags:
+        message["tags"] = list(record.tags)
+    return message
 
 
 _last_stored: tuple[int, str] = (-1, "")
@@ -89,7 +93,7 @@ def pulled_fields(fields: MessageFields, *, attempt: int) -> PulledMessageJson:
     """``pulled`` of a record's fields (``qmq_broker.format.message_fields``): what a pull
     serves, with no ``MessageRecord`` in between (a third of the cost of a served message)."""
     global _last_stored
-    seq, flags, created, stored, _, subject, message_id, key, producer, headers, body = fields
+    seq, flags, created, stored, _, subject, message_id, key, producer, headers, body, tags = fields
     last = _last_stored
     if stored == last[0]:
         stored_text = last[1]
@@ -101,7 +105,7 @@ def pulled_fields(fields: MessageFields, *, attempt: int) -> PulledMessageJson:
         text, encoding = base64.b64encode(body).decode("ascii"), "base64"
     else:
         text, encoding = body.decode(), "utf-8"
-    return {
+    message: PulledMessageJson = {
         "id": message_id,
         "subject": subject,
         "seq": seq,
@@ -114,3 +118,6 @@ def pulled_fields(fields: MessageFields, *, attempt: int) -> PulledMessageJson:
         "created_at": rfc3339(created),
         "stored_at": stored_text,
     }
+    if tags:
+        message["tags"] = list(tags)
+    return message

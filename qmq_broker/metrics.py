@@ -42,6 +42,11 @@ class BrokerMetrics:
             "qmq_broker_pulled_messages", "Messages delivered to consumers", registry=r
         )
         self.acked = Counter("qmq_broker_acked_messages", "Messages acknowledged", registry=r)
+        self.filtered = Counter(
+            "qmq_broker_filtered_messages",
+            "Messages a group's tag filter skipped: never leased, never acked",
+            registry=r,
+        )
         self.nacked = Counter(
             "qmq_broker_nacked_messages", "Messages negatively acknowledged", registry=r
         )
@@ -95,7 +100,8 @@ class BrokerMetrics:
         self.registry.register(_StorageCollector(subjects))
 
     def watch_groups(self, stats: GroupStatsSource) -> None:
-        """Expose backlog, in-flight, retrying and dead counts per group at scrape time."""
+        """Expose backlog, in-flight, retrying, dead and filtered counts per group at scrape
+        time."""
         self.registry.register(_GroupCollector(stats))
 
 
@@ -110,7 +116,7 @@ class _GroupCollector(Collector):
                 f"Messages {name} per group",
                 labels=["subject", "group"],
             )
-            for name in ("backlog", "in_flight", "retrying", "dead")
+            for name in ("backlog", "in_flight", "retrying", "dead", "filtered")
         }
         for subject, group, stats in self._stats():
             for name, family in families.items():

@@ -258,6 +258,7 @@ class ProduceService:
                 producer=record.producer,
                 created_at_us=record.created_at_us,
                 deliver_at_us=record.deliver_at_us,
+                tags=record.tags,
             )
             seq = self._store(record.subject, [message], [hashed], now)
             visible[record.subject] = seq + 1

@@ -172,7 +172,7 @@ Stats = TypeVar("Stats", SubjectStats, GroupStats)
 _SUBJECT_COUNTERS = ("messages", "bytes", "next_seq")
 """An ordered subject's counters summed over its partitions: messages, bytes and seqs
 ever stored."""
-_GROUP_COUNTERS = ("backlog", "in_flight", "retrying", "dead", "acked")
+_GROUP_COUNTERS = ("backlog", "in_flight", "retrying", "dead", "acked", "filtered")
 
 
 def _summed(total: Stats, more: Stats, counters: tuple[str, ...]) -> Stats:

@@ -136,6 +136,7 @@ def pull(
     min_messages: int = 1,
     linger_ms: int = 0,
     max_keys: int | None = None,
+    tags: Sequence[str] | None = None,
 ) -> Call[list[Message]]:
     """Lease up to ``max_messages`` of ``subject`` for ``group``, long-polling ``wait_ms``.
 
@@ -147,11 +148,15 @@ def pull(
     (None: the broker's default, 16; 1: a partition's next batch comes once this one is
     acked). ``min_messages``/``linger_ms``: during the first ``linger_ms`` (within
     ``wait_ms``) the broker answers only with at least ``min_messages``: fewer, fuller
-    pulls for some latency.
+    pulls for some latency. ``tags``: the group's tag filter (any of them), fixed by the
+    group's first pull (another one is ``BrokerRejected`` 409 ``tags_conflict`` until the
+    group is reset); the broker skips the rest for the group without a lease. Not for
+    ordered subjects.
     """
     doc = _pull_doc(
-        subject, group, consumer, max_messages, wait_ms, mode, start, min_messages, linger_ms
-    )
+        subject, group, consumer, max_messages, wait_ms, mode, start, min_messages, linger_ms,
+        tags,
+    )  # fmt: skip
     if max_keys is not None:
         doc["max_keys"] = max_keys
     timeout = DEFAULT_TIMEOUT + wait_ms / 1000
@@ -168,6 +173,7 @@ def _pull_doc(
     start: Position,
     min_messages: int,
     linger_ms: int,
+    tags: Sequence[str] | None,
 ) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "subject": subject,
@@ -180,6 +186,8 @@ def _pull_doc(
     }
     if min_messages != 1 or linger_ms:
         doc["min"], doc["linger_ms"] = min_messages, linger_ms
+    if tags:
+        doc["tags"] = list(tags)
     return doc
 
 
@@ -209,16 +217,18 @@ def ack_and_pull(
     start: Position = "earliest",
     min_messages: int = 1,
     linger_ms: int = 0,
+    tags: Sequence[str] | None = None,
 ) -> Call[AckedPull]:
     """Ack ``ack`` (1..1000 seqs, e.g. the previous batch) and ``pull`` in one request.
 
     The acks are as durable when this answers as ``ack`` makes them. If it fails after the
     broker applied them, sending them again answers them as ``unknown``. Not for ordered
-    subjects: their acks name a partition, so they go by ``ack``.
+    subjects: their acks name a partition, so they go by ``ack``. ``tags`` as for ``pull``.
     """
     doc = _pull_doc(
-        subject, group, consumer, max_messages, wait_ms, mode, start, min_messages, linger_ms
-    )
+        subject, group, consumer, max_messages, wait_ms, mode, start, min_messages, linger_ms,
+        tags,
+    )  # fmt: skip
     doc["ack"] = list(ack)
     timeout = DEFAULT_TIMEOUT + wait_ms / 1000
     return _post("/v1/pull", doc, _acked_pull, timeout=timeout)

@@ -61,6 +61,9 @@ class OutgoingMessage:
     producer: str | None = None
     created_at: datetime | None = None
     deliver_at: datetime | None = None
+    tags: tuple[str, ...] = ()
+    """Distinct tags (``qmq_wire.TAG_PATTERN``, at most ``qmq_wire.MAX_TAGS``) a group's tag
+    filter matches on."""
 
     def __init__(
         self,
@@ -73,6 +76,7 @@ class OutgoingMessage:
         producer: str | None = None,
         created_at: datetime | None = None,
         deliver_at: datetime | None = None,
+        tags: tuple[str, ...] | list[str] = (),
     ) -> None:
         _fill(
             self,
@@ -86,6 +90,7 @@ class OutgoingMessage:
                 "producer": producer,
                 "created_at": created_at,
                 "deliver_at": deliver_at,
+                "tags": tuple(tags),
             },
         )
 
@@ -107,6 +112,8 @@ class OutgoingMessage:
             wire["created_at"] = format_timestamp(self.created_at)
         if self.deliver_at is not None:
             wire["deliver_at"] = format_timestamp(self.deliver_at)
+        if self.tags:
+            wire["tags"] = list(self.tags)
         return wire
 
 
@@ -201,6 +208,7 @@ class Message:
     stored_at: datetime | None
     partition: int | None = None
     """The physical partition of an ordered subject that holds it (its seq counts there)."""
+    tags: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -216,6 +224,7 @@ class Message:
         created_at: datetime | None,
         stored_at: datetime | None,
         partition: int | None = None,
+        tags: tuple[str, ...] = (),
     ) -> None:
         _fill(
             self,
@@ -232,6 +241,7 @@ class Message:
                 "created_at": created_at,
                 "stored_at": stored_at,
                 "partition": partition,
+                "tags": tags,
             },
         )
 
@@ -256,6 +266,7 @@ class Message:
         becomes the message's fields in place, its ``headers`` too. A second dict per
         message, filled and the first one freed, cost more than decoding the message.
         ``created_at`` and ``stored_at`` are parsed when first read."""
+        tags = wire.pop("tags", None)
         keys = wire.keys()
         if keys == _DELIVERED_KEYS:  # a plain subject's message
             wire["partition"] = None
@@ -284,6 +295,7 @@ class Message:
             wire["_stored_at_text"] = stored
         else:
             wire["stored_at"] = None
+        wire["tags"] = tuple(tags) if tags else ()
         message = _new(cls)
         _fill(message, "__dict__", wire)
         return message

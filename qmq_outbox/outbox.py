@@ -16,7 +16,7 @@ import functools
 import logging
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, Unpack, overload
 
@@ -51,6 +51,7 @@ from qmq_outbox.validation import (
     check_key,
     check_message_id,
     check_subject,
+    check_tags,
     resolve_deliver_at,
 )
 
@@ -173,6 +174,7 @@ class Outbox:
         message_id: str | None = None,
         delay: timedelta | None = None,
         deliver_at: datetime | None = None,
+        tags: Sequence[str] | None = None,
     ) -> str:
         """Add the message's outbox row to ``session`` and stage it; returns the message id.
 
@@ -185,7 +187,9 @@ class Outbox:
         Messages with the same ``key`` (and subject) are sent in the order of their outbox
         ids; on PostgreSQL the flush of a keyed row locks its key until the transaction ends,
         so those ids follow the commits (docs/outbox.md, "Per-key order"). A delay needs a
-        transport that can delay (``UnsupportedByTransport`` otherwise).
+        transport that can delay (``UnsupportedByTransport`` otherwise). ``tags``: at most
+        ``qmq_wire.MAX_TAGS`` distinct tags (``qmq_wire.TAG_PATTERN``) that consumer groups
+        filter on (``InvalidMessage`` otherwise).
         """
         sync = session.sync_session if isinstance(session, AsyncSession) else session
         bind = self._installed_bind(sync)
@@ -206,6 +210,7 @@ class Outbox:
             producer=self.app,
             created_at=now,
             deliver_at=due,
+            tags=check_tags(tags),
         )
         message = tracing.published(message)  # the publish span; adds its traceparent
         values = row_values(message, content_type)

@@ -55,6 +55,7 @@ class OutboxRow:
     content_type: str
     producer: str | None
     deliver_at: datetime | None
+    tags: list[str] | None
     status: str
     attempts: int
     next_attempt_at: datetime
@@ -80,6 +81,7 @@ def row_values(message: OutgoingMessage, content_type: str) -> dict[str, Any]:
         "content_type": content_type,
         "producer": message.producer,
         "deliver_at": message.deliver_at,
+        "tags": list(message.tags) if message.tags else None,
         "status": "pending",
         "attempts": 0,
         "next_attempt_at": message.created_at,

@@ -63,6 +63,9 @@ outbox_table = Table(
     Column("claimed_until", DateTime(timezone=True), nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("sent_at", DateTime(timezone=True), nullable=True),
+    # The message's tags (a JSON list); null: none. Added by revision qmq0003, last so that
+    # the table it adds to is the one qmq0001 made.
+    Column("tags", JSON(), nullable=True),
     UniqueConstraint("message_id"),
     CheckConstraint("status IN ('pending', 'sent', 'dead')", name="status"),
     # Serves the compensator's claim: pending rows by due time.

@@ -123,6 +123,7 @@ _CLAIMED_COLUMNS = (
     t.c.producer,
     t.c.created_at,
     t.c.deliver_at,
+    t.c.tags,
 )
 
 
@@ -325,6 +326,7 @@ def _claimed(row: sa.Row[Any]) -> ClaimedRow:
         producer=row.producer,
         created_at=as_utc(row.created_at),
         deliver_at=as_utc(row.deliver_at),
+        tags=tuple(row.tags or ()),
     )
     return ClaimedRow(id=row.id, attempts=row.attempts, message=message)
 

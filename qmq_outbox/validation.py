@@ -6,7 +6,7 @@ here is not rejected by the broker for its subject, id, key or headers.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 
 from qmq_outbox.errors import InvalidMessage
@@ -14,10 +14,12 @@ from qmq_wire import (
     MAX_HEADERS,
     MAX_KEY,
     MAX_MESSAGE_ID,
+    MAX_TAG,
     NAME_PATTERN,
     RESERVED_PREFIX,
     valid_name,
 )
+from qmq_wire.rules import TAGS, Refused
 
 
 def check_subject(subject: str) -> str:
@@ -67,3 +69,25 @@ def resolve_deliver_at(
     if deliver_at is not None and deliver_at.tzinfo is None:
         raise InvalidMessage("deliver_at must be timezone-aware (e.g. datetime.now(UTC))")
     return deliver_at
+
+
+def check_tags(tags: Iterable[str] | None) -> tuple[str, ...]:
+    """Tags by ``qmq_wire.rules.TAGS``: at most ``MAX_TAGS`` distinct ``TAG_PATTERN`` tags."""
+    if tags is None:
+        return ()
+    if isinstance(tags, str):
+        raise InvalidMessage(f"tags must be a list of strings, not the string {tags!r}")
+    listed = list(tags)
+    try:
+        accepted = TAGS.accepts(listed, "tags", "tags")
+    except Refused as exc:
+        accepted = False
+        detail = exc.message
+    else:
+        detail = "tags: invalid value"
+    if not accepted:
+        raise InvalidMessage(
+            f"invalid tags {listed!r} ({detail}): at most {TAGS.high} distinct tags of "
+            f"1..{MAX_TAG} characters from A-Za-z0-9._:-"
+        )
+    return tuple(listed)

@@ -26,6 +26,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
+    ArrayType,
     BooleanType,
     LongType,
     StringType,
@@ -53,6 +54,7 @@ KINDS = {"messages": SegmentKind.MESSAGES, "actions": SegmentKind.ACTIONS}
 # physical partition p of an ordered subject S is stored as a log named ``S#p``
 # (``qmq_wire.ordered.split_partition_log``); ``partition`` is null for a plain subject.
 # ``command``: a command message (``qmq_wire.ordered.is_command``), which is not a message.
+# ``tags``: the message's tags, null when it has none.
 MESSAGE_SCHEMA = StructType(
     [
         StructField("broker", StringType(), False),
@@ -69,11 +71,14 @@ MESSAGE_SCHEMA = StructType(
         StructField("created_at", TimestampType(), True),
         StructField("stored_at", TimestampType(), True),
         StructField("deliver_at", TimestampType(), True),
+        StructField("tags", ArrayType(StringType(), False), True),
     ]
 )
 
 # One row per (action record, seq); a record without seqs (e.g. ``group``) gives one row
-# with a null seq. ``start_seq`` is a ``group`` record's start cursor (its first seq).
+# with a null seq. ``start_seq`` is a ``group`` record's start cursor (its first seq), and
+# ``tags`` the tag filter it fixes (``[]``: none, fixed after a reset; null: it fixes
+# nothing, or a record of another type).
 # ``subject`` and ``partition`` as in ``MESSAGE_SCHEMA``: a group's state on partition p
 # of an ordered subject is kept per partition, and its seqs are that partition's.
 ACTION_SCHEMA = StructType(
@@ -88,6 +93,7 @@ ACTION_SCHEMA = StructType(
         StructField("at", TimestampType(), True),
         StructField("error", StringType(), True),
         StructField("start_seq", LongType(), True),
+        StructField("tags", ArrayType(StringType(), False), True),
     ]
 )
 
@@ -142,6 +148,13 @@ def _start_seq(record: ActionRecord) -> int | None:
     return None
 
 
+def _tag_filter(record: ActionRecord) -> list[str] | None:
+    """The tag filter a ``group`` record fixes (``qmq_broker.delivery``): ``[]`` for none
+    (after a reset); None when it fixes nothing (absent, or another record type)."""
+    tags = record.fields.get("tags") if record.type is ActionType.GROUP else None
+    return [str(tag) for tag in tags] if isinstance(tags, list) else None
+
+
 def _batches(
     rows: Iterator[tuple[Any, ...]], schema: pa.Schema, batch_rows: int
 ) -> Iterator[pa.RecordBatch]:
@@ -174,7 +187,8 @@ def _message_rows(
             if unreadable:
                 yield _region_row(broker, segment, item, len(MESSAGE_SCHEMA.fields))
             continue
-        offset, (seq, _, created, stored, deliver, log, id_, key, producer, headers, body) = item
+        offset, fields = item
+        seq, _, created, stored, deliver, log, id_, key, producer, headers, body, tags = fields
         subject, partition = logs[log]
         yield (
             broker,
@@ -191,6 +205,7 @@ def _message_rows(
             created if created > 0 else None,
             stored if stored > 0 else None,
             deliver if deliver > 0 else None,
+            list(tags) if tags else None,
             *mark,
         )
 
@@ -236,6 +251,7 @@ def _action_rows(
             _us_or_none(rec.at_us),
             None if error is None else str(error),
             _start_seq(rec),
+            _tag_filter(rec),
         )
         if unreadable:
             tail = (*tail, None)

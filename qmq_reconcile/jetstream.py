@@ -173,6 +173,7 @@ def _row(source: StreamSource, msg: Any) -> dict[str, Any]:
         "created_at": _created(fields.get(envelope.CREATED_AT)),
         "stored_at": msg.time,
         "deliver_at": None,
+        "tags": envelope.decode(fields).tags or None,
         "unreadable": None,
     }
 

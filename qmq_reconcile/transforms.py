@@ -322,10 +322,15 @@ def _event_code(type_: Column, at: Column) -> Column:
 
 def owners(actions: DataFrame) -> DataFrame:
     """Every state owner (``broker, subject, partition, group, state``) with its ``owner``
-    key (``owner_key``) and ``start_seq``: its ``group`` record's start cursor, else 0."""
+    key (``owner_key``), ``start_seq``: its ``group`` record's start cursor, else 0, and
+    ``tag_filter``: the tags its latest ``group`` record with a filter fixed (null or
+    empty: none)."""
     start = F.min(F.when(F.col("type") == "group", F.col("start_seq")))
+    fixed = F.when((F.col("type") == "group") & F.col("tags").isNotNull(), F.col("at"))
     return actions.groupBy(*_OWNER).agg(
-        owner_key().alias("owner"), F.coalesce(start, F.lit(0)).alias("start_seq")
+        owner_key().alias("owner"),
+        F.coalesce(start, F.lit(0)).alias("start_seq"),
+        F.max_by("tags", fixed).alias("tag_filter"),
     )
 
 
@@ -337,18 +342,30 @@ def owner_key() -> Column:
 
 
 def _stored_for_owners(messages: DataFrame, found: DataFrame) -> DataFrame:
-    """``owner, seq, start_seq, command, created_at, stored_at``: each stored message once
-    per state owner of its log (``partition`` is null on a plain subject's log, hence the
-    null-safe comparison)."""
-    stored = messages.select(*_LOG, "seq", "command", "created_at", "stored_at").alias("m")
+    """``owner, seq, start_seq, command, created_at, stored_at, filtered``: each stored
+    message once per state owner of its log (``partition`` is null on a plain subject's
+    log, hence the null-safe comparison). ``filtered``: the owner's tag filter skipped it
+    (none of its tags is in the filter), so the group never leases or acks it."""
+    stored = messages.select(*_LOG, "seq", "command", "created_at", "stored_at", "tags").alias("m")
     owner = F.broadcast(found.alias("o"))
     same_log = (
         (F.col("m.broker") == F.col("o.broker"))
         & (F.col("m.subject") == F.col("o.subject"))
         & F.col("m.partition").eqNullSafe(F.col("o.partition"))
     )
+    tag_filter = F.col("o.tag_filter")
+    tags = F.coalesce(F.col("m.tags"), F.array().cast("array<string>"))
+    filtered = F.coalesce(
+        (F.size(tag_filter) > 0) & ~F.arrays_overlap(tags, tag_filter), F.lit(False)
+    )
     return stored.join(owner, same_log).select(
-        "o.owner", "m.seq", "o.start_seq", "m.command", "m.created_at", "m.stored_at"
+        "o.owner",
+        "m.seq",
+        "o.start_seq",
+        "m.command",
+        "m.created_at",
+        "m.stored_at",
+        filtered.alias("filtered"),
     )
 
 
@@ -356,7 +373,8 @@ def owner_seqs(messages: DataFrame, actions: DataFrame) -> DataFrame:
     """One row per state owner (``owner``: ``owner_key``) and seq that is stored (for that
     owner's log) or has an ack, dead or redrive event: ``owner, seq, start_seq, stored,
     command, created_at, stored_at, acked, acked_at`` (the first ack), ``dead`` (a dead
-    letter now); and one row per owner with a null seq, so that an owner with neither
+    letter now), ``filtered`` (the owner's tag filter skipped it: settled without an ack);
+    and one row per owner with a null seq, so that an owner with neither
     still counts. ``command``: the seq holds a command message (the broker acks it when it
     consumes it for the group), which the counts leave out.
 
@@ -381,6 +399,7 @@ def owner_seqs(messages: DataFrame, actions: DataFrame) -> DataFrame:
             F.lit(False).alias("ack"),
             no_time.alias("ack_at"),
             _null("long").alias("event"),
+            "filtered",
         )
         .unionByName(
             events.select(
@@ -394,6 +413,7 @@ def owner_seqs(messages: DataFrame, actions: DataFrame) -> DataFrame:
                 (type_ == "ack").alias("ack"),
                 F.when(type_ == "ack", F.col("at")).alias("ack_at"),
                 _event_code(type_, F.col("at")).alias("event"),
+                no_flag.alias("filtered"),
             )
         )
         .unionByName(
@@ -408,6 +428,7 @@ def owner_seqs(messages: DataFrame, actions: DataFrame) -> DataFrame:
                 F.lit(False).alias("ack"),
                 no_time.alias("ack_at"),
                 _null("long").alias("event"),
+                no_flag.alias("filtered"),
             )
         )
     )
@@ -427,6 +448,7 @@ def owner_seqs(messages: DataFrame, actions: DataFrame) -> DataFrame:
             F.max("ack").alias("acked"),
             F.min("ack_at").alias("acked_at"),
             F.coalesce(latest == _DEAD_RANK, F.lit(False)).alias("dead"),
+            F.coalesce(F.max("filtered"), F.lit(False)).alias("filtered"),
         )
     )
 
@@ -445,10 +467,11 @@ def group_stats(
 
     A message is due for a group (in broadcast mode: for each of its consumers) when it was
     stored more than ``ack_threshold`` before ``now``, at or after the group's start seq
-    (and created in ``window``); unacked = due - acked among them - dead-lettered among
-    them. Command messages count nowhere. ``mode``: ``ordered`` on an ordered subject's
-    partitions, else ``broadcast`` or ``shared``. Counted per state owner from ``seqs``
-    (``owner_seqs``, computed when not given), then summed per subject and group.
+    (and created in ``window``), unless the group's tag filter skips it (settled for it);
+    unacked = due - acked among them - dead-lettered among them. Command messages count
+    nowhere. ``mode``: ``ordered`` on an ordered subject's partitions, else ``broadcast``
+    or ``shared``. Counted per state owner from ``seqs`` (``owner_seqs``, computed when not
+    given), then summed per subject and group.
     """
     seqs = seqs if seqs is not None else owner_seqs(messages, actions)
     message = ~F.col("command")
@@ -457,6 +480,7 @@ def group_stats(
         & F.col("stored")
         & (F.col("stored_at") < F.lit(_utc(now) - ack_threshold))
         & (F.col("seq") >= F.col("start_seq"))
+        & ~F.col("filtered")  # skipped by the group's tag filter: settled, never acked
     )
     if window is not None:
         due &= window.created_in_range(F.col("created_at"))

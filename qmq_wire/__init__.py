@@ -109,6 +109,12 @@ MAX_HEADERS: Final = 64
 MAX_HEADER_NAME: Final = 256
 MAX_HEADER_VALUE: Final = 8192
 MAX_PRODUCER: Final = 200
+MAX_TAGS: Final = 8
+"""Tags of one message, and of one group's filter: a handful, like a queue's tags."""
+MAX_TAG: Final = 64
+TAG_PATTERN: Final = r"^[A-Za-z0-9._:-]{1,64}$"
+"""A tag: 1 to ``MAX_TAG`` of ``A-Za-z0-9._:-`` (safe as a JetStream subject token, a
+RabbitMQ routing-key word and a header value; no comma, so a list joins with one)."""
 MAX_BODY_BYTES: Final = 1024 * 1024
 """The broker's default body limit (``--max-body``)."""
 MAX_PRODUCE_BATCH: Final = 1000
@@ -178,6 +184,7 @@ ERROR_STATUS: Final[dict[str, int]] = {
     "method_not_allowed": 405,
     # 409: the request contradicts existing state
     "mode_conflict": 409,
+    "tags_conflict": 409,  # a pull's tag filter is not the one its group fixed
     "subject_conflict": 409,
     "not_ordered": 409,
     "route_conflict": 409,
@@ -186,6 +193,7 @@ ERROR_STATUS: Final[dict[str, int]] = {
     "key_required": 409,
     "delay_not_ordered": 409,
     "partition_required": 409,
+    "tags_not_ordered": 409,  # a tag filter on an ordered subject's pull
     # 413: too large
     "request_too_large": 413,
     "body_too_large": 413,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Protocol
 
@@ -38,12 +38,14 @@ from qmq_wire import (
     MAX_PULL,
     MAX_SEQ,
     MAX_SEQS,
+    MAX_TAGS,
     MAX_TIME_US,
     MAX_WAIT_MS,
     MESSAGE_ID_PATTERN,
     MIN_TIME_US,
     PULL_MODES,
     START_POSITIONS,
+    TAG_PATTERN,
     error_status,
     valid_name,
 )
@@ -149,12 +151,14 @@ class PositionRule:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Items:
-    """A list of ``low`` to ``high`` items; with ``each``, a bad item is named by its index."""
+    """A list of ``low`` to ``high`` items; with ``each``, a bad item is named by its index;
+    with ``unique``, a list that holds an item twice is refused (named as a whole)."""
 
     item: Rule
     low: int
     high: int
     each: bool = True
+    unique: bool = False
 
     def accepts(self, value: Any, name: str, where: str) -> bool:
         if not isinstance(value, list) or not self.low <= len(value) <= self.high:
@@ -164,7 +168,12 @@ class Items:
                 if not self.each:
                     return False
                 raise invalid(name, f"{where}[{index}]", "invalid item")
+        if self.unique and len(set(value)) != len(value):
+            raise invalid(name, where, DUPLICATE_ITEMS)
         return True
+
+
+DUPLICATE_ITEMS: Final = "items must be unique"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -282,6 +291,11 @@ HEADERS: Final = Headers(HEADER_NAME, HEADER_VALUE, MAX_HEADERS)
 DECLARED_PARTITIONS: Final = Integer(1, MAX_PARTITIONS)
 DEAD_PAGE: Final = Integer(1, MAX_DEAD_PAGE)
 """The ``limit`` of a page of dead letters."""
+TAG: Final = Text(pattern=TAG_PATTERN)
+TAGS: Final = Items(TAG, 0, MAX_TAGS, unique=True)
+"""A message's tags: at most ``MAX_TAGS`` distinct tags (``TAG_PATTERN``)."""
+TAG_FILTER: Final = Items(TAG, 1, MAX_TAGS, unique=True)
+"""A group's filter on pull: messages with any of these tags (``tags_match``)."""
 SPLIT_AT: Final = Integer(1, LOGIC_PARTITIONS - 1)
 """The first logic partition of a split's second half (inside the range)."""
 
@@ -298,6 +312,7 @@ ENVELOPE: Final = Request(
         Field("producer", PRODUCER, nullable=True),
         Field("created_at", Timestamp(), nullable=True),
         Field("deliver_at", Timestamp(), nullable=True),
+        Field("tags", TAGS, default=[]),
     )
 )
 """One message of ``POST /v1/messages``."""
@@ -320,6 +335,7 @@ PULL: Final = Request(
         Field("min", PULL_MAX, default=1),
         Field("linger_ms", WAIT_MS, default=0),
         Field("max_keys", KEYS_IN_FLIGHT, default=DEFAULT_KEYS_IN_FLIGHT),
+        Field("tags", TAG_FILTER, nullable=True),
     )
 )
 """``POST /v1/pull``: ``min`` above ``max`` asks for a full batch; ``max_keys`` (ordered
@@ -366,6 +382,12 @@ MERGED_PARTITIONS: Final = Items(PARTITION, 2, 2, each=False)
 """Two partitions with adjacent ranges."""
 MERGE: Final = Request((Field("partitions", MERGED_PARTITIONS, required=True),))
 MOVE: Final = Request((Field("partition", PARTITION, required=True),))
+
+
+def tags_match(tags: Iterable[str], wanted: Collection[str] | None) -> bool:
+    """Whether a message with ``tags`` passes a group's filter ``wanted`` (any of them; no
+    filter, None or empty, passes everything). Deterministic: replay decides the same."""
+    return not wanted or any(tag in wanted for tag in tags)
 
 
 def redrive_seqs(doc: Mapping[str, Any]) -> list[int] | None:

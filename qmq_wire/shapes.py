@@ -45,6 +45,7 @@ class EnvelopeJson(TypedDict):
     producer: NotRequired[str | None]
     created_at: NotRequired[str | None]
     deliver_at: NotRequired[str | None]
+    tags: NotRequired[list[str]]
 
 
 class _ProduceResult(TypedDict):
@@ -80,9 +81,10 @@ class _PulledMessage(TypedDict):
 
 
 class PulledMessageJson(_PulledMessage, total=False):
-    """``partition`` only for an ordered subject."""
+    """``partition`` only for an ordered subject; ``tags`` only for a message that has some."""
 
     partition: int
+    tags: list[str]
 
 
 class _PullAnswerMessages(TypedDict):
@@ -128,6 +130,8 @@ class GroupStatsJson(TypedDict):
     retrying: int
     dead: int
     acked: int
+    filtered: int  # messages its tag filter skipped (never leased, never acked)
+    tags: list[str]  # its tag filter; empty: every message
 
 
 class ScheduledStatsJson(TypedDict):

@@ -201,6 +201,7 @@ class DelayedMessages:
                 ),
                 stored_at_us=now_us,
                 deliver_at_us=due,
+                tags=message.tags,
             ),
             key=schedule_key(message.subject, message.id),
         )

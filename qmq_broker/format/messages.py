@@ -3,6 +3,10 @@
 A record is ``[u8 type][u8 flags][u64 seq][i64 created_us][i64 stored_us][i64 deliver_us]``,
 then the subject, id, key and producer (each ``[u16 length][UTF-8]``, length 0xFFFF for
 None), ``[u32 length][JSON headers]`` and ``[u32 length][body]``.
+
+A message with tags sets ``FLAG_TAGS`` and has ``[u16 length][tags joined by ","]`` between
+its headers and its body's length. Records without tags never set the flag and are laid out
+as before it existed, so every older data directory reads unchanged (no format version).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ _NO_STRING = _U16.pack(NONE_LEN)  # a key or producer that is None
 _NO_HEADERS = _U32.pack(0)
 RECORD_MESSAGE = 1
 FLAG_BODY_BASE64 = 1
+FLAG_TAGS = 2  # a tags field follows the headers (``qmq_wire.TAG_PATTERN`` has no comma)
 SUBJECT_AT = _MSG_FIXED.size  # where a message record's subject (its u16 length) starts
 
 
@@ -47,22 +52,22 @@ class MessageRecord:
     created_at_us: int
     stored_at_us: int
     deliver_at_us: int  # 0: delivered on arrival
+    tags: tuple[str, ...] = ()
 
     def encode(self) -> bytes:
         return (
             _message_head(
                 self.seq, self.id, self.subject, self.key, self.headers, len(self.body),
                 self.body_base64, self.producer, self.created_at_us, self.stored_at_us,
-                self.deliver_at_us,
+                self.deliver_at_us, self.tags,
             )
             + self.body
         )  # fmt: skip
 
     @classmethod
     def decode(cls, payload: bytes, *, path: str = "?", offset: int = -1) -> MessageRecord:
-        seq, flags, created, stored, deliver, subject, message_id, key, producer, headers, body = (
-            message_fields(payload, path=path, offset=offset)
-        )
+        (seq, flags, created, stored, deliver, subject, message_id, key, producer, headers, body,
+         tags) = message_fields(payload, path=path, offset=offset)  # fmt: skip
         return cls(
             seq=seq,
             id=message_id,
@@ -75,17 +80,29 @@ class MessageRecord:
             created_at_us=created,
             stored_at_us=stored,
             deliver_at_us=deliver,
+            tags=tags,
         )
 
 
 MessageFields = tuple[
-    int, int, int, int, int, str, str, "str | None", "str | None", dict[str, str], bytes
+    int,
+    int,
+    int,
+    int,
+    int,
+    str,
+    str,
+    "str | None",
+    "str | None",
+    dict[str, str],
+    bytes,
+    tuple[str, ...],
 ]
 
 
 def message_fields(payload: bytes, *, path: str = "?", offset: int = -1) -> MessageFields:
     """A message record's fields as a plain tuple: ``(seq, flags, created_us, stored_us,
-    deliver_us, subject, id, key, producer, headers, body)``.
+    deliver_us, subject, id, key, producer, headers, body, tags)``.
 
     ``MessageRecord.decode`` builds its record from this; a pull turns it straight into the
     wire form (``qmq_broker.messages.pulled_fields``), which spares a record per served message.
@@ -116,6 +133,11 @@ def message_fields(payload: bytes, *, path: str = "?", offset: int = -1) -> Mess
         pos += 4
         headers = orjson.loads(payload[pos : pos + hlen]) if hlen else {}
         pos += hlen
+        tags: tuple[str, ...] = ()
+        if flags & FLAG_TAGS:
+            (length,) = u16(payload, pos)
+            tags = tuple(payload[pos + 2 : pos + 2 + length].decode().split(","))
+            pos += 2 + length
         (blen,) = _U32.unpack_from(payload, pos)
         pos += 4
         if pos + blen != len(payload) or subject is None:
@@ -125,7 +147,10 @@ def message_fields(payload: bytes, *, path: str = "?", offset: int = -1) -> Mess
     except (struct.error, ValueError, orjson.JSONDecodeError) as exc:
         raise CorruptRecord(path=path, offset=offset, reason=str(exc)) from exc
     body = payload[pos:]
-    return seq, flags, created, stored, deliver, subject, message_id, key, producer, headers, body
+    return (
+        seq, flags, created, stored, deliver, subject, message_id, key, producer, headers, body,
+        tags,
+    )  # fmt: skip
 
 
 _MSG_PEEK = struct.Struct("<BxQ8xq8xH")  # type, seq, stored_us, the subject's length
@@ -170,6 +195,8 @@ class Framable(Protocol):
     def created_at_us(self) -> int | None: ...
     @property
     def deliver_at_us(self) -> int: ...
+    @property
+    def tags(self) -> tuple[str, ...]: ...
 
 
 def message_frames(
@@ -190,11 +217,12 @@ def message_frames(
         raw_id = message.id.encode()
         key, producer, headers, body = message.key, message.producer, message.headers, message.body
         created = message.created_at_us
+        tags = message.tags
         head = join(
             (
                 pack_head(
                     RECORD_MESSAGE,
-                    FLAG_BODY_BASE64 if message.body_base64 else 0,
+                    (FLAG_BODY_BASE64 if message.body_base64 else 0) | (FLAG_TAGS if tags else 0),
                     seq,
                     stored_at_us if created is None else created,
                     stored_at_us,
@@ -207,6 +235,7 @@ def message_frames(
                 _NO_STRING if key is None else _pack_str(key),
                 _NO_STRING if producer is None else _pack_str(producer),
                 _pack_headers(headers) if headers else _NO_HEADERS,
+                _pack_tags(tags) if tags else b"",
                 pack_u32(len(body)),
             )
         )
@@ -229,6 +258,7 @@ def _message_head(
     created_at_us: int,
     stored_at_us: int,
     deliver_at_us: int,
+    tags: tuple[str, ...] = (),
 ) -> bytes:
     """A message record up to its body (which follows it): ``MessageRecord.encode``'s head.
     ``message_frames`` packs the same, inline."""
@@ -238,7 +268,7 @@ def _message_head(
         (
             _MSG_HEAD.pack(
                 RECORD_MESSAGE,
-                FLAG_BODY_BASE64 if body_base64 else 0,
+                (FLAG_BODY_BASE64 if body_base64 else 0) | (FLAG_TAGS if tags else 0),
                 seq,
                 created_at_us,
                 stored_at_us,
@@ -251,6 +281,7 @@ def _message_head(
             _NO_STRING if key is None else _pack_str(key),
             _NO_STRING if producer is None else _pack_str(producer),
             _pack_headers(headers) if headers else _NO_HEADERS,
+            _pack_tags(tags) if tags else b"",
             _U32.pack(body_length),
         )
     )
@@ -259,6 +290,10 @@ def _message_head(
 def _pack_headers(headers: dict[str, str]) -> bytes:
     raw = orjson.dumps(headers)
     return _U32.pack(len(raw)) + raw
+
+
+def _pack_tags(tags: tuple[str, ...]) -> bytes:
+    return _pack_str(",".join(tags))
 
 
 def _pack_str(value: str) -> bytes:

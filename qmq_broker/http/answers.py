@@ -53,6 +53,7 @@ class DeliveredMessage(_Answer):
     partition: Annotated[int, Field(ge=0)] | None = Field(
         default=None, description="only for an ordered subject: the partition seq counts in"
     )
+    tags: list[str] | None = Field(default=None, description="only for a message with tags")
 
 
 class PullResponse(_Answer):
@@ -95,6 +96,8 @@ class GroupSummary(_Answer):
     retrying: Count
     dead: Count
     acked: Count
+    filtered: Count = Field(description="messages its tag filter skipped: never leased or acked")
+    tags: list[str] = Field(description="its tag filter (any of these); empty: no filter")
 
 
 class ScheduledSummary(_Answer):

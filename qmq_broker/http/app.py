@@ -164,6 +164,7 @@ class Api:
             min_messages=min(parsed.min, parsed.max),  # a larger min asks for a full batch
             linger_ms=parsed.linger_ms,
             max_keys=parsed.max_keys,
+            tags=parsed.tags,
         )
         answered = time.thread_time()
         if acked is None:

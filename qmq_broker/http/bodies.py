@@ -114,6 +114,26 @@ KeysInFlight = Annotated[int, _between(rules.KEYS_IN_FLIGHT)]
 NackDelayMs = Annotated[int, _between(rules.NACK_DELAY_MS)]
 ErrorText = Annotated[str, _text(rules.ERROR_TEXT)]
 Partition = Annotated[int, _between(rules.PARTITION)]
+Tag = Annotated[str, _text(rules.TAG)]
+_UNIQUE: Final = {"uniqueItems": True}  # stated for the document; checked by ``_distinct``
+Tags = Annotated[
+    list[Tag],
+    msgspec.Meta(min_length=rules.TAGS.low, max_length=rules.TAGS.high, extra_json_schema=_UNIQUE),
+]
+TagFilter = Annotated[
+    list[Tag],
+    msgspec.Meta(
+        min_length=rules.TAG_FILTER.low,
+        max_length=rules.TAG_FILTER.high,
+        extra_json_schema=_UNIQUE,
+    ),
+]
+
+
+def _distinct(tags: list[str] | None) -> None:
+    """Duplicate tags, which msgspec cannot state: the reference model answers them."""
+    if tags and len(set(tags)) != len(tags):
+        raise ValueError(rules.DUPLICATE_ITEMS)
 
 
 _VALID_SUBJECTS: set[str] = set()
@@ -130,8 +150,8 @@ class _Body(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class Envelope(_Body, frozen=True, gc=False):
-    """One message of a produce; ``gc=False``: it holds no containers but a dict of strings,
-    so it cannot be part of a reference cycle."""
+    """One message of a produce; ``gc=False``: it holds no containers but a dict and a list
+    of strings, so it cannot be part of a reference cycle."""
 
     id: str  # the id and subject rules are checked by __post_init__: cheaper than a pattern
     subject: str
@@ -142,8 +162,10 @@ class Envelope(_Body, frozen=True, gc=False):
     producer: Producer | None = None
     created_at: TimestampUs | None = None
     deliver_at: TimestampUs | None = None
+    tags: Tags = []
 
     def __post_init__(self) -> None:
+        _distinct(self.tags)
         message_id = self.id
         # ^[\x20-\x7e]{1,128}$: among ASCII characters the printable ones are \x20-\x7e
         if not (
@@ -178,10 +200,12 @@ class PullBody(_Body, frozen=True):
     min: PullMax = _default(rules.PULL, "min")
     linger_ms: WaitMs = _default(rules.PULL, "linger_ms")
     max_keys: KeysInFlight = _default(rules.PULL, "max_keys")
+    tags: TagFilter | None = None
 
     def __post_init__(self) -> None:
         if self.start != "earliest" and rules.Position.of(self.start) is None:
             raise ValueError("start is not a position")  # the reference model says why
+        _distinct(self.tags)
 
     @property
     def position(self) -> rules.Position:

@@ -43,6 +43,7 @@ def incoming_messages(
                 producer=envelope.producer,
                 created_at_us=created_at_us,
                 deliver_at_us=deliver_at_us,
+                tags=tuple(envelope.tags),
             )
         )
     return messages

@@ -71,6 +71,36 @@ Partition = Annotated[
     int, _between(rules.PARTITION, "an ordered subject's partition"), _AS_JSON_INTEGER
 ]
 
+
+def _unique(values: list[str]) -> list[str]:
+    if len(set(values)) != len(values):
+        raise ValueError(rules.DUPLICATE_ITEMS)
+    return values
+
+
+_TAG = Annotated[str, _text(rules.TAG)]
+_UNIQUE = {"uniqueItems": True}  # stated for the document; checked by ``_unique``
+Tags = Annotated[
+    list[_TAG],
+    Field(
+        min_length=rules.TAGS.low,
+        max_length=rules.TAGS.high,
+        json_schema_extra=_UNIQUE,
+        description="the message's tags, distinct; a group's tag filter matches on them",
+    ),
+    AfterValidator(_unique),
+]
+TagFilter = Annotated[
+    list[_TAG],
+    Field(
+        min_length=rules.TAG_FILTER.low,
+        max_length=rules.TAG_FILTER.high,
+        json_schema_extra=_UNIQUE,
+        description="a tag filter: messages with any of these tags",
+    ),
+    AfterValidator(_unique),
+]
+
 BASE64_PATTERN = rules.BASE64_PATTERN
 _OUT_OF_RANGE = r"^(?:0001-01-01T[^+]*\+(?!00:00)|9999-12-31T.*-(?!00:00)\d\d:\d\d$)"
 """RFC 3339 times on the range's first day with a positive offset or its last day with a
@@ -184,6 +214,7 @@ class Envelope(_Strict):
             "(2 years by default) ahead (400 delay_too_long beyond)"
         ),
     )
+    tags: Tags = Field(default_factory=list)
 
 
 class ProduceRequest(_Strict):
@@ -240,6 +271,15 @@ class PullRequest(_Strict):
         ),
         _AS_JSON_INTEGER,
     ] = _default(rules.PULL, "max_keys")
+    tags: Annotated[
+        TagFilter | None,
+        Field(
+            description=(
+                "The group's tag filter (any of these), fixed by its first pull: a different "
+                "one is 409 tags_conflict until the group is reset. Not in ordered mode."
+            )
+        ),
+    ] = None
 
 
 class AckRequest(_Strict):

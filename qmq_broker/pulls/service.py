@@ -9,6 +9,13 @@ kernel while the pull waits on the loop, and read there once they have arrived; 
 not arrived after ``readahead_wait_s`` is read on the read pool. Unreadable records go to
 the dead letters, on the loop.
 
+A group with a tag filter reads before it decides: from its cursor, a window of records is
+read (``_scan``: the same read path) and the decision then leases only the matches, the
+LEASE record carrying the cursor past the skipped ones (``skip_to``, ``filtered``), so a
+skipped message costs the group no lease, no ack and no record of its own. A window with no
+match still moves the cursor, with a LEASE of no seqs. The matches are read a second time
+for the answer, from the page cache the scan just filled.
+
 Why not hand every cold read to a thread: a read thread must take the GIL to start, and
 again after its system call, and on a loop busy serving other groups each take waits up to
 the interpreter's switch interval; waiting on the loop costs a cold group nothing of the
@@ -34,7 +41,8 @@ from qmq_broker.pulls.ordered import OrderedPulls
 from qmq_broker.pulls.reads import Batch, Read, read_ahead, read_batches, read_cached
 from qmq_broker.pulls.request import TIMER_SLACK_S, PullOutcome, QueuedPull, Served
 from qmq_broker.storage.segments import CACHED_READS, NotCached, SegmentReader
-from qmq_broker.subjects import SubjectTable
+from qmq_broker.subjects import SubjectLog, SubjectTable
+from qmq_wire.rules import tags_match
 
 logger = logging.getLogger(__name__)
 
@@ -46,10 +54,20 @@ class _Linger:
 
 LINGER = _Linger()
 
+
+class _More:
+    """What ``_decide_filtered`` returns when its looks ran out before a match or the end:
+    the pull goes on after other groups had their turn (``SCAN_LOOKS``)."""
+
+
+MORE = _More()
+
 # How often a pull waiting for read-ahead records looks again: soon (an SSD delivers in
 # well under a millisecond), then less and less often.
 FIRST_LOOK_S = 0.0005
 LONGEST_LOOK_S = 0.008
+SCAN_WINDOW = 512  # records a filtered group reads per look ahead of its cursor
+SCAN_LOOKS = 64  # looks one decision may take before it yields to other groups
 
 
 class PullService:
@@ -100,9 +118,18 @@ class PullService:
                         outcomes[index] = PullOutcome(None, wake_at=wake_at)
                     reads.extend((index, batch, delay) for batch in batches)
                     continue
-                state = self._groups[(request.subject, request.group)].states[request.key]
-                batch = self._decide(request, state)
-                if isinstance(batch, _Linger):
+                group = self._groups[(request.subject, request.group)]
+                state = group.states[request.key]
+                if group.tags:
+                    work += time.thread_time() - began
+                    batch, scan_work = await self._decide_filtered(request, state, group.tags)
+                    work += scan_work
+                    began = time.thread_time()
+                else:
+                    batch = self._decide(request, state)
+                if isinstance(batch, _More):  # looked far without a match: on in a moment
+                    outcomes[index] = PullOutcome(None, wake_at=self._clock.now())
+                elif isinstance(batch, _Linger):
                     # fewer than its min: back when the linger ends, or with new data
                     wake_at = min(self._wake_at(state) or math.inf, request.linger_until)
                     outcomes[index] = PullOutcome(None, wake_at=wake_at, lingering=True)
@@ -208,6 +235,153 @@ class PullService:
             subject=request.subject, seqs=seqs, attempts=attempts, positions=positions, now_us=now
         )
 
+    async def _decide_filtered(
+        self, request: QueuedPull, state: DeliveryState, wanted: tuple[str, ...]
+    ) -> tuple[Batch | _Linger | _More | None, float]:
+        """``_decide`` for a group with a tag filter, and the CPU seconds its scans took.
+
+        Windows of records from the cursor are read until one holds a match or the end of
+        the subject is reached, at most ``SCAN_LOOKS`` of them (then ``MORE``: the pull is
+        parked and resumed at once, so one group's long run of skipped messages does not
+        hold a worker); the decision after each read has no await, and starts over when
+        the cursor moved meanwhile (retention, a reset).
+        """
+        log = self._subjects[request.subject]
+        work = 0.0
+        for _ in range(SCAN_LOOKS):
+            state.skip_below(log.first_seq)
+            start = state.cursor
+            end = min(log.end_seq, start + SCAN_WINDOW)
+            matches: list[int] = []
+            unreadable: list[tuple[int, str]] = []
+            if start < end:
+                matches, unreadable, spent = await self._scan(request, log, start, end, wanted)
+                work += spent
+                if state.cursor != start:
+                    continue
+            decided = self._decide_matches(request, state, log, start, end, matches, unreadable)
+            if decided is not None or end >= log.end_seq:
+                return decided, work
+            await asyncio.sleep(0)  # a long run of skipped messages: let the loop breathe
+        return MORE, work
+
+    async def _scan(
+        self,
+        request: QueuedPull,
+        log: SubjectLog,
+        start: int,
+        end: int,
+        wanted: tuple[str, ...],
+    ) -> tuple[list[int], list[tuple[int, str]], float]:
+        """The seqs in ``[start, end)`` whose tags match, the unreadable ones, and the CPU
+        seconds the read took."""
+        positions = []
+        for seq in range(start, end):
+            segment, length, offset, _, _ = log.raw(seq)
+            positions.append((segment, offset, length))
+        seqs = list(range(start, end))
+        batch = Batch(
+            subject=request.subject,
+            seqs=seqs,
+            attempts=[1] * len(seqs),
+            positions=positions,
+            now_us=self._clock.wall_us(),
+        )
+        delay = self._read_delays.get((request.subject, request.group), 0.0)
+        [(messages, unreadable)], work = await self._read([(batch, delay)])
+        matches = [m["seq"] for m in messages if tags_match(m.get("tags", ()), wanted)]
+        return matches, unreadable, work
+
+    def _decide_matches(
+        self,
+        request: QueuedPull,
+        state: DeliveryState,
+        log: SubjectLog,
+        start: int,
+        end: int,
+        matches: list[int],
+        unreadable: list[tuple[int, str]],
+    ) -> Batch | _Linger | None:
+        """Lease due retries, then the matches of ``[start, end)``; None when there is
+        nothing to serve (the cursor still moves past what the window skipped)."""
+        now = self._clock.wall_us()
+        for kind, expired, outcome in state.expire(now_us=now, policy=self._policy):
+            self._record(_action(kind, now, request, expired, outcome))
+        seqs, attempts = state.choose(limit=request.max_messages, now_us=now, end_seq=start)
+        gone = [seq for seq in seqs if seq < log.first_seq]
+        if gone:  # retries of messages retention deleted (see ``_decide``)
+            error = "removed by retention before it was acknowledged"
+            self._record(_action(ActionType.DEAD, now, request, gone, {"error": error}))
+            seqs, attempts = state.choose(limit=request.max_messages, now_us=now, end_seq=start)
+        lingering = self._clock.now() + TIMER_SLACK_S < request.linger_until
+        if len(seqs) + len(matches) < request.min_messages and lingering and seqs + matches:
+            # not enough for its min yet: skip only what lies before the first match
+            self._skip(request, start, matches[0] if matches else end, matches, unreadable, now)
+            return LINGER
+        taken = matches[: max(request.max_messages - len(seqs), 0)]
+        # past what was looked at, or up to the first match left for the next pull
+        skip_to = matches[len(taken)] if len(taken) < len(matches) else end
+        if not seqs and not taken:
+            self._skip(request, start, skip_to, taken, unreadable, now)
+            return None
+        self._bury_unread(request, unreadable, skip_to, now)
+        filtered = _filtered(start, skip_to, taken, unreadable)
+        seqs += taken
+        attempts += [1] * len(taken)
+        positions = []
+        for seq in seqs:
+            segment, length, offset, _, _ = log.raw(seq)
+            positions.append((segment, offset, length))
+        deadline = now + self._policy.ack_timeout_us
+        fields: dict[str, Any] = {
+            "consumer": request.consumer,
+            "deadline": deadline,
+            "attempts": attempts,
+        }
+        if skip_to > (taken[-1] + 1 if taken else start):  # past skipped or unreadable seqs
+            fields["skip_to"] = skip_to
+        if filtered:
+            fields["filtered"] = filtered
+        self._record(_action(ActionType.LEASE, now, request, seqs, fields), relaxed=True)
+        self._metrics.filtered.inc(filtered)
+        return Batch(
+            subject=request.subject, seqs=seqs, attempts=attempts, positions=positions, now_us=now
+        )
+
+    def _skip(
+        self,
+        request: QueuedPull,
+        start: int,
+        skip_to: int,
+        matches: list[int],
+        unreadable: list[tuple[int, str]],
+        now: int,
+    ) -> None:
+        """Move the cursor to ``skip_to`` past messages the filter skipped: a LEASE record
+        of no seqs (the unreadable ones among them go dead)."""
+        if skip_to <= start:
+            return
+        self._bury_unread(request, unreadable, skip_to, now)
+        filtered = _filtered(start, skip_to, matches, unreadable)
+        fields = {
+            "consumer": request.consumer,
+            "deadline": now,
+            "attempts": [],
+            "skip_to": skip_to,
+            "filtered": filtered,
+        }
+        self._record(_action(ActionType.LEASE, now, request, [], fields), relaxed=True)
+        self._metrics.filtered.inc(filtered)
+
+    def _bury_unread(
+        self, request: QueuedPull, unreadable: list[tuple[int, str]], below: int, now: int
+    ) -> None:
+        """Records a filtered group's scan could not read, below ``below``: dead letters."""
+        lost = [(seq, error) for seq, error in unreadable if seq < below]
+        if lost:
+            batch = Batch(subject=request.subject, seqs=[], attempts=[], positions=[], now_us=now)
+            self._bury(request, batch, lost)
+
     def _bury(self, request: QueuedPull, batch: Batch, unreadable: list[tuple[int, str]]) -> None:
         for seq, error in unreadable:
             logger.error(
@@ -241,6 +415,12 @@ class PullService:
             return None
         delay = max((wakeup - self._clock.wall_us()) / 1_000_000, 0.001)
         return self._clock.now() + delay
+
+
+def _filtered(start: int, end: int, matches: list[int], unreadable: list[tuple[int, str]]) -> int:
+    """How many seqs of ``[start, end)`` the filter skipped: neither matched nor unreadable."""
+    other = set(matches) | {seq for seq, _ in unreadable}
+    return end - start - sum(1 for seq in other if start <= seq < end)
 
 
 def _action(

@@ -57,11 +57,13 @@ class ConsumerStats:
     nacked: int
     acked: int
     ack_unknown: int
+    filtered: int = 0
+    """Acked unrun: not of the handler's tags (a transport that cannot filter sent them)."""
 
     @property
     def in_flight(self) -> int:
         """Pulled and not yet finished (running, queued, or abandoned at a stop timeout)."""
-        return self.pulled - self.processed - self.duplicates - self.nacked
+        return self.pulled - self.processed - self.duplicates - self.nacked - self.filtered
 
 
 class Counters:
@@ -70,7 +72,7 @@ class Counters:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._values = dict.fromkeys(
-            ("pulled", "processed", "duplicates", "nacked", "acked", "ack_unknown"), 0
+            ("pulled", "processed", "duplicates", "nacked", "acked", "ack_unknown", "filtered"), 0
         )
 
     def add(self, name: str, count: int = 1) -> None:

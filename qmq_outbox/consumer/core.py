@@ -9,7 +9,7 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 from qmq_outbox.client import BrokerClient, Position, PullMode
@@ -171,26 +171,51 @@ class Consumer:
 
     @overload
     def handler(
-        self, subject: str, *, idempotent: None = None, ordered: bool = False
+        self,
+        subject: str,
+        *,
+        idempotent: None = None,
+        ordered: bool = False,
+        tags: Sequence[str] | None = None,
     ) -> Callable[[H], H]: ...
 
     @overload
     def handler(
-        self, subject: str, *, idempotent: IdempotentStore[Session], ordered: bool = False
+        self,
+        subject: str,
+        *,
+        idempotent: IdempotentStore[Session],
+        ordered: bool = False,
+        tags: Sequence[str] | None = None,
     ) -> Callable[[HS], HS]: ...
 
     @overload
     def handler(
-        self, subject: str, *, idempotent: IdempotentStore[AsyncSession], ordered: bool = False
+        self,
+        subject: str,
+        *,
+        idempotent: IdempotentStore[AsyncSession],
+        ordered: bool = False,
+        tags: Sequence[str] | None = None,
     ) -> Callable[[HA], HA]: ...
 
     @overload
     def handler(
-        self, subject: str, *, idempotent: NonTransactional[Any], ordered: bool = False
+        self,
+        subject: str,
+        *,
+        idempotent: NonTransactional[Any],
+        ordered: bool = False,
+        tags: Sequence[str] | None = None,
     ) -> Callable[[H], H]: ...
 
     def handler(
-        self, subject: str, *, idempotent: Guard | None = None, ordered: bool = False
+        self,
+        subject: str,
+        *,
+        idempotent: Guard | None = None,
+        ordered: bool = False,
+        tags: Sequence[str] | None = None,
     ) -> Callable[[Any], Any]:
         """Register the decorated function for ``subject`` (returned unchanged).
 
@@ -204,10 +229,17 @@ class Consumer:
         message and the key's later ones of the same batch together, unrun (an attempt
         counted for the failed one only).
         A store then commits one message per transaction (its ``batch_size`` is not used).
+
+        ``tags=[...]``: the group takes only messages with any of these tags. The qmq broker
+        skips the rest for the group (no lease, no ack; its ``filtered`` count); the
+        filter is fixed by the group's first pull, so every consumer of the group must
+        pass the same one (409 ``tags_conflict`` otherwise). A transport that cannot filter
+        (JetStream, RabbitMQ) delivers them and the consumer acks them unrun
+        (``stats().filtered``). Not with ``ordered=True``.
         """
 
         def register(fn: Any) -> Any:
-            self.add_handler(subject, fn, idempotent=idempotent, ordered=ordered)
+            self.add_handler(subject, fn, idempotent=idempotent, ordered=ordered, tags=tags)
             return fn
 
         return register
@@ -219,6 +251,7 @@ class Consumer:
         *,
         idempotent: Guard | None = None,
         ordered: bool = False,
+        tags: Sequence[str] | None = None,
     ) -> None:
         """The non-decorator form of ``handler``."""
         if self._running:
@@ -235,7 +268,9 @@ class Consumer:
                 "ordered handlers need a shared-mode consumer: an ordered subject hands each "
                 "partition to one consumer of the group at a time"
             )
-        spec = HandlerSpec(subject=subject, fn=fn, guard=idempotent, ordered=ordered)
+        spec = HandlerSpec(
+            subject=subject, fn=fn, guard=idempotent, ordered=ordered, tags=tuple(tags or ())
+        )
         spec.validate()
         self._specs[subject] = spec
 
@@ -282,6 +317,7 @@ class Consumer:
                     client=await self._open_client(resources),
                     counters=self._counters,
                     stop=stop,
+                    tag_filter=self._capabilities.tag_filter,
                 )
                 with stop_on_signals(loop, install_signal_handlers, self._on_signal):
                     runner.start()

@@ -18,6 +18,7 @@ from qmq_outbox import tracing
 from qmq_outbox.envelope import Message
 from qmq_outbox.errors import ClaimHeld, ConfigurationError, RetryLater
 from qmq_outbox.idempotent import IdempotentStore, NonTransactional, Outcome
+from qmq_wire import rules
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -86,6 +87,7 @@ class HandlerSpec:
     fn: Callable[..., Any]
     guard: Guard | None
     ordered: bool = False
+    tags: tuple[str, ...] = ()  # the group's tag filter (any of them); empty: none
     # Found once (``inspect`` costs microseconds, and every delivery asks).
     is_coroutine: bool = dataclasses.field(init=False)
 
@@ -94,6 +96,19 @@ class HandlerSpec:
             getattr(self.fn, "__call__", None)  # noqa: B004 - async __call__ of an object
         )
         object.__setattr__(self, "is_coroutine", coroutine)
+
+    def _validate_tags(self) -> None:
+        try:
+            accepted = rules.TAG_FILTER.accepts(list(self.tags), "tags", "tags")
+        except rules.Refused:
+            accepted = False
+        if not accepted:
+            raise ConfigurationError(
+                f"invalid tags {list(self.tags)!r}: 1..{qmq_wire.MAX_TAGS} distinct tags of "
+                f"1..{qmq_wire.MAX_TAG} characters from A-Za-z0-9._:-"
+            )
+        if self.ordered:
+            raise ConfigurationError("tag filters are for plain subjects, not ordered ones")
 
     @property
     def runs_on_thread(self) -> bool:
@@ -115,6 +130,8 @@ class HandlerSpec:
         name = self.subject
         if not qmq_wire.valid_name(name) or name.startswith(qmq_wire.RESERVED_PREFIX):
             raise ConfigurationError(f"invalid subject {self.subject!r}")
+        if self.tags:
+            self._validate_tags()
         guard = self.guard
         if guard is None:
             return

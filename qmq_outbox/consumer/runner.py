@@ -70,6 +70,7 @@ from qmq_outbox.errors import BrokerError, BrokerUnavailable
 from qmq_outbox.failure_log import client_url, delivery, describe
 from qmq_wire import MAX_KEYS_IN_FLIGHT
 from qmq_wire.ordered import split_partition_log
+from qmq_wire.rules import tags_match
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -90,9 +91,11 @@ class Runner:
         client: PullClient,
         counters: Counters,
         stop: asyncio.Event,
+        tag_filter: bool = False,
     ) -> None:
         self.config = config
         self.specs = specs
+        self.tag_filter = tag_filter  # the transport filters by tags on pull
         self.client = client
         self.counters = counters
         self.stop = stop
@@ -197,8 +200,14 @@ class Runner:
             if ordered:
                 self._to_lanes(messages)
             else:
+                wanted = self.specs[subject].tags
                 for message in messages:
-                    self.queue.put_nowait(message)
+                    if wanted and not tags_match(message.tags, wanted):
+                        # A transport that cannot filter (JetStream, RabbitMQ): acked unrun.
+                        self.counters.add("filtered")
+                        self.acker.add(message.subject, message.seq)
+                    else:
+                        self.queue.put_nowait(message)
             want = next_want(last_pulled=len(messages), max_batch=max_batch)
             busy = bool(messages)
 
@@ -229,6 +238,8 @@ class Runner:
         if self.specs[subject].ordered:
             default = min(KEYS_PER_WORKER * cfg.concurrency, MAX_KEYS_IN_FLIGHT)
             options["max_keys"] = cfg.ordered_keys or default
+        if self.specs[subject].tags and self.tag_filter:
+            options["tags"] = list(self.specs[subject].tags)
         if not carried:
             return await self.client.pull(subject, cfg.group, cfg.consumer_id, **options)
         # No long poll with acks on board: their answer (and slots) would wait for it. If

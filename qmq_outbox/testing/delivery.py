@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Hashable
+from typing import Any
 
 from qmq_wire.delivery import RetryPolicy
 from qmq_wire.keyed import choose_keyed, first_of_each_key
+
+Matches = Callable[[int], bool]
+"""Whether the seq passes the group's tag filter (None: no filter)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -52,6 +56,7 @@ class DeliveryState:
         self.dead: dict[int, DeadLetter] = {}
         self.acked: set[int] = set()
         self.skipped: set[int] = set()  # ordered: below the cursor, passed over, not leased
+        self.filtered = 0  # seqs the group's tag filter skipped: never leased
 
     def expire(self, *, now_us: int, policy: RetryPolicy) -> None:
         for seq, lease in sorted(self.leases.items()):
@@ -64,12 +69,20 @@ class DeliveryState:
                 self.retries[seq] = Retry(lease.attempt, now_us)
 
     def lease(
-        self, *, consumer: str, limit: int, end_seq: int, now_us: int, policy: RetryPolicy
+        self,
+        *,
+        consumer: str,
+        limit: int,
+        end_seq: int,
+        now_us: int,
+        policy: RetryPolicy,
+        matches: Matches | None = None,
     ) -> list[tuple[int, int]]:
-        """Lease up to ``limit`` seqs (due retries first); returns (seq, attempt) pairs."""
+        """Lease up to ``limit`` seqs (due retries first); returns (seq, attempt) pairs.
+        New seqs ``matches`` refuses are skipped: the cursor passes them, nothing leases."""
         due = sorted((w.due_us, seq) for seq, w in self.retries.items() if w.due_us <= now_us)
         chosen = [(seq, self.retries.pop(seq).attempts + 1) for _, seq in due[:limit]]
-        self._take_new(chosen, limit, end_seq)
+        self._take_new(chosen, limit, end_seq, matches)
         return self._hold(chosen, consumer, now_us + policy.ack_timeout_us)
 
     def lease_in_order(
@@ -124,10 +137,23 @@ class DeliveryState:
             self._take_new(chosen, limit, end_seq)
         return self._hold(chosen, consumer, now_us + policy.ack_timeout_us)
 
-    def _take_new(self, chosen: list[tuple[int, int]], limit: int, end_seq: int) -> None:
-        """Add never-delivered seqs from the cursor to ``chosen``, up to ``limit`` in all."""
+    def _take_new(
+        self,
+        chosen: list[tuple[int, int]],
+        limit: int,
+        end_seq: int,
+        matches: Matches | None = None,
+    ) -> None:
+        """Add never-delivered seqs from the cursor to ``chosen``, up to ``limit`` in all,
+        skipping (and counting) those ``matches`` refuses."""
         while len(chosen) < limit and self.cursor < end_seq:
-            chosen.append((self.cursor, 1))
+            if matches is not None and not matches(self.cursor):
+                self.filtered += 1
+            else:
+                chosen.append((self.cursor, 1))
+            self.cursor += 1
+        while matches is not None and self.cursor < end_seq and not matches(self.cursor):
+            self.filtered += 1  # skipped past the last match, as the broker does
             self.cursor += 1
 
     def _hold(
@@ -137,9 +163,11 @@ class DeliveryState:
             self.leases[seq] = Lease(consumer, attempt, deadline_us)
         return chosen
 
-    def ready(self, *, end_seq: int, now_us: int) -> int:
+    def ready(self, *, end_seq: int, now_us: int, matches: Matches | None = None) -> int:
         """How many seqs ``lease`` would hand out now, at most."""
         due = sum(1 for w in self.retries.values() if w.due_us <= now_us)
+        if matches is not None:
+            return due + sum(1 for seq in range(self.cursor, end_seq) if matches(seq))
         return due + max(end_seq - self.cursor, 0)
 
     def holds(self, seq: int, consumer: str) -> bool:
@@ -211,16 +239,18 @@ class DeliveryState:
 
 @dataclasses.dataclass(slots=True)
 class GroupState:
-    """A consumer group on one log: its mode and its state owners (by ``owner_key``)."""
+    """A consumer group on one log: its mode, its tag filter (fixed by its first pull; empty:
+    none; None: not fixed, after a reset) and its state owners (by ``owner_key``)."""
 
     name: str
     mode: str
     owners: dict[str, DeliveryState] = dataclasses.field(default_factory=dict)
+    tags: tuple[str, ...] | None = ()
 
     def owner_key(self, consumer: str) -> str:
         return consumer if self.mode == "broadcast" else ""
 
-    def stats(self, end_seq: int) -> dict[str, int | str]:
+    def stats(self, end_seq: int) -> dict[str, Any]:
         owners = list(self.owners.values())
         return {
             "group": self.name,
@@ -230,4 +260,6 @@ class GroupState:
             "retrying": sum(len(s.retries) for s in owners),
             "dead": sum(len(s.dead) for s in owners),
             "acked": sum(len(s.acked) for s in owners),
+            "filtered": sum(s.filtered for s in owners),
+            "tags": list(self.tags or ()),
         }

@@ -33,6 +33,7 @@ class StoredMessage:
     created_at_us: int
     stored_at_us: int
     partition: int | None = None  # of an ordered subject
+    tags: tuple[str, ...] = ()
 
     def to_json(self, attempt: int) -> wire.PulledMessageJson:
         answer: wire.PulledMessageJson = {
@@ -54,6 +55,8 @@ class StoredMessage:
         }
         if self.partition is not None:
             answer["partition"] = self.partition
+        if self.tags:
+            answer["tags"] = list(self.tags)
         return answer
 
 
@@ -110,6 +113,7 @@ class SubjectLog:
             created_at_us=micros(created) if created is not None else created_default_us,
             stored_at_us=now_us,
             partition=partition,
+            tags=tuple(envelope.get("tags") or ()),
         )
         self.messages.append(stored)
         self.dedup[stored.id] = stored.seq

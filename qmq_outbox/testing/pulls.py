@@ -30,6 +30,9 @@ class Pulls:
         pull["min"] = min(pull["min"], pull["max"])  # a larger min asks for a full batch
         subject, name, consumer, mode = (pull[f] for f in ("subject", "group", "consumer", "mode"))
         if mode == "ordered" or subject in self.state.ordered:
+            if pull["tags"]:
+                message = "tag filters are for shared and broadcast groups, not ordered ones"
+                raise Refused("tags_not_ordered", message, "tags")
             poll = self.ordered.start(pull)
             acks: dict[str, Any] = {}
         else:
@@ -37,8 +40,15 @@ class Pulls:
             if group is not None and group.mode != mode:
                 message = f"group {name!r} on {subject!r} is in {group.mode} mode"
                 raise Refused("mode_conflict", message, "mode")
+            wanted = tuple(sorted(pull["tags"] or ()))
+            if group is not None and group.tags is not None and group.tags != wanted:
+                shown = list(group.tags) or "no filter"
+                message = f"group {name!r} on {subject!r} filters tags {shown}: reset it first"
+                raise Refused("tags_conflict", message, "tags")
             if group is None:
-                group = self.state.groups[(subject, name)] = GroupState(name, mode)
+                group = self.state.groups[(subject, name)] = GroupState(name, mode, tags=wanted)
+            elif group.tags is None:  # a reset cleared it: this pull fixes it again
+                group.tags = wanted
             owner = group.owner_key(consumer)
             if owner not in group.owners:
                 start = rules.Position.of(pull["start"])
@@ -78,14 +88,25 @@ class Pulls:
 
     def _lease_plain(self, poll: LongPoll, now: int) -> list[wire.PulledMessageJson]:
         policy = self.state.policy
-        owner = self.state.groups[(poll.subject, poll.group)].owners[poll.owner]
+        group = self.state.groups[(poll.subject, poll.group)]
+        owner = group.owners[poll.owner]
         owner.expire(now_us=now, policy=policy)
         log = self.state.logs[poll.subject]
+        matches = None
+        if group.tags:
+            wanted = group.tags
+            matches = lambda seq: rules.tags_match(log.messages[seq].tags, wanted)  # noqa: E731
         lingering = poll.min_messages > 1 and time.monotonic() < poll.linger_until
-        if lingering and owner.ready(end_seq=log.end, now_us=now) < poll.min_messages:
+        ready = owner.ready(end_seq=log.end, now_us=now, matches=matches)
+        if lingering and ready < poll.min_messages:
             return []  # waits for a fuller batch until linger_until
         chosen = owner.lease(
-            consumer=poll.consumer, limit=poll.limit, end_seq=log.end, now_us=now, policy=policy
+            consumer=poll.consumer,
+            limit=poll.limit,
+            end_seq=log.end,
+            now_us=now,
+            policy=policy,
+            matches=matches,
         )
         return [log.messages[seq].to_json(attempt) for seq, attempt in chosen]
 

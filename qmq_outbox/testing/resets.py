@@ -32,6 +32,7 @@ class Resets:
         to = Position.of(checked["to"])
         assert to is not None  # checked
         partition = checked["partition"]
+        group = None  # a plain subject's group, whose tag filter a reset frees
         if subject in self.state.ordered:
             moved = self._ordered(subject, name, to, partition)
         else:
@@ -46,6 +47,8 @@ class Resets:
                 'their acks, or reset with "force": true'
             )
             raise Refused("group_busy", message, "force")
+        if group is not None:
+            group.tags = None  # the next pull fixes it again
         positions: list[wire.ResetPositionJson] = []
         for number, consumer, log, owner in moved:
             owner.reset(self.state.log(log).seq_at(to))

@@ -13,7 +13,7 @@ from qmq_wire import rules
 from qmq_wire.ordered import split_partition_log
 from qmq_wire.rules import Refused
 
-_GROUP_COUNTERS = ("backlog", "in_flight", "retrying", "dead", "acked")
+_GROUP_COUNTERS = ("backlog", "in_flight", "retrying", "dead", "acked", "filtered")
 
 
 class Stats:
@@ -60,7 +60,7 @@ class Stats:
     def _ordered_subject(self, routes: OrderedSubject) -> dict[str, Any]:
         """An ordered subject's counters and each group's, its partitions' summed."""
         total = SubjectLog(routes.name).stats()
-        groups: dict[str, dict[str, int | str]] = {}
+        groups: dict[str, dict[str, Any]] = {}
         for _, name in routes.logs():
             log = self.state.logs.get(name)
             if log is None:
@@ -88,5 +88,5 @@ def _summed(total: wire.SubjectStatsJson, more: wire.SubjectStatsJson) -> wire.S
     }
 
 
-def _group_summed(total: dict[str, int | str], more: dict[str, int | str]) -> dict[str, int | str]:
+def _group_summed(total: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
     return {**total, **{name: int(total[name]) + int(more[name]) for name in _GROUP_COUNTERS}}

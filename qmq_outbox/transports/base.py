@@ -73,6 +73,9 @@ class Capabilities:
     """Ordered subjects and ``@handler(subject, ordered=True)``."""
     broadcast: bool
     """``Consumer(mode="broadcast")``."""
+    tag_filter: bool = False
+    """Pulls filter by tags on the broker (``@handler(subject, tags=[...])``); without it
+    the consumer acks the messages of other tags unrun."""
 
 
 class Producer(Protocol):

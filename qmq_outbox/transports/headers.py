@@ -19,7 +19,8 @@ GROUP = "qmq-group"  # the group that dead-lettered it
 SUBJECT = "qmq-subject"  # a dead letter's own subject
 ID = "qmq-id"  # a dead letter's message id
 RETRIES = "qmq-retries"  # RabbitMQ: the attempts before this copy of a retried message
-RESERVED = (KEY, PRODUCER, CREATED_AT, ERROR, ATTEMPTS, GROUP, SUBJECT, ID, RETRIES)
+TAGS = "qmq-tags"  # the message's tags joined by "," (a tag has no comma)
+RESERVED = (KEY, PRODUCER, CREATED_AT, ERROR, ATTEMPTS, GROUP, SUBJECT, ID, RETRIES, TAGS)
 MAX_ERROR_CHARS = 2000  # as the qmq broker keeps a dead letter's error
 
 
@@ -31,10 +32,11 @@ class Envelope:
     key: str | None
     producer: str | None
     created_at: datetime | None
+    tags: tuple[str, ...] = ()
 
 
 def encode(message: OutgoingMessage) -> dict[str, str]:
-    """The message's headers with its key, producer and creation time added."""
+    """The message's headers with its key, producer, creation time and tags added."""
     headers = dict(message.headers)
     if message.key is not None:
         headers[KEY] = message.key
@@ -42,6 +44,8 @@ def encode(message: OutgoingMessage) -> dict[str, str]:
         headers[PRODUCER] = message.producer
     if message.created_at is not None:
         headers[CREATED_AT] = format_timestamp(message.created_at)
+    if message.tags:
+        headers[TAGS] = ",".join(message.tags)
     return headers
 
 
@@ -58,6 +62,7 @@ def decode(headers: Mapping[str, str]) -> Envelope:
         key=headers.get(KEY),
         producer=headers.get(PRODUCER),
         created_at=created_at,
+        tags=tuple(tag for tag in headers.get(TAGS, "").split(",") if tag),
     )
 
 

@@ -8,7 +8,7 @@ from qmq_outbox.client import AsyncBrokerClient, BrokerClient, Call
 from qmq_outbox.transports.base import Capabilities, ConsumerSpec
 from qmq_outbox.transports.urls import check_qmq_url
 
-CAPABILITIES = Capabilities(dedup=True, delay=True, ordered=True, broadcast=True)
+CAPABILITIES = Capabilities(dedup=True, delay=True, ordered=True, broadcast=True, tag_filter=True)
 _HEALTH = Call(method="GET", path="/healthz", read=lambda doc: doc)
 
 

@@ -78,6 +78,8 @@ def test_produce_pull_ack_round_trip(client: BrokerClient) -> None:
             "retrying": 0,
             "dead": 0,
             "acked": 3,
+            "filtered": 0,
+            "tags": [],
         }
     ]
     assert client.subjects()[0]["subject"] == "orders"

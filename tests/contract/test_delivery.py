@@ -51,6 +51,8 @@ def test_pull_ack_and_subject_stats(target: Target) -> None:
             "retrying": 0,
             "dead": 0,
             "acked": 2,
+            "filtered": 0,
+            "tags": [],
         }
     ]
     listed = {s["subject"]: s for s in target.client.subjects()}

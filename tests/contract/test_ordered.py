@@ -219,6 +219,8 @@ def test_a_partition_is_served_in_order_one_batch_at_a_time(target: Target) -> N
             "retrying": 0,
             "dead": 0,
             "acked": 4,
+            "filtered": 0,
+            "tags": [],
         }
     ]
     listed = {s["subject"]: s for s in target.client.subjects()}

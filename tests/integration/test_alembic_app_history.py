@@ -140,7 +140,7 @@ def test_the_documented_commands_work_on_an_app_with_its_own_history(
     alembic(cwd, "upgrade", "heads")
     tables, versions = state(url)
     assert tables == {"alembic_version", "orders", "qmq_outbox", "qmq_consumed"}
-    assert versions == {"app0001", "qmq0002"}  # one table, one row per branch
+    assert versions == {"app0001", "qmq0003"}  # one table, one row per branch
 
     alembic(cwd, "revision", "--autogenerate", "--head", "app@head", "-m", "order note")
     (new,) = (cwd / "migrations" / "versions").glob("*order_note.py")
@@ -157,7 +157,7 @@ def test_the_documented_commands_work_on_an_app_with_its_own_history(
     finally:
         engine.dispose()
     assert len(versions) == 2
-    assert "qmq0002" in versions
+    assert "qmq0003" in versions
 
     # An autogenerate with nothing changed proposes nothing (the SDK's tables included).
     alembic(cwd, "revision", "--autogenerate", "--head", "app@head", "-m", "nothing")
@@ -167,8 +167,8 @@ def test_the_documented_commands_work_on_an_app_with_its_own_history(
     alembic(cwd, "upgrade", "heads")
     alembic(cwd, "downgrade", "app@-1")  # the empty revision
     alembic(cwd, "downgrade", "app@-1")  # the note column
-    assert state(url)[1] == {"app0001", "qmq0002"}
+    assert state(url)[1] == {"app0001", "qmq0003"}
     alembic(cwd, "downgrade", "app@base")
     tables, versions = state(url)
     assert tables == {"alembic_version", "qmq_outbox", "qmq_consumed"}
-    assert versions == {"qmq0002"}
+    assert versions == {"qmq0003"}

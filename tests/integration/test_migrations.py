@@ -72,6 +72,40 @@ def test_upgrade_matches_metadata_and_downgrade_removes_it(url: str) -> None:
     assert diff(url) == []
 
 
+def test_qmq0003_adds_tags_to_existing_rows_as_none_and_downgrades(url: str) -> None:
+    migrate.upgrade(url, "qmq0002")
+    row = {
+        "message_id": "m-1",
+        "subject": "orders",
+        "headers": "{}",
+        "body": b"{}",
+        "content_type": "application/json",
+        "next_attempt_at": "2026-11-28 10:00:00+00:00",
+        "created_at": "2026-11-28 10:00:00+00:00",
+    }
+    names = ", ".join(row)
+    insert = sa.text(f"INSERT INTO qmq_outbox ({names}) VALUES (:{', :'.join(row)})")
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(insert, row)
+        migrate.upgrade(url)
+        assert diff(url) == []
+        outbox = metadata.tables["qmq_outbox"]
+        with engine.begin() as conn:
+            assert conn.execute(sa.select(outbox.c.tags)).scalar_one() is None
+            conn.execute(
+                outbox.update().where(outbox.c.message_id == "m-1").values(tags=["a", "b"])
+            )
+            assert conn.execute(sa.select(outbox.c.tags)).scalar_one() == ["a", "b"]
+        migrate.downgrade(url, "qmq0002")
+        columns = {c["name"] for c in sa.inspect(engine).get_columns("qmq_outbox")}
+        assert "tags" not in columns
+        assert "message_id" in columns
+    finally:
+        engine.dispose()
+
+
 def test_cli_upgrade_and_downgrade(url: str) -> None:
     runner = CliRunner()
     result = runner.invoke(main, ["db", "upgrade"], env={"QMQ_DB_DATABASE_URL": url})
@@ -157,7 +191,7 @@ def test_revisions_join_an_applications_history(tmp_path: Path) -> None:
     engine = sa.create_engine(url)
     with engine.connect() as conn:
         context = MigrationContext.configure(conn)
-        assert set(context.get_current_heads()) == {"app0001", "qmq0002"}
+        assert set(context.get_current_heads()) == {"app0001", "qmq0003"}
         app_metadata = sa.MetaData()
         sa.Table("orders", app_metadata, sa.Column("id", sa.Integer, primary_key=True))
         filtered = MigrationContext.configure(conn, opts={"include_object": migrate.include_object})

@@ -82,6 +82,7 @@ def broker_messages(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFram
         "body": b"{}",
         "created_at": OLD,
         "deliver_at": None,
+        "tags": None,
     }
     data = []
     seqs: dict[tuple[str, str, int | None], int] = {}
@@ -107,6 +108,7 @@ def broker_messages(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFram
                 r["created_at"],
                 stored,
                 r["deliver_at"],
+                r["tags"],
             )
         )
     return spark.createDataFrame(data, MESSAGE_SCHEMA)
@@ -123,6 +125,7 @@ def actions(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
         "at": OLD,
         "error": None,
         "start_seq": None,
+        "tags": None,
     }
     data = []
     for row in rows:

@@ -126,3 +126,41 @@ def test_a_delay_is_refused_at_publish(other: Kit, sessions: sessionmaker[Sessio
     finally:
         producer.close()
     assert getattr(outcome, "code", None) == "delay_not_supported"
+
+
+def test_a_handler_with_tags_runs_only_on_those_tags(kit: Kit) -> None:
+    """On every transport the handler sees only its tags, with the tags read back; the qmq
+    broker skips the others (no pull), JetStream and RabbitMQ deliver them and the consumer
+    acks them unrun (``stats().filtered``)."""
+    subject, group = kit.subject(), kit.group()
+    kit.prepare(subject, group)
+    messages = [
+        OutgoingMessage(
+            id=f"{subject}-{i}",
+            subject=subject,
+            body=f'{{"i": {i}}}'.encode(),
+            tags=("vip",) if i % 3 == 0 else ("plain", "bulk"),
+        )
+        for i in range(9)
+    ]
+    producer = kit.transport().producer()
+    try:
+        producer.produce(messages)
+    finally:
+        producer.close()
+    seen: list[tuple[int, tuple[str, ...]]] = []
+    lock = threading.Lock()
+
+    def handle(message: Message) -> None:
+        with lock:
+            seen.append((message.json()["i"], message.tags))
+
+    consumer = Consumer(transport=kit.transport(), group=group, wait_ms=200, ack_interval=0.02)
+    consumer.add_handler(subject, handle, tags=["vip"])
+    with running(consumer):
+        wait_for(lambda: len(seen) == 3, what="the vip messages handled")
+        if kit.name != "qmq":
+            wait_for(lambda: consumer.stats().filtered == 6, what="the rest acked unrun")
+    assert sorted(seen) == [(0, ("vip",)), (3, ("vip",)), (6, ("vip",))]
+    stats = consumer.stats()
+    assert (stats.processed, stats.filtered) == (3, 0 if kit.name == "qmq" else 6)

@@ -156,6 +156,7 @@ def test_the_produce_paths_frames_are_the_frames_of_the_records() -> None:
                 (b"x", None, {}, None, {"body_base64": True, "deliver_at_us": 5}),
                 (bytes(range(256)) * 40, "k\u00e9", {"a": "1", "b": "2"}, "p", {}),
                 (b"no created time", None, {}, None, {"created_at_us": 1_700_000_000_000_123}),
+                (b"tagged", "k", {}, None, {"tags": ("red", "a.b:c-d_e")}),
             ]
         )
     ]
@@ -171,6 +172,7 @@ def test_the_produce_paths_frames_are_the_frames_of_the_records() -> None:
             # the last one came with no created time: it takes the stored time
             created_at_us=None if n == 3 else r.created_at_us,
             deliver_at_us=r.deliver_at_us,
+            tags=r.tags,
         )
         for n, r in enumerate(expected)
     ]

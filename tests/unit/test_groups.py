@@ -124,6 +124,7 @@ def test_a_reset_survives_a_snapshot_and_replays_the_same() -> None:
     assert replayed.snapshot() == {
         "cursor": 1,
         "acked": 0,
+        "filtered": 0,
         "leases": [],
         "retries": [[0, 1, 7, None]],
         "dead": [],

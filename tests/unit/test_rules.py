@@ -58,11 +58,13 @@ def expected(rule: Any) -> dict[str, Any]:
             return {"const": rule.values[0]}
         return {"enum": list(rule.values)}
     if isinstance(rule, rules.Items):
+        unique = {"uniqueItems": True} if rule.unique else {}
         return {
             "type": "array",
             "minItems": rule.low,
             "maxItems": rule.high,
             "items": expected(rule.item),
+            **unique,
         }
     if isinstance(rule, rules.Objects):
         return {"type": "array", "minItems": rule.low, "maxItems": rule.high}

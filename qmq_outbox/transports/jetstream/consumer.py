@@ -250,4 +250,5 @@ def _message(msg: Msg) -> Message:
         producer=envelope.producer,
         created_at=envelope.created_at,
         stored_at=metadata.timestamp,
+        tags=envelope.tags,
     )

@@ -315,4 +315,5 @@ def _message(lease: Lease, seq: int) -> Message:
         producer=envelope.producer,
         created_at=envelope.created_at,
         stored_at=None,
+        tags=envelope.tags,
     )
