@@ -207,7 +207,7 @@ def run(
         with timed("read_outbox"):
             return _read_outbox(active, sources, partitions, fetchsize, cached)
 
-    def check_consumed(outbox: DataFrame) -> dict[str, Any] | None:
+    def check_consumed(outbox: DataFrame, data: _Broker | None = None) -> dict[str, Any] | None:
         if consumer is None:
             return None
         with timed("consumed"):
@@ -215,6 +215,7 @@ def run(
                 active,
                 consumer,
                 outbox,
+                data,
                 window=window,
                 sent_before=started - ack_threshold,
                 out=out_dir,
@@ -249,7 +250,7 @@ def run(
                 outbox: DataFrame, data: _Broker
             ) -> tuple[dict[str, Any] | None, tuple[dict[str, int], dict[str, Any]]]:
                 report.prepare_out(out_dir)  # once both inputs were read
-                return check_consumed(outbox), classify(outbox, data)
+                return check_consumed(outbox, data), classify(outbox, data)
 
             (data, (groups, latency)), (checked, (counts, disorder)) = _pipelined(
                 read_broker, read_outbox, after_broker=groups_and_latency, after_both=judge
@@ -307,6 +308,7 @@ def _check_consumed(
     spark: SparkSession,
     check: _ConsumedCheck,
     outbox: DataFrame,
+    broker: _Broker | None,
     *,
     window: transforms.Window,
     sent_before: datetime,
@@ -314,10 +316,21 @@ def _check_consumed(
     cached: list[DataFrame],
 ) -> dict[str, Any]:
     """The ``consumed`` entry of the summary, its messages written under ``out``. The group's
-    rows are read once (cached): both comparisons use them, and see the same rows."""
+    rows are read once (cached): both comparisons use them, and see the same rows. With
+    the ``broker``'s data, what the group's tag filter skipped is not unconsumed."""
     consumed = _cache(readers.read_consumed(spark, check.source, group=check.group), cached)
+    filtered = None
+    if broker is not None:
+        filtered = transforms.tag_filtered(
+            broker.messages, broker.actions, group=check.group, subjects=check.subjects
+        )
     never = transforms.unconsumed(
-        outbox, consumed, window=window, subjects=check.subjects, sent_before=sent_before
+        outbox,
+        consumed,
+        window=window,
+        subjects=check.subjects,
+        sent_before=sent_before,
+        filtered=filtered,
     )
     extra = transforms.consumed_without_outbox(outbox, consumed, window=window)
     try:

@@ -730,11 +730,14 @@ def unconsumed(
     window: Window,
     subjects: Sequence[str],
     sent_before: datetime,
+    filtered: DataFrame | None = None,
 ) -> DataFrame:
     """Messages committed but never consumed (``UNCONSUMED_COLUMNS``): outbox rows ``sent``
     to one of ``subjects``, created in the window and settled, sent before ``sent_before``
     (time enough to be consumed), with no ``done`` row of the group in ``consumed``
-    (``readers.read_consumed``). Each message once, however many outbox rows it has."""
+    (``readers.read_consumed``) and not among the ids in ``filtered`` (the
+    group's tag filter skipped them: ``tag_filtered``). Each message once, however many
+    outbox rows it has."""
     created = F.col("created_at")
     due = F.coalesce(F.col("deliver_at"), created)
     sent = outbox.where(
@@ -744,12 +747,40 @@ def unconsumed(
         & window.settled(created, due)
         & (F.col("sent_at") < F.lit(_utc(sent_before)))
     )
+    if filtered is not None:
+        sent = sent.join(filtered, "message_id", "left_anti")
     first = F.min(F.struct("created_at", "subject", "outbox", "sent_at"))
     return (
         sent.join(consumed.select("message_id"), "message_id", "left_anti")
         .groupBy("message_id")
         .agg(first.alias("m"))
         .select("message_id", "m.subject", "m.outbox", "m.created_at", "m.sent_at")
+    )
+
+
+def tag_filtered(
+    messages: DataFrame, actions: DataFrame, *, group: str, subjects: Sequence[str]
+) -> DataFrame:
+    """``message_id`` of the stored messages of ``subjects`` that ``group``'s tag filter
+    skips (``owners``' ``tag_filter``: none of their tags in it): settled for the group,
+    which never consumes them."""
+    filters = (
+        owners(actions)
+        .where(
+            (F.col("group") == group)
+            & F.col("subject").isin(list(subjects))
+            & (F.size("tag_filter") > 0)
+        )
+        .select("broker", "subject", "tag_filter")
+        .distinct()
+    )
+    tags = F.coalesce(F.col("tags"), F.array().cast("array<string>"))
+    return (
+        messages.where(~F.col("command"))
+        .join(F.broadcast(filters), ["broker", "subject"])
+        .where(~F.arrays_overlap(tags, F.col("tag_filter")))
+        .select(F.col("id").alias("message_id"))
+        .distinct()
     )
 
 

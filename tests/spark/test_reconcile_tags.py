@@ -11,8 +11,8 @@ import orjson
 from pyspark.sql import SparkSession
 
 from qmq_reconcile import readers
-from qmq_reconcile.transforms import group_stats
-from tests.spark.frames import NOW, actions, broker_messages
+from qmq_reconcile.transforms import Window, group_stats, tag_filtered, unconsumed
+from tests.spark.frames import NOW, OLD, actions, broker_messages, outbox_rows
 from tests.support.broker_process import BrokerProcess
 
 COLOURS = ("red", "green", "blue", "gold")
@@ -82,3 +82,35 @@ def test_group_stats_from_a_real_brokers_files_settle_the_filtered(
     rows = group_stats(stored, acts, now=later, ack_threshold=timedelta(0)).collect()
     got = {r["group"]: (r["acked"], r["unacked_past_threshold"]) for r in rows}
     assert got == {"reds": (2, 0), "blues": (0, 2), "all": (0, 8)}
+
+
+def test_what_a_groups_filter_skipped_is_not_reported_never_consumed(
+    spark: SparkSession,
+) -> None:
+    """``--consumed``: the group's ``qmq_consumed`` rows hold only what its filter let
+    through; the rest is settled for it, not "committed but never consumed"."""
+    stored = [("m0", ["red"]), ("m1", ["green"]), ("m2", None), ("m3", ["red", "vip"])]
+    messages = broker_messages(spark, [{"id": i, "tags": t} for i, t in stored])
+    acts = actions(
+        spark,
+        [
+            {"type": "group", "group": "reds", "start_seq": 0, "tags": ["red"]},
+            {"type": "group", "group": "all", "start_seq": 0},
+        ],
+    )
+    outbox = outbox_rows(
+        spark, [{"message_id": i, "sent_at": OLD + timedelta(seconds=1)} for i, _ in stored]
+    )
+    consumed = spark.createDataFrame([("m0",)], "message_id string")  # m3 never came
+    window = Window(now=NOW, grace=timedelta(minutes=5))
+
+    def never(group: str) -> list[str]:
+        filtered = tag_filtered(messages, acts, group=group, subjects=["orders"])
+        found = unconsumed(
+            outbox, consumed, window=window, subjects=["orders"], sent_before=NOW,
+            filtered=filtered,
+        )  # fmt: skip
+        return sorted(r["message_id"] for r in found.collect())
+
+    assert never("reds") == ["m3"]  # m1 and m2 filtered: settled for reds
+    assert never("all") == ["m1", "m2", "m3"]  # no filter: every one was due
