@@ -98,11 +98,12 @@ def row_for(message: OutgoingMessage, content_type: str) -> OutboxRow:
 _INSERT = sa.insert(outbox_table).inline()
 
 
-_COLUMNS = (
-    "message_id", "subject", "key", "headers", "body", "content_type", "producer",
-    "deliver_at", "status", "attempts", "next_attempt_at", "created_at",
-)  # fmt: skip
-_PREPARED: weakref.WeakKeyDictionary[Dialect, str] = weakref.WeakKeyDictionary()
+# JSON columns go to the driver as JSON text (None as JSON null, as SQLAlchemy's JSON type
+# writes it); the SQL is compiled once per dialect and set of columns.
+_JSON_COLUMNS = frozenset(c.name for c in outbox_table.c if isinstance(c.type, sa.JSON))
+_PREPARED: weakref.WeakKeyDictionary[Dialect, dict[tuple[str, ...], str]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def insert_rows(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
@@ -111,12 +112,15 @@ def insert_rows(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
     for values in rows:
         if values["key"] is not None:
             lock_key(connection, values["subject"], values["key"])
-    sql = _prepared_sql(connection)
+    sql = _prepared_sql(connection, tuple(rows[0]))
     if sql is None:
         connection.execute(_INSERT, list(rows))
         return
     driver = connection.connection.driver_connection
-    params = [{**values, "headers": orjson.dumps(values["headers"]).decode()} for values in rows]
+    params = [
+        {k: orjson.dumps(v).decode() if k in _JSON_COLUMNS else v for k, v in values.items()}
+        for values in rows
+    ]
     if len(params) == 1:
         driver.execute(sql, params[0])  # type: ignore[union-attr]
     else:
@@ -124,16 +128,17 @@ def insert_rows(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
             cursor.executemany(sql, params)
 
 
-def _prepared_sql(connection: Connection) -> str | None:
+def _prepared_sql(connection: Connection, columns: tuple[str, ...]) -> str | None:
     """The INSERT's SQL for psycopg's own connection, or None where Core must run it."""
     dialect = connection.dialect
     if dialect.driver != "psycopg" or dialect.is_async:
         return None
     if connection.get_execution_options().get("schema_translate_map"):
         return None
-    sql = _PREPARED.get(dialect)
+    compiled = _PREPARED.setdefault(dialect, {})
+    sql = compiled.get(columns)
     if sql is None:
-        sql = _PREPARED[dialect] = str(_INSERT.compile(dialect=dialect, column_keys=_COLUMNS))
+        sql = compiled[columns] = str(_INSERT.compile(dialect=dialect, column_keys=columns))
     return sql
 
 

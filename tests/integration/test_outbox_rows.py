@@ -47,7 +47,10 @@ def written(engine: sa.Engine, prefix: str) -> list[dict[str, object]]:
 def test_the_driver_path_and_core_write_the_same_rows(engine: sa.Engine) -> None:
     assert engine.dialect.driver == "psycopg"
     later = datetime(2026, 11, 29, tzinfo=UTC) + timedelta(seconds=1)
-    batches = [[values("one")], [values("two", key="k"), values("three", deliver_at=later)]]
+    batches = [
+        [values("one")],
+        [values("two", key="k", tags=("red", "vip")), values("three", deliver_at=later)],
+    ]
     with engine.begin() as conn:
         core = conn.execution_options(schema_translate_map={None: None})  # Core runs it
         for batch in batches:
@@ -57,6 +60,7 @@ def test_the_driver_path_and_core_write_the_same_rows(engine: sa.Engine) -> None
     assert len(fast) == 3
     assert fast == core_rows
     assert fast[0]["headers"] == {"trace": "x", "\u00e9": "\u00fc"}
+    assert [row["tags"] for row in fast] == [None, ["red", "vip"], None]
 
 
 def test_a_rolled_back_transaction_leaves_no_row(engine: sa.Engine) -> None:
