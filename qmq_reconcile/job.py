@@ -36,6 +36,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from qmq_reconcile import consumed as consumed_check
 from qmq_reconcile import readers, report, session, transforms, unreadable
 from qmq_reconcile.errors import (
     BadInput,
@@ -321,10 +322,10 @@ def _check_consumed(
     consumed = _cache(readers.read_consumed(spark, check.source, group=check.group), cached)
     filtered = None
     if broker is not None:
-        filtered = transforms.tag_filtered(
+        filtered = consumed_check.tag_filtered(
             broker.messages, broker.actions, group=check.group, subjects=check.subjects
         )
-    never = transforms.unconsumed(
+    never = consumed_check.unconsumed(
         outbox,
         consumed,
         window=window,
@@ -332,7 +333,7 @@ def _check_consumed(
         sent_before=sent_before,
         filtered=filtered,
     )
-    extra = transforms.consumed_without_outbox(outbox, consumed, window=window)
+    extra = consumed_check.consumed_without_outbox(outbox, consumed, window=window)
     try:
         found_never, found_extra = report.write_consumed(never, extra, out)
     except readers.SPARK_ERRORS as exc:

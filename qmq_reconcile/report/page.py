@@ -6,6 +6,7 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from qmq_reconcile.consumed import CONSUMED_ONLY_COLUMNS, UNCONSUMED_COLUMNS
 from qmq_reconcile.report import words
 from qmq_reconcile.report.summary import (
     ACKED,
@@ -26,10 +27,8 @@ from qmq_reconcile.report.summary import (
 )
 from qmq_reconcile.transforms import (
     CATEGORIES,
-    CONSUMED_ONLY_COLUMNS,
     HISTOGRAM_BOUNDS_MS,
     LATENCY_METRICS,
-    UNCONSUMED_COLUMNS,
 )
 from qmq_reconcile.unreadable import NAME as UNREADABLE
 from qmq_reconcile.unreadable import REGION_COLUMNS

@@ -8,17 +8,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from qmq_reconcile.consumed import CONSUMED_ONLY_COLUMNS, UNCONSUMED_COLUMNS
 from qmq_reconcile.report.words import (
     fmt_time,
 )
 from qmq_reconcile.transforms import (
     ACKED_OUT_OF_ORDER_COLUMNS,
     CATEGORIES,
-    CONSUMED_ONLY_COLUMNS,
     CRITICAL,
     LATENCY_METRICS,
     OUT_OF_ORDER_COLUMNS,
-    UNCONSUMED_COLUMNS,
 )
 from qmq_reconcile.unreadable import NAME as UNREADABLE
 from qmq_reconcile.unreadable import REGION_COLUMNS

@@ -11,7 +11,8 @@ import orjson
 from pyspark.sql import SparkSession
 
 from qmq_reconcile import readers
-from qmq_reconcile.transforms import Window, group_stats, tag_filtered, unconsumed
+from qmq_reconcile.consumed import tag_filtered, unconsumed
+from qmq_reconcile.transforms import Window, group_stats
 from tests.spark.frames import NOW, OLD, actions, broker_messages, outbox_rows
 from tests.support.broker_process import BrokerProcess
 
