@@ -19,6 +19,7 @@ import pytest
 import sqlalchemy as sa
 
 from qmq_outbox import migrate
+from tests.support.alembic_app import APP_ENV, APP_FIRST
 from tests.support.postgres import fresh_database
 
 pytestmark = pytest.mark.timeout(120)
@@ -30,46 +31,6 @@ path_separator = os
 version_locations = %(here)s/migrations/versions{sep}{qmq_versions}
 sqlalchemy.url = {url}
 """
-
-# The application's env.py as docs/outbox.md shows it: its own metadata, and
-# include_object so autogenerate leaves the SDK's tables alone.
-APP_ENV = """
-from alembic import context
-from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, pool
-
-from qmq_outbox.migrate import include_object
-
-metadata = MetaData()
-Table("orders", metadata, Column("id", Integer, primary_key=True),
-      Column("note", String(50), nullable=True))
-
-engine = create_engine(context.config.get_main_option("sqlalchemy.url"), poolclass=pool.NullPool)
-with engine.connect() as connection:
-    context.configure(connection=connection, target_metadata=metadata,
-                      include_object=include_object)
-    with context.begin_transaction():
-        context.run_migrations()
-    connection.commit()
-"""
-
-APP_FIRST = '''
-"""orders"""
-import sqlalchemy as sa
-from alembic import op
-
-revision = "app0001"
-down_revision = None
-branch_labels = ("app",)
-depends_on = None
-
-
-def upgrade():
-    op.create_table("orders", sa.Column("id", sa.Integer, primary_key=True))
-
-
-def downgrade():
-    op.drop_table("orders")
-'''
 
 MAKO = '''"""${message}"""
 import sqlalchemy as sa

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from qmq_cli.main import main
 from qmq_outbox import migrate
 from qmq_outbox.schema import metadata
+from tests.support.alembic_app import APP_ENV, APP_FIRST
 from tests.support.postgres import fresh_database
 
 pytestmark = pytest.mark.timeout(120)
@@ -139,45 +140,12 @@ def test_script_location_is_packaged() -> None:
     assert list((location / "versions").glob("qmq0001_*.py"))
 
 
-APP_ENV = """
-from alembic import context
-from sqlalchemy import create_engine, MetaData, Table, Column, Integer
-from qmq_outbox.migrate import include_object
-
-app_metadata = MetaData()
-Table("orders", app_metadata, Column("id", Integer, primary_key=True))
-engine = create_engine(context.config.get_main_option("sqlalchemy.url"))
-with engine.connect() as conn:
-    context.configure(connection=conn, target_metadata=app_metadata,
-                      include_object=include_object)
-    with context.begin_transaction():
-        context.run_migrations()
-    conn.commit()
-"""
-
-APP_REVISION = """
-import sqlalchemy as sa
-from alembic import op
-
-revision = "app0001"
-down_revision = None
-branch_labels = ("app",)
-depends_on = None
-
-def upgrade():
-    op.create_table("orders", sa.Column("id", sa.Integer, primary_key=True))
-
-def downgrade():
-    op.drop_table("orders")
-"""
-
-
 def test_revisions_join_an_applications_history(tmp_path: Path) -> None:
     """docs/outbox.md, option B: the SDK's versions in the app's ``version_locations``."""
     app = tmp_path / "alembic"
     (app / "versions").mkdir(parents=True)
     (app / "env.py").write_text(textwrap.dedent(APP_ENV))
-    (app / "versions" / "app0001_orders.py").write_text(textwrap.dedent(APP_REVISION))
+    (app / "versions" / "app0001_orders.py").write_text(textwrap.dedent(APP_FIRST))
     (app / "script.py.mako").write_text("")
     url = f"sqlite:///{tmp_path / 'app.db'}"
     config = Config()
