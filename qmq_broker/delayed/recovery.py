@@ -97,6 +97,7 @@ class ScheduleRecovered:
     # schedule segments -> records they hold (whole or damaged), where their tallies start
     records: dict[BucketKey, int] = dataclasses.field(default_factory=dict)
     tallies: dict[BucketKey, BucketTally] = dataclasses.field(default_factory=dict)  # found
+    gone: set[BucketKey] = dataclasses.field(default_factory=set)  # deleted here, counted
     # coarse buckets on disk -> offsets of their records already moved into finer buckets
     coarse: dict[BucketKey, set[int]] = dataclasses.field(default_factory=dict)
     unreadable: list[Unreadable] = dataclasses.field(default_factory=list)
@@ -382,8 +383,8 @@ def _settle_tally(
             _count_cut(path, kind, valid_end, tally.end, lost, into)
     if valid_end:
         into.records[(kind, bucket)] = held
-    elif policy.write:
-        into.tallies.pop((kind, bucket), None)
+    else:
+        into.gone.add((kind, bucket))
 
 
 def _count_cut(
@@ -401,8 +402,8 @@ def _orphan_tallies(
     those its hour's dispatch segment listed."""
     for key, tally in into.tallies.items():
         kind, bucket = key
-        if key in into.records or segment_path(data_dir, kind, bucket).exists():
-            continue  # scanned, or deleted above as cut short (and counted there)
+        if key in into.records or key in into.gone or segment_path(data_dir, kind, bucket).exists():
+            continue  # scanned, or its header cut short (counted there)
         gone_out = len(dispatched.get(bucket, ())) if kind is SegmentKind.SCHEDULE else 0
         if tally.records > gone_out:
             path = segment_path(data_dir, kind, bucket)

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from qmq_broker.delayed.recovery import recover_schedule
 from qmq_broker.errors import CorruptRecord
-from qmq_broker.format.files import SegmentKind
+from qmq_broker.format.files import SegmentKind, segment_name
 from qmq_broker.format.schedule import TALLY_SIZE, BucketTally, read_tallies
 from qmq_broker.storage.buckets import BucketFiles, BucketPlacer, tallies_path
 
@@ -70,3 +71,18 @@ def test_a_damaged_slot_is_passed_over_and_named(tmp_path: Path) -> None:
     assert read_tallies(path, problems) == {(SegmentKind.SCHEDULE, 2): tally(2, 200, 2)}
     assert len(problems) == 1
     assert "at 0" in problems[0]
+
+
+@pytest.mark.parametrize("segment", [b"QMQ", None], ids=["header-cut-short", "file-gone"])
+def test_a_lost_schedule_file_is_counted_once(tmp_path: Path, segment: bytes | None) -> None:
+    """Its tally's records are counted at the first start, and the tally goes with the file,
+    so the next start counts nothing."""
+    path = tallies_path(tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(tally(7, 900, 3).encode())
+    if segment is not None:
+        (path.parent / segment_name(7)).write_bytes(segment)
+    first = recover_schedule(tmp_path)
+    assert [(lost.records, lost.cut) for lost in first.unreadable] == [(3, True)]
+    assert recover_schedule(tmp_path).unreadable == []
+    assert read_tallies(path, []) == {}
