@@ -146,8 +146,8 @@ class BucketFiles:
 
 
 class _TallySlots:
-    """The tallies file, opened on the first write: a slot per schedule segment, found by
-    the tally it holds, freed (zeroed) when its segment is deleted and then reused."""
+    """The tallies file, opened on first use: a slot per schedule segment, found by the
+    tally it holds, freed (zeroed) when its segment is deleted and then reused."""
 
     def __init__(self, path: Path) -> None:
         self._path = path
@@ -184,9 +184,10 @@ class _TallySlots:
         return at
 
     def free(self, key: BucketKey) -> None:
+        fd = self._open()  # a slot from before this start is found there too
         at = self._slots.pop(key, None)
         if at is not None:
-            os.pwrite(self._open(), EMPTY_TALLY, at)
+            os.pwrite(fd, EMPTY_TALLY, at)
             self._free.append(at)
 
     def fsync(self) -> None:

@@ -86,3 +86,16 @@ def test_a_lost_schedule_file_is_counted_once(tmp_path: Path, segment: bytes | N
     assert [(lost.records, lost.cut) for lost in first.unreadable] == [(3, True)]
     assert recover_schedule(tmp_path).unreadable == []
     assert read_tallies(path, []) == {}
+
+
+def test_a_slot_written_before_a_restart_is_freed_with_its_segment(tmp_path: Path) -> None:
+    """A segment written before a restart and deleted after it (dispatched, moved) takes its
+    slot with it, though nothing wrote the tallies since the restart."""
+    files = BucketFiles(tmp_path)
+    files.write_tally(tally(1, 100, 1))
+    files.write_tally(tally(2, 200, 2))
+    files.close()
+    restarted = BucketFiles(tmp_path)
+    restarted.remove(SegmentKind.SCHEDULE, 1)
+    restarted.close()
+    assert set(read_tallies(tallies_path(tmp_path), [])) == {(SegmentKind.SCHEDULE, 2)}
