@@ -231,7 +231,7 @@ def _scan_schedule(
         held += _damaged_records(buf, walk)
     _cut(path, walk, into, policy)
     gone_out = sum(1 for offset in done if offset >= walk.valid_end)
-    _settle_tally(path, SegmentKind.SCHEDULE, bucket, walk.valid_end, held, gone_out, into, policy)
+    _settle_tally(path, SegmentKind.SCHEDULE, bucket, walk.valid_end, held, gone_out, into)
     return walk.valid_end
 
 
@@ -245,7 +245,7 @@ def _readable(
     """Whether to walk a schedule segment: not when its header was cut short (deleted, and
     its tally's records but ``done`` dispatched counted lost)."""
     if _too_short(path, into.problems, policy):
-        _settle_tally(path, kind, bucket, 0, 0, done, into, policy)
+        _settle_tally(path, kind, bucket, 0, 0, done, into)
         return False
     return _header_ok(path, kind, into, policy)
 
@@ -280,7 +280,7 @@ def _scan_coarse(
         _note_damage(buf, path, kind, walk, into, moved_or_dispatched(set(), into.ids.__contains__))
         held += _damaged_records(buf, walk)
     _cut(path, walk, into, policy)
-    _settle_tally(path, kind, bucket, walk.valid_end, held, 0, into, policy)
+    _settle_tally(path, kind, bucket, walk.valid_end, held, 0, into)
     return walk.valid_end
 
 
@@ -370,7 +370,6 @@ def _settle_tally(
     held: int,
     gone_out: int,
     into: ScheduleRecovered,
-    policy: _Policy,
 ) -> None:
     """Count what a cut took: the tally's records past what the segment still holds, less
     ``gone_out`` it listed as dispatched. ``valid_end`` 0: the segment is deleted (its
