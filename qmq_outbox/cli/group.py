@@ -12,10 +12,10 @@ import click
 import orjson
 
 import qmq_wire
+from qmq_outbox.calls import Position
 from qmq_outbox.cli import failures
 from qmq_outbox.cli.subject import PARTITION, broker_client
 from qmq_outbox.cli.urls import BROKER_URL
-from qmq_outbox.client import Position
 from qmq_wire import ResetAnswerJson, rules
 
 ENVVAR_PREFIX = "QMQ_GROUP"

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from qmq_outbox.client import AckedPull
+from qmq_outbox.calls import AckedPull
 from qmq_outbox.consumer.acks import AckBuffer, chunks
 from qmq_outbox.consumer.budget import LeaseBudget
 from qmq_outbox.consumer.clients import PullClient

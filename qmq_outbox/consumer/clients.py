@@ -9,7 +9,7 @@ import inspect
 from collections.abc import Sequence
 from typing import Any
 
-from qmq_outbox.client import AckedPull
+from qmq_outbox.calls import AckedPull
 from qmq_outbox.consumer.threads import ThreadPool
 from qmq_outbox.envelope import Message
 from qmq_outbox.transports.base import PullClient

@@ -6,7 +6,7 @@ import dataclasses
 import hashlib
 import threading
 
-from qmq_outbox.client import Position, PullMode
+from qmq_outbox.calls import Position, PullMode
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

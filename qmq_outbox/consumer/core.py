@@ -12,7 +12,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
-from qmq_outbox.client import BrokerClient, Position, PullMode
+from qmq_outbox.calls import Position, PullMode
+from qmq_outbox.client import BrokerClient
 from qmq_outbox.consumer.clients import OnThreads, PullClient, is_async_client
 from qmq_outbox.consumer.config import ConsumerConfig, ConsumerStats, Counters
 from qmq_outbox.consumer.handlers import (

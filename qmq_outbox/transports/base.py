@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import qmq_wire
-from qmq_outbox.client import AckedPull, Position, PullMode, StartAt
+from qmq_outbox.calls import AckedPull, Position, PullMode, StartAt
 from qmq_outbox.envelope import Message, OutgoingMessage, ProduceResult
 from qmq_outbox.errors import BrokerRejected, BrokerUnavailable, UnsupportedByTransport
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from qmq_outbox.client import AsyncBrokerClient, BrokerClient, Call
+from qmq_outbox.calls import Call
+from qmq_outbox.client import AsyncBrokerClient, BrokerClient
 from qmq_outbox.transports.base import Capabilities, ConsumerSpec
 from qmq_outbox.transports.urls import check_qmq_url
 

@@ -20,7 +20,7 @@ from qmq_outbox.transports.blocking import LoopTransport
 from qmq_outbox.transports.topology import Groups, group_pairs
 
 if TYPE_CHECKING:
-    from qmq_outbox.client import StartAt
+    from qmq_outbox.calls import StartAt
     from qmq_outbox.transports.jetstream.consumer import JetStreamConsumer
     from qmq_outbox.transports.jetstream.producer import JetStreamProducer
 

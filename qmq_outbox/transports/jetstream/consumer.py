@@ -25,7 +25,7 @@ import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from qmq_outbox.client import Position, StartAt
+from qmq_outbox.calls import Position, StartAt
 from qmq_outbox.envelope import Message
 from qmq_outbox.errors import BrokerUnavailable
 from qmq_outbox.transports import headers

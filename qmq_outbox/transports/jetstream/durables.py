@@ -14,7 +14,7 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from qmq_outbox.client import StartAt
+from qmq_outbox.calls import StartAt
 from qmq_outbox.errors import BrokerUnavailable
 from qmq_outbox.transports.jetstream.config import JetStreamTransport
 from qmq_outbox.transports.jetstream.connection import Connection

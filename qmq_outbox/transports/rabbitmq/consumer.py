@@ -29,7 +29,7 @@ from typing import Any
 import aio_pika
 import aio_pika.abc
 
-from qmq_outbox.client import Position
+from qmq_outbox.calls import Position
 from qmq_outbox.envelope import Message
 from qmq_outbox.errors import BrokerUnavailable
 from qmq_outbox.transports import headers
