@@ -121,11 +121,17 @@ def insert_rows(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
         {k: orjson.dumps(v).decode() if k in _JSON_COLUMNS else v for k, v in values.items()}
         for values in rows
     ]
-    if len(params) == 1:
-        driver.execute(sql, params[0])  # type: ignore[union-attr]
-    else:
-        with driver.cursor() as cursor:  # type: ignore[union-attr]
-            cursor.executemany(sql, params)
+    error = connection.dialect.loaded_dbapi.Error
+    try:
+        if len(params) == 1:
+            driver.execute(sql, params[0])  # type: ignore[union-attr]
+        else:
+            with driver.cursor() as cursor:  # type: ignore[union-attr]
+                cursor.executemany(sql, params)
+    except error as exc:  # raised as SQLAlchemy would: IntegrityError for a repeated id, ...
+        raise sa.exc.DBAPIError.instance(
+            sql, params, exc, error, dialect=connection.dialect
+        ) from exc
 
 
 def _prepared_sql(connection: Connection, columns: tuple[str, ...]) -> str | None:

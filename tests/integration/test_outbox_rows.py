@@ -68,3 +68,13 @@ def test_a_rolled_back_transaction_leaves_no_row(engine: sa.Engine) -> None:
         insert_rows(conn, [values("gone")])
         transaction.rollback()
     assert written(engine, "gone") == []
+
+
+def test_a_repeated_message_id_is_an_integrity_error_as_through_core(engine: sa.Engine) -> None:
+    """What callers catch does not change with the path: SQLAlchemy's IntegrityError."""
+    for options in ({}, {"schema_translate_map": {None: None}}):
+        with engine.connect() as conn, conn.begin():
+            bound = conn.execution_options(**options)
+            insert_rows(bound, [values("twice")])
+            with pytest.raises(sa.exc.IntegrityError, match="uq_qmq_outbox_message_id"):
+                insert_rows(bound, [values("twice")])
