@@ -100,6 +100,7 @@ async def store(url: str, subject: str, args: argparse.Namespace) -> None:
 
 
 def check_order(rows: list[Row]) -> None:
+    """Each key's handled numbers ``(key, n, at)``, by handling time, in stored order."""
     by_key: dict[str, list[tuple[float, int]]] = {}
     for key, n, at in rows:
         by_key.setdefault(key, []).append((at, n))

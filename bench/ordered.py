@@ -132,13 +132,7 @@ async def store_backlog(url: str, subject: str, messages: int, keys: int, tag: s
 
 def check_order(rows: list[tuple[str, int, int | None, int, float]]) -> None:
     """Each key's handled numbers, by handling time, come in the order they were stored."""
-    by_key: dict[str, list[tuple[float, int]]] = {}
-    for key, n, _, _, at in rows:
-        by_key.setdefault(key, []).append((at, n))
-    for key, handled in by_key.items():
-        numbers = [n for _, n in sorted(handled)]
-        if numbers != sorted(numbers):
-            raise AssertionError(f"key {key} handled out of order: {numbers[:10]}")
+    _ordered_keys.check_order([(key, n, at) for key, n, _, _, at in rows])
 
 
 def drain(
