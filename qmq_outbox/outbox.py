@@ -1,7 +1,8 @@
 """``Outbox``: publish messages inside the caller's SQLAlchemy transaction (see docs/outbox.md).
 
-``publish()`` adds a ``qmq_outbox`` row through the caller's session and stages the message
-on the session's current transaction. After the outermost commit the staged messages go to
+``publish()`` stages the message and its ``qmq_outbox`` row on the caller's session's current
+transaction; the row goes in through the session's connection at its next flush, or right
+before COMMIT at the latest. After the outermost commit the staged messages go to
 a background dispatcher (a thread for sync engines, a task on the running loop for asyncio
 engines) that sends them and marks their rows ``sent``; anything it cannot do is left to the
 compensator. The caller owns the transaction: nothing here begins, flushes or commits it.
@@ -32,7 +33,8 @@ from qmq_outbox.dburl import sync_database_url
 from qmq_outbox.dispatcher import AsyncDispatcher, ThreadDispatcher
 from qmq_outbox.envelope import OutgoingMessage
 from qmq_outbox.errors import ConfigurationError, UnsupportedByTransport
-from qmq_outbox.rows import OUTBOX_MAPPER, OutboxRow, insert_rows, row_values
+from qmq_outbox.rows import insert_rows, row_values
+from qmq_outbox.schema import outbox_table
 from qmq_outbox.serializers import JsonSerializer, Serializer, serialize
 from qmq_outbox.store import utcnow
 from qmq_outbox.tracking import TransactionTracker, engine_of
@@ -70,10 +72,11 @@ AS = TypeVar("AS", bound=AsyncSession)
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Staged:
-    """A published message and the bind its row was written through."""
+    """A published message, the bind its row goes through and the row's values."""
 
     message: OutgoingMessage
     bind: Engine | Connection
+    row: Mapping[str, Any]  # its outbox row's values (``row_values``)
 
 
 class Outbox:
@@ -131,9 +134,8 @@ class Outbox:
         self._retry_for = retry_for
         self._compensators: list[tuple[Compensator, sa.Engine | None]] = []
         self._tracker: TransactionTracker[Staged] = TransactionTracker(
-            self._on_commit, before_flush=self._write_rows
+            self._on_commit, write=self._write_rows
         )
-        self._rows_key = f"qmq_outbox.rows.{id(self)}"
         self._lock = threading.Lock()
         self._thread_dispatcher: ThreadDispatcher | None = None
         self._owned_client: ClosingProducer | None = None
@@ -176,9 +178,11 @@ class Outbox:
         deliver_at: datetime | None = None,
         tags: Sequence[str] | None = None,
     ) -> str:
-        """Add the message's outbox row to ``session`` and stage it; returns the message id.
+        """Stage the message and its outbox row on ``session``; returns the message id.
 
-        The caller owns the transaction: this never begins, flushes or commits ``session``.
+        The caller owns the transaction: this never flushes or commits ``session`` (it
+        autobegins it, as adding an object does). The row goes in at the session's next
+        flush, or right before COMMIT (or a savepoint's RELEASE) at the latest.
         The message is sent only if (and after) the outermost transaction commits; a
         rollback, a rolled-back savepoint or a close without commit discards it. ``body`` is
         serialized with the outbox's serializer (JSON by default); ``bytes`` pass unchanged.
@@ -213,34 +217,20 @@ class Outbox:
             tags=check_tags(tags),
         )
         message = tracing.published(message)  # the publish span; adds its traceparent
-        values = row_values(message, content_type)
-        row = OutboxRow(**values)
-        sync.add(row)  # begins the session's transaction if it has none yet
-        self._tracker.stage(sync, Staged(message, bind))
-        sync.info.setdefault(self._rows_key, []).append((row, values))
+        self._tracker.stage(sync, Staged(message, bind, row_values(message, content_type)))
         return message.id
 
-    def _write_rows(self, session: Session) -> None:
-        """At the start of a flush: the rows ``publish`` added, still pending, leave the
-        session and go in with one Core INSERT on its connection for the current
-        transaction (the unit of work has no more to do for them)."""
-        added: list[tuple[OutboxRow, dict[str, Any]]] | None = session.info.pop(
-            self._rows_key, None
-        )
-        if not added:
-            return
-        rows = []
-        for row, values in added:
-            if sa.inspect(row).pending:  # not expunged, nor rolled back with a savepoint
-                session.expunge(row)
-                rows.append(values)
-        if rows:
-            insert_rows(session.connection(bind_arguments={"mapper": OUTBOX_MAPPER}), rows)
+    @staticmethod
+    def _write_rows(session: Session, staged: list[Staged]) -> None:
+        """The tracker's writer: the staged messages' rows, in one INSERT on the session's
+        connection for the outbox table, in the transaction current now."""
+        connection = session.connection(bind_arguments={"clause": outbox_table})
+        insert_rows(connection, [item.row for item in staged])
 
     def _installed_bind(self, session: Session) -> Engine | Connection:
         """The bind the outbox row is written through; refuses sessions not installed on."""
         try:
-            bind = session.get_bind(OUTBOX_MAPPER)
+            bind = session.get_bind(clause=outbox_table)
         except UnboundExecutionError as exc:
             raise ConfigurationError(
                 "this session is bound to no engine: create it with Session(engine) or a "

@@ -1,16 +1,13 @@
-"""The ORM mapping ``publish()`` adds through the caller's session, and its Core INSERT.
+"""An outbox row's values and the INSERT that writes a transaction's rows.
 
-Mapped on a private registry so it never touches the application's declarative base. Adding
-an object (instead of executing an INSERT) works the same for ``Session`` and
-``AsyncSession``: the row is written by the caller's next flush or commit, inside the
-transaction (or savepoint) that was current when it was published. The outbox's
-``before_flush`` hook takes its pending rows out of the session and writes them with one
-Core ``INSERT`` (``insert_rows``), so the unit of work has nothing of them to do; without
-the hook (an uninstalled target) the ORM flushes them as any object.
+``Outbox.publish`` stages each message with its row's values (``row_values``); the outbox's
+writer puts a session's staged rows in with one ``insert_rows`` on the session's connection,
+at its next flush or right before COMMIT (``qmq_outbox.tracking``). No ORM object is made:
+the unit of work has nothing of them to do.
 
 Per-key order needs a key's outbox ids to follow its transactions' commits: otherwise a
 transaction holding id 5 of key k could commit after the one holding id 6 was already sent.
-So on PostgreSQL, right before a keyed row's INSERT, the flush takes a transaction-level
+So on PostgreSQL, right before a keyed row's INSERT, its writer takes a transaction-level
 advisory lock on its (subject, key) (``key_lock_id``): transactions publishing the same key
 queue there until the first one ends, and each takes its ids after the previous committed.
 SQLite needs nothing: one writer at a time already does that. Unkeyed rows take no lock.
@@ -18,7 +15,7 @@ SQLite needs nothing: one writer at a time already does that. Unkeyed rows take 
 On PostgreSQL through psycopg (sync), the INSERT goes straight to the driver's connection,
 its SQL compiled once by SQLAlchemy for the dialect: the same statement in the same
 transaction (prepared by psycopg as any repeated query, per its ``prepare_threshold``), at
-about half the client CPU of a Core execution (measured: ~40 µs against ~90 µs a row).
+about half the client CPU of a Core execution.
 SQLAlchemy's statement events do not see it; with a ``schema_translate_map`` or any other
 driver the Core INSERT runs.
 """
@@ -27,46 +24,15 @@ from __future__ import annotations
 
 import hashlib
 import weakref
-from collections.abc import Sequence
-from datetime import datetime
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
 import sqlalchemy as sa
-from sqlalchemy import event
 from sqlalchemy.engine import Connection, Dialect
-from sqlalchemy.orm import Mapper, registry
 
 from qmq_outbox.envelope import OutgoingMessage
 from qmq_outbox.schema import outbox_table
-
-_registry = registry()
-
-
-class OutboxRow:
-    """One ``qmq_outbox`` row as the ORM sees it (write-only for the SDK)."""
-
-    id: int
-    message_id: str
-    subject: str
-    key: str | None
-    headers: dict[str, str]
-    body: bytes
-    content_type: str
-    producer: str | None
-    deliver_at: datetime | None
-    tags: list[str] | None
-    status: str
-    attempts: int
-    next_attempt_at: datetime
-    created_at: datetime
-
-    def __init__(self, **values: Any) -> None:
-        for name, value in values.items():
-            setattr(self, name, value)
-
-
-OUTBOX_MAPPER = _registry.map_imperatively(OutboxRow, outbox_table)
 
 
 def row_values(message: OutgoingMessage, content_type: str) -> dict[str, Any]:
@@ -89,11 +55,6 @@ def row_values(message: OutgoingMessage, content_type: str) -> dict[str, Any]:
     }
 
 
-def row_for(message: OutgoingMessage, content_type: str) -> OutboxRow:
-    """``row_values`` as an ORM object."""
-    return OutboxRow(**row_values(message, content_type))
-
-
 # No RETURNING: nothing reads the ids back.
 _INSERT = sa.insert(outbox_table).inline()
 
@@ -106,7 +67,7 @@ _PREPARED: weakref.WeakKeyDictionary[Dialect, dict[tuple[str, ...], str]] = (
 )
 
 
-def insert_rows(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
+def insert_rows(connection: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
     """INSERT ``rows`` (``row_values``) on ``connection``, in order, in one statement; each
     keyed row's lock is taken first."""
     for values in rows:
@@ -171,10 +132,3 @@ def lock_key(connection: Connection, subject: str, key: str) -> None:
     if lock_id not in taken:
         connection.execute(sa.select(sa.func.pg_advisory_xact_lock(lock_id)))
         taken.add(lock_id)
-
-
-@event.listens_for(OutboxRow, "before_insert")
-def _lock_key(_mapper: Mapper[OutboxRow], connection: Connection, row: OutboxRow) -> None:
-    """Take the row's key lock before its id is drawn, when the ORM flushes it."""
-    if row.key is not None:
-        lock_key(connection, row.subject, row.key)

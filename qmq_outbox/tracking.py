@@ -9,8 +9,11 @@ savepoint's items up to its enclosing transaction or, for the root, hands them t
 them (``docs/outbox.md`` lists the event traps this avoids). Buffers are created lazily by
 ``stage()`` rather than in ``after_transaction_create``, which also fires for every flush's
 internal subtransaction; sessions that never publish pay two dict lookups per transaction.
-An optional ``before_flush`` callback runs at the start of each flush of a session that
-staged something (the outbox writes its rows there), with the same listeners' reach.
+An optional ``write`` callback puts staged items in the database: the outbox's rows. It runs
+with the items not yet written at the start of every flush and in ``before_commit`` (a root
+commit or a savepoint's release), so they are in before COMMIT whether or not the session has
+ORM changes of its own. A savepoint rolled back takes the writes made inside it along: the
+items among them that outlive it (staged on an enclosing transaction) are written again.
 
 Listeners go on a ``sessionmaker``'s own class, a ``Session`` subclass, a ``scoped_session``
 or a single session. Installing an *engine* (``Engine`` or ``AsyncEngine``) instead covers
@@ -109,10 +112,10 @@ class TransactionTracker(Generic[T]):
         on_commit: Callable[[list[T]], None],
         *,
         name: str = "outbox",
-        before_flush: Callable[[Session], None] | None = None,
+        write: Callable[[Session, list[T]], None] | None = None,
     ) -> None:
         self._on_commit = on_commit
-        self._before_flush = before_flush
+        self._write = write
         self._key = f"qmq_outbox.{name}.{id(self)}.staged"
         self._committing = f"qmq_outbox.{name}.{id(self)}.committing"
         self._classes: set[type[Session]] = set()
@@ -184,26 +187,35 @@ class TransactionTracker(Generic[T]):
             event.remove(target, "after_transaction_end", after_end)
 
     def _listen_flush(self, target: EventTarget, hook: Callable[..., None]) -> None:
-        if self._before_flush is not None and not event.contains(target, "before_flush", hook):
+        if self._write is not None and not event.contains(target, "before_commit", hook):
             event.listen(target, "before_flush", hook)
+            event.listen(target, "before_commit", hook)
 
     @staticmethod
     def _unlisten_flush(target: EventTarget, hook: Callable[..., None]) -> None:
-        if event.contains(target, "before_flush", hook):
+        if event.contains(target, "before_commit", hook):
             event.remove(target, "before_flush", hook)
+            event.remove(target, "before_commit", hook)
 
     def stage(self, session: Session, item: T) -> None:
-        """Buffer ``item`` on the innermost root-or-SAVEPOINT transaction of ``session``."""
-        transaction = session.get_nested_transaction() or session.get_transaction()
-        if transaction is None:
-            raise ConfigurationError("publish() needs a session inside a transaction")
-        buffers: dict[SessionTransaction, list[T]] = session.info.setdefault(self._key, {})
-        buffers.setdefault(transaction, []).append(item)
+        """Buffer ``item`` on the innermost root-or-SAVEPOINT transaction of ``session``,
+        beginning the session's transaction as adding an object would (autobegin)."""
+        # Session.add() autobegins through this same call; there is no public equivalent
+        # that refuses as add() does when the session has autobegin=False.
+        transaction = (
+            session.get_nested_transaction() or session.get_transaction() or session._autobegin_t()
+        )
+        state: _Staged[T] | None = session.info.get(self._key)
+        if state is None:
+            state = session.info[self._key] = _Staged()
+        state.buffers.setdefault(transaction, []).append(item)
+        if self._write is not None:
+            state.unwritten.append(item)
 
     def staged(self, session: Session) -> int:
         """How many items wait on ``session``'s open transactions."""
-        buffers: dict[SessionTransaction, list[T]] = session.info.get(self._key, {})
-        return sum(len(items) for items in buffers.values())
+        state: _Staged[T] | None = session.info.get(self._key)
+        return 0 if state is None else sum(len(items) for items in state.buffers.values())
 
     # Registered on the Session class for installed engines: every session of the process
     # passes here, so the first test is the cheapest one. Sessions with class or instance
@@ -222,8 +234,20 @@ class TransactionTracker(Generic[T]):
             self._flush(session)
 
     def _flush(self, session: Session, *_: object) -> None:
-        if self._before_flush is not None and self._key in session.info:
-            self._before_flush(session)
+        """``before_flush`` and ``before_commit``: write what is staged and not written yet,
+        in the transaction current now (the writes are kept with it)."""
+        state: _Staged[T] | None = session.info.get(self._key)
+        if state is None or not state.unwritten or self._write is None:
+            return
+        items, state.unwritten = state.unwritten, []
+        try:
+            self._write(session, items)
+        except BaseException:
+            state.unwritten = items + state.unwritten  # nothing of them is in
+            raise
+        current = session.get_nested_transaction() or session.get_transaction()
+        assert current is not None  # staged items imply an open transaction
+        state.written.setdefault(current, []).extend(items)
 
     def _after_commit(self, session: Session) -> None:
         if self._key in session.info:
@@ -232,16 +256,22 @@ class TransactionTracker(Generic[T]):
 
     def _after_transaction_end(self, session: Session, transaction: SessionTransaction) -> None:
         info: dict[Any, Any] = session.info
-        buffers: dict[SessionTransaction, list[T]] | None = info.get(self._key)
-        if buffers is None:
+        state: _Staged[T] | None = info.get(self._key)
+        if state is None:
             return
         committed = info.get(self._committing) is transaction
         if committed:
             del info[self._committing]
-        items = buffers.pop(transaction, None)
+        items = state.buffers.pop(transaction, None)
+        written = state.written.pop(transaction, None)
         enclosing = _enclosing(transaction)
         if transaction.parent is None:
             del info[self._key]  # the root ended: nothing may outlive it
+        elif committed:
+            if written and enclosing is not None:
+                state.written.setdefault(enclosing, []).extend(written)
+        elif items or written:
+            state.rolled_back(items or [], written or [])
         if not items:
             return
         if not committed:
@@ -251,11 +281,27 @@ class TransactionTracker(Generic[T]):
                 extra={"action": "outbox.discarded", "count": len(items)},
             )
         elif enclosing is not None:
-            buffers.setdefault(enclosing, []).extend(items)  # savepoint released
+            state.buffers.setdefault(enclosing, []).extend(items)  # savepoint released
         else:
-            self._hand_off(items)
+            self._hand_off(self._unwritten_left_out(items, state))
+
+    def _unwritten_left_out(self, items: list[T], state: _Staged[T]) -> list[T]:
+        """The committed items, less any staged after the commit's last write (by a flush
+        hook of the application's): their rows are not in, so they must not be sent."""
+        if not state.unwritten:
+            return items
+        late = {id(item) for item in state.unwritten}
+        logger.error(
+            "%d message(s) staged during the commit after the outbox wrote its rows were "
+            "not written and are not sent: publish before commit() starts",
+            len(late),
+            extra={"action": "outbox.staged_too_late", "count": len(late)},
+        )
+        return [item for item in items if id(item) not in late]
 
     def _hand_off(self, items: list[T]) -> None:
+        if not items:
+            return
         try:
             self._on_commit(items)
         except Exception:
@@ -263,3 +309,22 @@ class TransactionTracker(Generic[T]):
                 "handing committed messages to the dispatcher failed; they stay pending",
                 extra={"action": "outbox.handoff_failed", "count": len(items)},
             )
+
+
+class _Staged(Generic[T]):
+    """One session's staged items: by the transaction they belong to, those not written yet
+    (in staging order), and those written, by the transaction current at their write."""
+
+    __slots__ = ("buffers", "unwritten", "written")
+
+    def __init__(self) -> None:
+        self.buffers: dict[SessionTransaction, list[T]] = {}
+        self.unwritten: list[T] = []
+        self.written: dict[SessionTransaction, list[T]] = {}
+
+    def rolled_back(self, dropped: list[T], undone: list[T]) -> None:
+        """A savepoint rolled back: its own items go; the writes it undid of items that
+        outlive it (staged outside it) are to be made again, before those not written yet."""
+        gone = {id(item) for item in dropped}
+        again = [item for item in undone if id(item) not in gone]
+        self.unwritten = again + [item for item in self.unwritten if id(item) not in gone]

@@ -568,7 +568,7 @@ def waiting_on_advisory_locks(engine: sa.Engine) -> int:
         )
 
 
-def test_same_key_transactions_queue_at_their_flush(pg_url_migrated: str) -> None:
+def test_same_key_transactions_queue_at_their_write(pg_url_migrated: str) -> None:
     engine = sa.create_engine(pg_url_migrated)
     clear_outbox(engine)
     subject = unique_subject("queue")
@@ -578,11 +578,12 @@ def test_same_key_transactions_queue_at_their_flush(pg_url_migrated: str) -> Non
     first = maker()
     first.begin()
     savepoint = first.begin_nested()
-    outbox.publish(first, subject, {"n": 0}, key="k")
-    first.flush()
-    savepoint.rollback()  # gives back the key lock it took
-    mine = outbox.publish(first, subject, {"n": 1}, key="k")
-    first.flush()  # takes it again
+    with first.begin_nested():  # its RELEASE writes the row, taking the key's lock
+        outbox.publish(first, subject, {"n": 0}, key="k")
+    assert waiting_on_advisory_locks(engine) == 0
+    savepoint.rollback()  # gives back the key lock taken inside it
+    with first.begin_nested():  # takes it again
+        mine = outbox.publish(first, subject, {"n": 1}, key="k")
     done = threading.Event()
     theirs: list[str] = []
 
@@ -593,7 +594,7 @@ def test_same_key_transactions_queue_at_their_flush(pg_url_migrated: str) -> Non
 
     thread = threading.Thread(target=second)
     thread.start()
-    wait_for(lambda: waiting_on_advisory_locks(engine) == 1, what="second waits at its flush")
+    wait_for(lambda: waiting_on_advisory_locks(engine) == 1, what="second waits at its write")
     with maker.begin() as session:  # other keys and unkeyed messages do not wait
         outbox.publish(session, subject, {"n": 3}, key="other")
         outbox.publish(session, subject, {"n": 4})

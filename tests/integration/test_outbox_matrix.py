@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import (
     async_sessionmaker,
     create_async_engine,
 )
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from qmq_outbox import migrate
 from qmq_outbox.client import BrokerClient
@@ -38,6 +38,24 @@ from tests.support.outbox import (
 from tests.support.postgres import fresh_database
 
 pytestmark = pytest.mark.timeout(60)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Note(Base):
+    """A business row of the application's own, flushed by the unit of work."""
+
+    __tablename__ = "matrix_notes"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    text: Mapped[str]
+
+
+def row_count(session: Session, message_id: str) -> int:
+    """How many outbox rows of ``message_id`` the session's transaction sees."""
+    query = sa.text("SELECT count(*) FROM qmq_outbox WHERE message_id = :id")
+    return int(session.execute(query, {"id": message_id}).scalar_one())
 
 
 class Boom(Exception):
@@ -259,6 +277,28 @@ def s_two_nested_savepoints(e: Env) -> list[str]:
     return [a, b, d]
 
 
+def s_outer_row_written_in_a_rolled_back_savepoint(e: Env) -> list[str]:
+    with e.maker.begin() as s:
+        a = e.pub(s)
+        outer = s.begin_nested()
+        with s.begin_nested():
+            e.pub(s)  # this RELEASE writes a's row too, inside ``outer``
+        outer.rollback()  # takes a's row along: it is written again before COMMIT
+    return [a]
+
+
+def s_rows_of_a_session_with_orm_changes(e: Env) -> list[str]:
+    Base.metadata.create_all(e.check)
+    with e.maker.begin() as s:
+        a = e.pub(s)
+        assert row_count(s, a) == 0  # a query without ORM changes to flush: not in yet
+        s.add(Note(text="x"))
+        s.flush()  # a real flush: a's row goes in with it
+        assert row_count(s, a) == 1
+        b = e.pub(s)
+    return [a, b]
+
+
 def s_commit_with_savepoint_open(e: Env) -> list[str]:
     with e.maker() as s:
         a = e.pub(s)
@@ -299,6 +339,8 @@ SYNC_CASES: dict[str, Callable[[Env], list[str]]] = {
         s_savepoint_released_outer_rollback,
         s_savepoint_rolled_back_outer_commit,
         s_two_nested_savepoints,
+        s_outer_row_written_in_a_rolled_back_savepoint,
+        s_rows_of_a_session_with_orm_changes,
         s_commit_with_savepoint_open,
         s_transactional_returns,
         s_transactional_raises,
@@ -416,6 +458,16 @@ async def a_two_nested_savepoints(e: AsyncEnv) -> list[str]:
     return [a, b, d]
 
 
+async def a_outer_row_written_in_a_rolled_back_savepoint(e: AsyncEnv) -> list[str]:
+    async with e.amaker.begin() as s:
+        a = e.pub(s)
+        outer = await s.begin_nested()
+        async with s.begin_nested():
+            e.pub(s)  # this RELEASE writes a's row too, inside ``outer``
+        await outer.rollback()  # takes a's row along: it is written again before COMMIT
+    return [a]
+
+
 async def a_commit_with_savepoint_open(e: AsyncEnv) -> list[str]:
     async with e.amaker() as s:
         a = e.pub(s)
@@ -456,6 +508,7 @@ ASYNC_CASES: dict[str, Callable[[AsyncEnv], Awaitable[list[str]]]] = {
         a_savepoint_released_outer_rollback,
         a_savepoint_rolled_back_outer_commit,
         a_two_nested_savepoints,
+        a_outer_row_written_in_a_rolled_back_savepoint,
         a_commit_with_savepoint_open,
         a_transactional_returns,
         a_transactional_raises,

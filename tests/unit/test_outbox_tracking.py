@@ -293,3 +293,126 @@ async def test_async_session_commit_and_savepoints(tmp_path: Path) -> None:
         rec.publish(session.sync_session, "e")  # closed without commit
     assert rec.handoffs == [["a", "b"]]
     await engine.dispose()
+
+
+# -- a writer: items written before COMMIT, and written again when a savepoint undoes them ---
+
+
+class Writer:
+    """Stages tags with a ``write`` that inserts them as ``orders`` rows, as the outbox
+    writes its rows: nothing is added to the session's unit of work."""
+
+    def __init__(self) -> None:
+        self.handoffs: list[list[str]] = []
+        self.writes: list[list[str]] = []
+        self.tracker: TransactionTracker[str] = TransactionTracker(
+            self.handoffs.append, write=self.write
+        )
+
+    def write(self, session: Session, tags: list[str]) -> None:
+        self.writes.append(tags)
+        session.execute(sa.insert(Order), [{"tag": tag} for tag in tags])
+
+
+@pytest.fixture
+def writer(maker: sessionmaker[Session]) -> Writer:
+    writer = Writer()
+    writer.tracker.install(maker)
+    return writer
+
+
+def test_written_before_commit_in_a_session_without_orm_changes(
+    writer: Writer, maker: sessionmaker[Session], engine: sa.Engine
+) -> None:
+    with maker() as session:
+        writer.tracker.stage(session, "a")
+        writer.tracker.stage(session, "b")
+        session.flush()  # nothing of the unit of work to flush: SQLAlchemy skips it
+        assert writer.writes == []
+        session.commit()
+    assert writer.writes == [["a", "b"]]  # one write, right before COMMIT
+    assert writer.handoffs == [["a", "b"]]
+    assert committed_tags(engine) == {"a", "b"}
+
+
+def test_written_with_a_flush_of_orm_changes(
+    writer: Writer, maker: sessionmaker[Session], engine: sa.Engine
+) -> None:
+    with maker.begin() as session:
+        writer.tracker.stage(session, "a")
+        session.add(Order(tag="orm"))
+        session.flush()
+        assert writer.writes == [["a"]]
+        writer.tracker.stage(session, "b")
+    assert writer.writes == [["a"], ["b"]]
+    assert writer.handoffs == [["a", "b"]]
+    assert committed_tags(engine) == {"a", "b", "orm"}
+
+
+def test_a_rolled_back_savepoint_takes_outer_writes_along_and_they_are_made_again(
+    writer: Writer, maker: sessionmaker[Session], engine: sa.Engine
+) -> None:
+    with maker.begin() as session:
+        writer.tracker.stage(session, "a")
+        outer = session.begin_nested()
+        with session.begin_nested():
+            writer.tracker.stage(session, "b")
+        assert writer.writes == [["a", "b"]]  # the inner RELEASE wrote both, inside outer
+        writer.tracker.stage(session, "c")
+        outer.rollback()  # undoes a's and b's rows; b and c were outer's own
+        writer.tracker.stage(session, "d")
+    assert writer.writes == [["a", "b"], ["a", "d"]]
+    assert writer.handoffs == [["a", "d"]]
+    assert committed_tags(engine) == {"a", "d"}
+
+
+def test_a_released_savepoint_keeps_its_writes(
+    writer: Writer, maker: sessionmaker[Session], engine: sa.Engine
+) -> None:
+    with maker() as session:
+        writer.tracker.stage(session, "a")
+        with session.begin_nested():
+            with session.begin_nested():
+                writer.tracker.stage(session, "b")
+            writer.tracker.stage(session, "c")
+        session.commit()
+    assert writer.writes == [["a", "b"], ["c"]]
+    assert writer.handoffs == [["a", "b", "c"]]
+    assert committed_tags(engine) == {"a", "b", "c"}
+
+
+def test_a_failed_write_leaves_its_items_to_be_written(
+    writer: Writer, maker: sessionmaker[Session], engine: sa.Engine
+) -> None:
+    failures = iter([RuntimeError("refused")])
+    write = writer.write
+
+    def flaky(session: Session, tags: list[str]) -> None:
+        if (failure := next(failures, None)) is not None:
+            raise failure
+        write(session, tags)
+
+    writer.tracker._write = flaky
+    with maker.begin() as session:
+        writer.tracker.stage(session, "a")
+        with pytest.raises(RuntimeError), session.begin_nested():
+            writer.tracker.stage(session, "b")  # the RELEASE's write fails: rolled back
+        writer.tracker.stage(session, "c")
+    assert writer.handoffs == [["a", "c"]]
+    assert committed_tags(engine) == {"a", "c"}
+
+
+def test_an_item_staged_after_the_commits_write_is_not_handed_off(
+    writer: Writer,
+    maker: sessionmaker[Session],
+    engine: sa.Engine,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with maker() as session:
+        writer.tracker.stage(session, "a")
+        session.add(Order(tag="orm"))  # so that the commit flushes
+        sa.event.listen(session, "after_flush", lambda s, _: writer.tracker.stage(s, "late"))
+        session.commit()
+    assert writer.handoffs == [["a"]]  # "late" has no row: it must not be sent
+    assert committed_tags(engine) == {"a", "orm"}
+    assert "staged during the commit" in caplog.text
