@@ -28,14 +28,19 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, TypedDict, Unpack
+from typing import Any, Literal, TypedDict, Unpack
 
 from qmq_outbox.dburl import mask_url
 from qmq_outbox.envelope import Message
+from qmq_outbox.errors import BrokerRejected, BrokerUnavailable, OutboxStoreError
 
 DEFAULT_SUMMARY_INTERVAL = 60.0
 MAX_ERROR_CHARS = 500
 _CATALOGUE_LINK = re.compile(r"\(Background on this error at: \S+\)")
+_OUTBOX_DOWN: dict[str, tuple[type[BaseException], ...]] = {
+    "database": (OutboxStoreError,),
+    "broker": (BrokerUnavailable, BrokerRejected),
+}
 
 
 class IntervalOptions(TypedDict, total=False):
@@ -187,6 +192,27 @@ class FailureLog(IntervalLog):
         extra = {**self._fields, **extra, "action": f"{self._action}.{state}"}
         extra["target"] = self.target
         self._logger.log(level, message, *args, exc_info=exc_info, extra=extra)
+
+
+def outbox_failures(
+    loop: Literal["dispatcher", "compensator"],
+    dependency: Literal["database", "broker"],
+    target: str,
+    *,
+    logger: logging.Logger,
+    summary_interval: float,
+) -> FailureLog:
+    """The outages of ``dependency`` as an outbox loop sees them: lines named
+    "<loop>: <dependency>", actions ``outbox.<loop>.<dependency>.*``. The broker is down
+    when it is unavailable or refuses the request; the database, on a store error."""
+    return FailureLog(
+        what=f"{loop}: {dependency}",
+        target=target,
+        action=f"outbox.{loop}.{dependency}",
+        logger=logger,
+        expected=_OUTBOX_DOWN[dependency],
+        summary_interval=summary_interval,
+    )
 
 
 class RepeatedFailures(IntervalLog):

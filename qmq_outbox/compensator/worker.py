@@ -43,13 +43,8 @@ from qmq_outbox import tracing
 from qmq_outbox.backoff import backoff_delay
 from qmq_outbox.compensator.config import CompensatorConfig, CompensatorSettings
 from qmq_outbox.compensator.metrics import CompensatorMetrics
-from qmq_outbox.errors import (
-    BrokerRejected,
-    BrokerUnavailable,
-    ConfigurationError,
-    OutboxStoreError,
-)
-from qmq_outbox.failure_log import FailureLog, client_url
+from qmq_outbox.errors import ConfigurationError
+from qmq_outbox.failure_log import client_url, outbox_failures
 from qmq_outbox.sending import SendReport, send
 from qmq_outbox.store import ClaimedRow, OutboxStore, Retry, utcnow
 from qmq_outbox.transports.base import ClosingProducer, Producer, Transport
@@ -131,21 +126,12 @@ class Compensator:
         self._scheduler: BackgroundScheduler | None = None
         self._scheduler_lock = threading.Lock()
         every = self.config.outage_summary.total_seconds()
-        self._database = FailureLog(
-            what="compensator: database",
-            target=store.engine.url.render_as_string(hide_password=True),
-            action="outbox.compensator.database",
-            logger=logger,
-            expected=(OutboxStoreError,),
-            summary_interval=every,
+        database_url = store.engine.url.render_as_string(hide_password=True)
+        self._database = outbox_failures(
+            "compensator", "database", database_url, logger=logger, summary_interval=every
         )
-        self._broker = FailureLog(
-            what="compensator: broker",
-            target=client_url(client),
-            action="outbox.compensator.broker",
-            logger=logger,
-            expected=(BrokerUnavailable, BrokerRejected),
-            summary_interval=every,
+        self._broker = outbox_failures(
+            "compensator", "broker", client_url(client), logger=logger, summary_interval=every
         )
         self._unroutable_log = SubjectWarnings(
             logger=logger, action="outbox.unroutable", interval=every

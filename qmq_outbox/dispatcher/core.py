@@ -15,8 +15,8 @@ from qmq_outbox.backoff import backoff_seconds
 from qmq_outbox.dispatcher.logs import log_held, log_report, log_skipped, logger
 from qmq_outbox.dispatcher.queues import Backlog, Batch, Keyed, KeyLanes, Send, by_engine
 from qmq_outbox.envelope import OutgoingMessage
-from qmq_outbox.errors import BrokerRejected, BrokerUnavailable, OutboxStoreError, QmqError
-from qmq_outbox.failure_log import DEFAULT_SUMMARY_INTERVAL, FailureLog
+from qmq_outbox.errors import QmqError
+from qmq_outbox.failure_log import DEFAULT_SUMMARY_INTERVAL, FailureLog, outbox_failures
 from qmq_outbox.sending import SendReport
 from qmq_outbox.store import OrderCheck, utcnow
 from qmq_outbox.unroutable import SubjectWarnings
@@ -80,13 +80,8 @@ class Dispatch:
         self.breaker = _Breaker(cooldown, max_cooldown)
         self.closing = False
         self.summary_interval = outage_summary_interval
-        self.broker = FailureLog(
-            what="dispatcher: broker",
-            target=target,
-            action="outbox.dispatcher.broker",
-            logger=logger,
-            expected=(BrokerUnavailable, BrokerRejected),
-            summary_interval=outage_summary_interval,
+        self.broker = outbox_failures(
+            "dispatcher", "broker", target, logger=logger, summary_interval=outage_summary_interval
         )
         self.unroutable = SubjectWarnings(
             logger=logger, action="outbox.unroutable", interval=outage_summary_interval
@@ -244,12 +239,11 @@ class Dispatch:
         if log is None:  # setdefault: two sender threads may get here at once
             log = self.databases.setdefault(
                 target,
-                FailureLog(
-                    what="dispatcher: database",
-                    target=target,
-                    action="outbox.dispatcher.database",
+                outbox_failures(
+                    "dispatcher",
+                    "database",
+                    target,
                     logger=logger,
-                    expected=(OutboxStoreError,),
                     summary_interval=self.summary_interval,
                 ),
             )
