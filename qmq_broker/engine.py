@@ -49,7 +49,7 @@ class Broker:
         self.lifecycle = Lifecycle()
         self.recovered: Recovered | None = None
         self._reader = SegmentReader(config.data_dir, SegmentKind.MESSAGES)
-        self._shared = Shared(
+        self.shared = Shared(
             config=config,
             clock=self.clock,
             metrics=metrics,
@@ -59,7 +59,8 @@ class Broker:
             actor_metrics=ActorMetrics(metrics.registry),
             schedule_metrics=ScheduleMetrics(metrics.registry),
         )
-        self.recent_consumers = self._shared.recent_consumers
+        """What the services and the HTTP layer are built with."""
+        self.recent_consumers = self.shared.recent_consumers
         """Consumers heard from lately, noted by the HTTP layer on pulls, acks and nacks."""
         self._services: Services | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -118,7 +119,7 @@ class Broker:
         problems = recovered.problems + scheduled.problems + routes.problems
         self.metrics.recovery_problems.set(len(problems))
         book = RouteBook(routes.routes, fenced=routes.fenced)
-        services = self._services = build_services(self._shared, recovered, scheduled, book)
+        services = self._services = build_services(self.shared, recovered, scheduled, book)
         for name, loop in services.loops(self.config.workers):
             self._spawn(loop, name)
         commands = await services.routes.restore_commands()

@@ -45,7 +45,8 @@ Loop = tuple[str, Callable[[], Awaitable[None]]]
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Shared:
-    """What every service is built with: settings, time, metrics, the lifecycle, the reader."""
+    """What every service and the HTTP layer are built with: settings, time, metrics, the
+    lifecycle, the reader, the consumers heard from lately."""
 
     config: BrokerConfig
     clock: Clock

@@ -16,10 +16,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 import qmq_wire
-from qmq_broker.clock import Clock
-from qmq_broker.config import BrokerConfig
 from qmq_broker.console.http import ConsoleAssets
-from qmq_broker.console.recent_consumers import RecentConsumers
 from qmq_broker.errors import Denied, Invalid, NotFound, RequestError
 from qmq_broker.http import bodies
 from qmq_broker.http.auth import Authorizer, Grant, Right
@@ -38,9 +35,7 @@ from qmq_broker.http.schemas import (
     ResetRequest,
     SplitRequest,
 )
-from qmq_broker.lifecycle import Lifecycle
-from qmq_broker.metrics import BrokerMetrics
-from qmq_broker.services import Services
+from qmq_broker.services import Services, Shared
 from qmq_wire import rules
 
 M = TypeVar("M", bound=BaseModel)
@@ -62,20 +57,12 @@ class Api:
     def __init__(
         self,
         *,
-        config: BrokerConfig,
-        clock: Clock,
-        metrics: BrokerMetrics,
-        lifecycle: Lifecycle,
-        recent_consumers: RecentConsumers,
+        shared: Shared,
         services: Callable[[], Services],
         pull_work_s: Callable[[], float],
         authorizer: Authorizer | None = None,
     ) -> None:
-        self.config = config
-        self.clock = clock
-        self.broker_metrics = metrics
-        self.lifecycle = lifecycle
-        self.recent_consumers = recent_consumers
+        self.shared = shared  # settings, time, metrics, lifecycle, consumers heard from
         self.services = services  # answers ``recovering`` until the broker is ready
         self.authorizer = authorizer
         self.overhead = LoopOverhead(pull_work_s)
@@ -84,7 +71,7 @@ class Api:
         refusal = content_type_error(request.headers.get("content-type"))
         if refusal is not None:
             raise refusal
-        limit = self.config.max_request_bytes
+        limit = self.shared.config.max_request_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise Invalid(code="request_too_large", message=f"request body over {limit} bytes")
@@ -136,9 +123,9 @@ class Api:
                     allowed.add(envelope.subject)
         messages = incoming_messages(
             envelopes,
-            now_us=self.clock.wall_us(),
-            max_body_bytes=self.config.max_body_bytes,
-            max_delay_s=self.config.max_delay_s,
+            now_us=self.shared.clock.wall_us(),
+            max_body_bytes=self.shared.config.max_body_bytes,
+            max_delay_s=self.shared.config.max_delay_s,
         )
         results = await self.services().producer.produce(messages)
         return _json({"results": results})
@@ -149,8 +136,8 @@ class Api:
         began = time.thread_time()  # CPU, as the actors' work is counted (``Served``)
         parsed = bodies.decode(body, bodies.PullBody)
         self._require(grant, Right.CONSUME, parsed.subject, group=parsed.group, field="group")
-        self.recent_consumers.saw(parsed.subject, parsed.group, parsed.consumer)
-        wait_ms = min(parsed.wait_ms, self.config.max_wait_ms)
+        self.shared.recent_consumers.saw(parsed.subject, parsed.group, parsed.consumer)
+        wait_ms = min(parsed.wait_ms, self.shared.config.max_wait_ms)
         decoded = time.thread_time()
         messages, acked = await self.services().delivery.ack_and_pull(
             subject=parsed.subject,
@@ -187,7 +174,7 @@ class Api:
         grant = self._grant(request)
         parsed = bodies.decode(await self._body(request), body)
         self._require(grant, Right.CONSUME, parsed.subject, group=parsed.group, field="group")
-        self.recent_consumers.saw(parsed.subject, parsed.group, parsed.consumer)
+        self.shared.recent_consumers.saw(parsed.subject, parsed.group, parsed.consumer)
         return parsed
 
     async def ack(self, request: Request) -> Response:
@@ -360,14 +347,14 @@ class Api:
         return _json(self.services().console.subject(subject, sees=grant.sees))
 
     async def healthz(self, request: Request) -> Response:
-        status = self.lifecycle.status.value
+        status = self.shared.lifecycle.status.value
         if status == "ready":
             return _json({"status": "ok"})
         return _json({"status": status}, status=503)
 
     async def metrics(self, request: Request) -> Response:
         return Response(
-            generate_latest(self.broker_metrics.registry), media_type=CONTENT_TYPE_LATEST
+            generate_latest(self.shared.metrics.registry), media_type=CONTENT_TYPE_LATEST
         )
 
     async def openapi(self, request: Request) -> Response:
@@ -375,7 +362,7 @@ class Api:
 
 
 def _endpoint(api: Api, name: str, handler: Handler) -> Handler:
-    histogram = api.broker_metrics.requests
+    histogram = api.shared.metrics.requests
 
     async def endpoint(request: Request) -> Response:
         api.overhead.request()
@@ -399,11 +386,7 @@ def create_app(
 ) -> HotRoutes:
     """The broker's HTTP app; ``guard`` defaults to a broker bound to 127.0.0.1."""
     api = Api(
-        config=broker.config,
-        clock=broker.clock,
-        metrics=broker.metrics,
-        lifecycle=broker.lifecycle,
-        recent_consumers=broker.recent_consumers,
+        shared=broker.shared,
         services=lambda: broker.services,
         pull_work_s=broker.measured_pull_work_s,
         authorizer=authorizer,

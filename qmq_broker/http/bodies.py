@@ -95,6 +95,13 @@ def _text(rule: rules.Text) -> msgspec.Meta:
     return msgspec.Meta(min_length=rule.low or None, max_length=rule.high)
 
 
+def _items(rule: rules.Items | rules.Objects) -> msgspec.Meta:
+    """A list's length, from its rule; distinct items are stated for the document (checked by
+    ``_distinct``)."""
+    unique = {"uniqueItems": True} if isinstance(rule, rules.Items) and rule.unique else None
+    return msgspec.Meta(min_length=rule.low, max_length=rule.high, extra_json_schema=unique)
+
+
 def _default(request: rules.Request, name: str) -> Any:
     return request[name].default
 
@@ -107,7 +114,7 @@ HeaderValue = Annotated[str, _text(rules.HEADER_VALUE)]
 Headers = Annotated[dict[HeaderName, HeaderValue], msgspec.Meta(max_length=rules.HEADERS.most)]
 Producer = Annotated[str, _text(rules.PRODUCER)]
 Seq = Annotated[int, _between(rules.SEQ)]
-Seqs = Annotated[list[Seq], msgspec.Meta(min_length=rules.SEQS.low, max_length=rules.SEQS.high)]
+Seqs = Annotated[list[Seq], _items(rules.SEQS)]
 PullMax = Annotated[int, _between(rules.PULL_MAX)]
 WaitMs = Annotated[int, _between(rules.WAIT_MS)]
 KeysInFlight = Annotated[int, _between(rules.KEYS_IN_FLIGHT)]
@@ -115,19 +122,8 @@ NackDelayMs = Annotated[int, _between(rules.NACK_DELAY_MS)]
 ErrorText = Annotated[str, _text(rules.ERROR_TEXT)]
 Partition = Annotated[int, _between(rules.PARTITION)]
 Tag = Annotated[str, _text(rules.TAG)]
-_UNIQUE: Final = {"uniqueItems": True}  # stated for the document; checked by ``_distinct``
-Tags = Annotated[
-    list[Tag],
-    msgspec.Meta(min_length=rules.TAGS.low, max_length=rules.TAGS.high, extra_json_schema=_UNIQUE),
-]
-TagFilter = Annotated[
-    list[Tag],
-    msgspec.Meta(
-        min_length=rules.TAG_FILTER.low,
-        max_length=rules.TAG_FILTER.high,
-        extra_json_schema=_UNIQUE,
-    ),
-]
+Tags = Annotated[list[Tag], _items(rules.TAGS)]
+TagFilter = Annotated[list[Tag], _items(rules.TAG_FILTER)]
 
 
 def _distinct(tags: list[str] | None) -> None:
@@ -182,10 +178,7 @@ class Envelope(_Body, frozen=True, gc=False):
 
 
 class ProduceBody(_Body, frozen=True):
-    messages: Annotated[
-        list[Envelope],
-        msgspec.Meta(min_length=rules.MESSAGES.low, max_length=rules.MESSAGES.high),
-    ]
+    messages: Annotated[list[Envelope], _items(rules.MESSAGES)]
 
 
 class PullBody(_Body, frozen=True):

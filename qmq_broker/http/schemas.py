@@ -55,6 +55,17 @@ def _text(rule: rules.Text) -> StringConstraints:
     return StringConstraints(min_length=rule.low or None, max_length=rule.high)
 
 
+def _items(rule: rules.Items | rules.Objects, description: str | None = None) -> Any:
+    """A list field's length, from its rule; distinct items are stated for the document
+    (``_unique`` checks them)."""
+    unique: dict[str, Any] | None = (
+        {"uniqueItems": True} if isinstance(rule, rules.Items) and rule.unique else None
+    )
+    return Field(
+        min_length=rule.low, max_length=rule.high, json_schema_extra=unique, description=description
+    )
+
+
 def _default(request: rules.Request, name: str) -> Any:
     return request[name].default
 
@@ -66,7 +77,7 @@ ConsumerId = Annotated[str, _text(rules.CONSUMER_ID)]
 HeaderName = Annotated[str, _text(rules.HEADER_NAME)]
 HeaderValue = Annotated[str, _text(rules.HEADER_VALUE)]
 Seq = Annotated[int, _between(rules.SEQ), _AS_JSON_INTEGER]
-Seqs = Annotated[list[Seq], Field(min_length=rules.SEQS.low, max_length=rules.SEQS.high)]
+Seqs = Annotated[list[Seq], _items(rules.SEQS)]
 Partition = Annotated[
     int, _between(rules.PARTITION, "an ordered subject's partition"), _AS_JSON_INTEGER
 ]
@@ -79,25 +90,14 @@ def _unique(values: list[str]) -> list[str]:
 
 
 _TAG = Annotated[str, _text(rules.TAG)]
-_UNIQUE = {"uniqueItems": True}  # stated for the document; checked by ``_unique``
 Tags = Annotated[
     list[_TAG],
-    Field(
-        min_length=rules.TAGS.low,
-        max_length=rules.TAGS.high,
-        json_schema_extra=_UNIQUE,
-        description="the message's tags, distinct; a group's tag filter matches on them",
-    ),
+    _items(rules.TAGS, "the message's tags, distinct; a group's tag filter matches on them"),
     AfterValidator(_unique),
 ]
 TagFilter = Annotated[
     list[_TAG],
-    Field(
-        min_length=rules.TAG_FILTER.low,
-        max_length=rules.TAG_FILTER.high,
-        json_schema_extra=_UNIQUE,
-        description="a tag filter: messages with any of these tags",
-    ),
+    _items(rules.TAG_FILTER, "a tag filter: messages with any of these tags"),
     AfterValidator(_unique),
 ]
 
@@ -218,10 +218,7 @@ class Envelope(_Strict):
 
 
 class ProduceRequest(_Strict):
-    messages: Annotated[
-        list[Envelope],
-        Field(min_length=rules.MESSAGES.low, max_length=rules.MESSAGES.high),
-    ]
+    messages: Annotated[list[Envelope], _items(rules.MESSAGES)]
 
 
 class PullRequest(_Strict):
