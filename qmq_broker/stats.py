@@ -68,8 +68,16 @@ class StatsService:
             raise NotFound(
                 code="subject_not_found", message=f"no subject {name!r}", field="subject"
             )
-        groups = [group.stats(log.end_seq) for group in self.groups.of_subject(name)]
-        return self._detail(log.stats(), groups)
+        stats = log.stats()
+        return SubjectDetail(
+            subject=stats.subject,
+            messages=stats.messages,
+            bytes=stats.bytes,
+            first_seq=stats.first_seq,
+            next_seq=stats.next_seq,
+            scheduled=self.delayed.subject_stats(name),
+            groups=[group.stats(log.end_seq) for group in self.groups.of_subject(name)],
+        )
 
     def _ordered_subject(self, name: str, partitions: list[int]) -> SubjectDetail:
         """An ordered subject: its partitions' counters summed, each group's too."""
@@ -86,12 +94,15 @@ class StatsService:
                 if found is not None:
                     stats = _summed(found, stats, _GROUP_COUNTERS)
                 groups[group.name] = stats
-        return self._detail(total, [groups[group] for group in sorted(groups)])
-
-    def _detail(self, counters: SubjectStats, groups: list[GroupStats]) -> SubjectDetail:
-        """A subject's counters with its delayed messages and its groups."""
-        scheduled = self.delayed.subject_stats(counters.subject)
-        return SubjectDetail(**dataclasses.asdict(counters), scheduled=scheduled, groups=groups)
+        return SubjectDetail(
+            subject=name,
+            messages=total.messages,
+            bytes=total.bytes,
+            first_seq=0,
+            next_seq=total.next_seq,
+            scheduled=self.delayed.subject_stats(name),
+            groups=[groups[group] for group in sorted(groups)],
+        )
 
     def _without_command(
         self, log: SubjectLog, subject: str, partition: int | None
