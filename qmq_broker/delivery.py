@@ -285,12 +285,7 @@ class DeliveryService:
                     message=f"{subject!r} is ordered: name the partition",
                     field="partition",
                 )
-            if not self._ordered.has_partition(subject, partition):
-                raise NotFound(
-                    code="partition_not_found",
-                    message=f"{subject!r} has no partition {partition}",
-                    field="partition",
-                )
+            self._ordered.require_partition(subject, partition)
             return partition_log(subject, partition)
         if partition is not None:
             raise Conflict(

@@ -153,12 +153,8 @@ class ResetService:
         self, subject: str, group: str, to: Position, partition: int | None
     ) -> list[_Target]:
         self._ordered.require_served(subject)
-        if partition is not None and not self._ordered.has_partition(subject, partition):
-            raise NotFound(
-                code="partition_not_found",
-                message=f"{subject!r} has no partition {partition}",
-                field="partition",
-            )
+        if partition is not None:
+            self._ordered.require_partition(subject, partition)
         if to.kind == "seq" and partition is None:
             raise Conflict(
                 code="partition_required",

@@ -22,7 +22,7 @@ from typing import Any
 
 from qmq_broker.actions import ActionLog, action
 from qmq_broker.clock import Clock
-from qmq_broker.errors import CorruptRecord, StorageError
+from qmq_broker.errors import CorruptRecord, NotFound, StorageError
 from qmq_broker.format.actions import ActionType
 from qmq_broker.groups import DeliveryState, GroupTable, Policy
 from qmq_broker.pulls.reads import Batch, read_message
@@ -86,8 +86,14 @@ class OrderedPulls:
         """``subject_fenced`` when the subject's routes could not be recovered."""
         self._book.get(subject)
 
-    def has_partition(self, subject: str, partition: int) -> bool:
-        return partition in self._routes(subject).every_partition()
+    def require_partition(self, subject: str, partition: int) -> None:
+        """``partition_not_found`` unless ``partition`` is one of the subject's."""
+        if partition not in self._routes(subject).every_partition():
+            raise NotFound(
+                code="partition_not_found",
+                message=f"{subject!r} has no partition {partition}",
+                field="partition",
+            )
 
     # --- joining ---------------------------------------------------------------------------
 
