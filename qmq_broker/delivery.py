@@ -60,37 +60,22 @@ class DeadLetterPage:
     next_after_seq: int | None
 
 
+@dataclasses.dataclass(kw_only=True, eq=False)
 class DeliveryService:
     """What consumers do to a group: pull, ack, nack; what operators do: list and redrive."""
 
-    def __init__(
-        self,
-        *,
-        lifecycle: Lifecycle,
-        journal: Journal,
-        subjects: SubjectTable,
-        groups: GroupTable,
-        actions: ActionLog,
-        pulls: PullScheduler,
-        reader: SegmentReader,
-        policy: RetryPolicy,
-        clock: Clock,
-        metrics: BrokerMetrics,
-        wake: Callable[[str], None],
-        ordered: OrderedPulls,
-    ) -> None:
-        self._lifecycle = lifecycle
-        self._ordered = ordered
-        self._journal = journal
-        self._subjects = subjects
-        self._groups = groups
-        self._actions = actions
-        self._pulls = pulls
-        self._reader = reader
-        self._policy = policy
-        self._clock = clock
-        self._metrics = metrics
-        self._wake = wake
+    lifecycle: Lifecycle
+    journal: Journal
+    subjects: SubjectTable
+    groups: GroupTable
+    actions: ActionLog
+    pulls: PullScheduler
+    reader: SegmentReader
+    policy: RetryPolicy
+    clock: Clock
+    metrics: BrokerMetrics
+    wake: Callable[[str], None]
+    ordered: OrderedPulls
 
     # --- pull ------------------------------------------------------------------------------
 
@@ -130,10 +115,10 @@ class DeliveryService:
         ``tags``: the group's tag filter, fixed by the pull that creates the group (a
         different one is ``tags_conflict``); not for ordered subjects.
         """
-        self._lifecycle.require()
+        self.lifecycle.require()
         if isinstance(start, str):  # "earliest" or "latest"
             start = Position(kind=start)
-        if mode == "ordered" or self._ordered.ordered(subject):
+        if mode == "ordered" or self.ordered.ordered(subject):
             if tags:
                 raise Conflict(
                     code="tags_not_ordered",
@@ -146,8 +131,8 @@ class DeliveryService:
         if created:
             # A group that starts at "latest" must not lose its start to a crash: messages
             # stored after this answer are the group's even if the broker dies now.
-            await durable(self._journal.commit_point())
-        future = self._pulls.submit(
+            await durable(self.journal.commit_point())
+        future = self.pulls.submit(
             subject=subject,
             group=group,
             key=key,
@@ -161,7 +146,7 @@ class DeliveryService:
         try:
             acked = None if not ack else self._record_acks(subject, group, consumer, ack)
             if acked is not None and acked.acked:
-                await durable(self._journal.commit_point())
+                await durable(self.journal.commit_point())
         except BaseException:
             future.cancel()  # not served to a caller that will not read the answer
             raise
@@ -172,11 +157,11 @@ class DeliveryService:
         """Count work done for a group's pull outside the scheduler toward the group's share
         of the pull workers: ``measured`` (decoding the request, encoding the answer) and
         ``estimated`` (the request's part of work nobody measured: parsing, writing)."""
-        self._pulls.charge(subject, group, measured, estimated)
+        self.pulls.charge(subject, group, measured, estimated)
 
     def measured_s(self) -> float:
         """CPU seconds of pull work measured so far: in the workers' runs and charged."""
-        return self._pulls.measured_s
+        return self.pulls.measured_s
 
     def _join(
         self,
@@ -193,7 +178,7 @@ class DeliveryService:
         when there is none); one on a group whose filter is not fixed (after a reset) fixes
         it. Either way it is durable before the pull is answered.
         """
-        found = self._groups.get((subject, group))
+        found = self.groups.get((subject, group))
         if found is not None and found.mode != mode:
             raise Conflict(
                 code="mode_conflict",
@@ -211,15 +196,15 @@ class DeliveryService:
         key = consumer if mode == "broadcast" else ""
         fixing = found is not None and found.tags is None
         if found is None or key not in found.states or fixing:
-            log = self._subjects.ensure(subject)
+            log = self.subjects.ensure(subject)
             cursor = log.seq_at(start)
             fields: dict[str, object] = {"mode": mode, "cursor": cursor}
             if wanted or fixing:
                 fields["tags"] = list(wanted)
-            self._actions.record(
+            self.actions.record(
                 action(
                     ActionType.GROUP,
-                    at_us=self._clock.wall_us(),
+                    at_us=self.clock.wall_us(),
                     subject=subject,
                     group=group,
                     state=key,
@@ -238,14 +223,14 @@ class DeliveryService:
         start: Position,
         ack: list[int] | None,
     ) -> tuple[str, bool]:
-        self._ordered.require_served(subject)  # a fenced subject, whatever the mode asked
-        if not self._ordered.ordered(subject) and subject not in self._subjects:
+        self.ordered.require_served(subject)  # a fenced subject, whatever the mode asked
+        if not self.ordered.ordered(subject) and subject not in self.subjects:
             raise NotFound(
                 code="subject_not_found",
                 message=f"no subject {subject!r}: declare it ordered first",
                 field="subject",
             )
-        if not self._ordered.ordered(subject):
+        if not self.ordered.ordered(subject):
             raise Conflict(
                 code="not_ordered",
                 message=f"{subject!r} is not ordered: pull it in shared or broadcast mode",
@@ -263,7 +248,7 @@ class DeliveryService:
                 message=f"{subject!r} is ordered: ack with POST /v1/ack naming the partition",
                 field="ack",
             )
-        if start.kind == "seq" and not self._ordered.has_group(subject, group):
+        if start.kind == "seq" and not self.ordered.has_group(subject, group):
             raise Conflict(
                 code="partition_required",
                 message=(
@@ -274,18 +259,18 @@ class DeliveryService:
             )
         # Keyed by consumer like broadcast pulls: each consumer's long poll is woken on its
         # own (an ack unblocks the partitions of the consumer that sent it).
-        return consumer, self._ordered.join(subject, group, start)
+        return consumer, self.ordered.join(subject, group, start)
 
     def _log_of(self, subject: str, partition: int | None) -> str:
         """The log a consumer's ack, nack or dead-letter call is about."""
-        if self._ordered.ordered(subject):
+        if self.ordered.ordered(subject):
             if partition is None:
                 raise Conflict(
                     code="partition_required",
                     message=f"{subject!r} is ordered: name the partition",
                     field="partition",
                 )
-            self._ordered.require_partition(subject, partition)
+            self.ordered.require_partition(subject, partition)
             return partition_log(subject, partition)
         if partition is not None:
             raise Conflict(
@@ -298,9 +283,9 @@ class DeliveryService:
     def _heard_from(self, subject: str, group: str, consumer: str) -> None:
         """An ack or nack of an ordered subject: the consumer keeps its partitions, and a
         partition it unblocked may be served (to whoever holds it) now."""
-        if self._ordered.ordered(subject):
-            self._ordered.renew(subject, group, consumer)
-            self._wake(subject)
+        if self.ordered.ordered(subject):
+            self.ordered.renew(subject, group, consumer)
+            self.wake(subject)
 
     # --- ack / nack ------------------------------------------------------------------------
 
@@ -313,11 +298,11 @@ class DeliveryService:
         seqs: list[int],
         partition: int | None = None,
     ) -> AckResult:
-        self._lifecycle.require()
+        self.lifecycle.require()
         result = self._record_acks(self._log_of(subject, partition), group, consumer, seqs)
         self._heard_from(subject, group, consumer)
         if result.acked:
-            await durable(self._journal.commit_point())
+            await durable(self.journal.commit_point())
         return result
 
     def _record_acks(self, subject: str, group: str, consumer: str, seqs: list[int]) -> AckResult:
@@ -327,14 +312,14 @@ class DeliveryService:
         known = [s for s in unique if state.holds(s, consumer)]
         unknown = [s for s in unique if not state.holds(s, consumer)]
         if known:
-            now = self._clock.wall_us()
-            self._actions.record(
+            now = self.clock.wall_us()
+            self.actions.record(
                 action(
                     ActionType.ACK, at_us=now, subject=subject, group=group, state=key, seqs=known
                 ),
                 relaxed=True,
             )
-        self._metrics.acked.inc(len(known))
+        self.metrics.acked.inc(len(known))
         return AckResult(acked=len(known), unknown=unknown)
 
     async def nack(
@@ -348,28 +333,28 @@ class DeliveryService:
         error: str | None,
         partition: int | None = None,
     ) -> NackResult:
-        self._lifecycle.require()
+        self.lifecycle.require()
         shown = subject
         subject = self._log_of(subject, partition)
         state, key = self._state_of(subject, group, consumer)
-        now = self._clock.wall_us()
+        now = self.clock.wall_us()
         delay_us = delay_ms * 1000 if delay_ms is not None else None
         counted = [s for s in dict.fromkeys(seqs) if state.holds(s, consumer)]
         released: list[int] = []
         if subject != shown:  # an ordered partition: one attempt per key
             counted, released = first_of_each_key(
-                counted, key_of=lambda seq: self._ordered.key_of(subject, seq)
+                counted, key_of=lambda seq: self.ordered.key_of(subject, seq)
             )
         retry, dead = state.nack_outcomes(
             counted,
             consumer=consumer,
             now_us=now,
             delay_us=delay_us,
-            policy=self._policy,
+            policy=self.policy,
         )
 
         def record(kind: ActionType, batch: list[int], fields: dict[str, object]) -> None:
-            self._actions.record(
+            self.actions.record(
                 action(
                     kind,
                     at_us=now,
@@ -392,13 +377,13 @@ class DeliveryService:
             record(ActionType.DEAD, dead, {"error": error})
         self._heard_from(shown, group, consumer)
         if retrying or dead:
-            self._wake(shown)
-            await durable(self._journal.commit_point())
-        self._metrics.nacked.inc(retrying + len(dead))
+            self.wake(shown)
+            await durable(self.journal.commit_point())
+        self.metrics.nacked.inc(retrying + len(dead))
         return NackResult(retrying=retrying, dead=len(dead))
 
     def _state_of(self, subject: str, group: str, consumer: str) -> tuple[DeliveryState, str]:
-        found = self._groups.get((subject, group))
+        found = self.groups.get((subject, group))
         if found is None:
             raise NotFound(
                 code="group_not_found", message=f"no group {group!r} on {subject!r}", field="group"
@@ -424,7 +409,7 @@ class DeliveryService:
         after_seq: int | None,
         partition: int | None = None,
     ) -> DeadLetterPage:
-        self._lifecycle.require(write=False)
+        self.lifecycle.require(write=False)
         shown = subject
         subject = self._log_of(subject, partition)
         found = self._group(subject, group)
@@ -436,12 +421,12 @@ class DeliveryService:
         ]
         rows.sort(key=lambda row: (row[0], row[1]))
         page = rows[:limit]
-        log = self._subjects[subject]
+        log = self.subjects[subject]
         views = []
         for seq, key, dead in page:
             try:
                 message: PulledMessageJson | None = pulled(
-                    read_message(self._reader, log, seq), attempt=dead.attempts
+                    read_message(self.reader, log, seq), attempt=dead.attempts
                 )
                 if partition is not None and message is not None:
                     message["subject"], message["partition"] = shown, partition
@@ -464,11 +449,11 @@ class DeliveryService:
         self, *, subject: str, group: str, seqs: list[int] | None, partition: int | None = None
     ) -> int:
         """Send dead letters (the given seqs, or all with None) back for another round."""
-        self._lifecycle.require()
+        self.lifecycle.require()
         shown = subject
         subject = self._log_of(subject, partition)
         found = self._group(subject, group)
-        now = self._clock.wall_us()
+        now = self.clock.wall_us()
         total = 0
         for key, state in found.states.items():
             chosen = (
@@ -477,7 +462,7 @@ class DeliveryService:
                 else [s for s in dict.fromkeys(seqs) if s in state.dead]
             )
             if chosen:
-                self._actions.record(
+                self.actions.record(
                     action(
                         ActionType.REDRIVE,
                         at_us=now,
@@ -489,16 +474,16 @@ class DeliveryService:
                 )
                 total += len(chosen)
         if total:
-            self._wake(shown)
-            await durable(self._journal.commit_point())
+            self.wake(shown)
+            await durable(self.journal.commit_point())
         return total
 
     def _group(self, subject: str, group: str) -> Group:
-        if subject not in self._subjects:
+        if subject not in self.subjects:
             raise NotFound(
                 code="subject_not_found", message=f"no subject {subject!r}", field="subject"
             )
-        found = self._groups.get((subject, group))
+        found = self.groups.get((subject, group))
         if found is None:
             raise NotFound(
                 code="group_not_found", message=f"no group {group!r} on {subject!r}", field="group"

@@ -7,6 +7,7 @@ shutdown writes a last checkpoint.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -31,47 +32,33 @@ CHECKPOINT_EVERY_MESSAGES = 200_000  # stored since the last checkpoint: write o
 CHECKPOINT_POLL_S = 0.5
 
 
+@dataclasses.dataclass(kw_only=True, eq=False)
 class Maintenance:
     """Keeps recovery short (checkpoints) and the data directory bounded (retention)."""
 
-    def __init__(
-        self,
-        *,
-        data_dir: Path,
-        journal: Journal,
-        subjects: SubjectTable,
-        groups: GroupTable,
-        reader: SegmentReader,
-        clock: Clock,
-        metrics: BrokerMetrics,
-        retention_s: float,
-        dedup_window_s: float,
-        checkpoint_interval_s: float,
-        retention_check_interval_s: float,
-    ) -> None:
-        self._data_dir = data_dir
-        self._journal = journal
-        self._subjects = subjects
-        self._groups = groups
-        self._reader = reader
-        self._clock = clock
-        self._metrics = metrics
-        self._retention_s = retention_s
-        self._dedup_window_s = dedup_window_s
-        self._checkpoint_interval_s = checkpoint_interval_s
-        self._retention_check_interval_s = retention_check_interval_s
+    data_dir: Path
+    journal: Journal
+    subjects: SubjectTable
+    groups: GroupTable
+    reader: SegmentReader
+    clock: Clock
+    metrics: BrokerMetrics
+    retention_s: float
+    dedup_window_s: float
+    checkpoint_interval_s: float
+    retention_check_interval_s: float
 
     async def checkpoint(self) -> None:
         """Save group state and index positions so recovery replays only what follows."""
-        journal = self._journal
+        journal = self.journal
         checkpoint = Checkpoint(
             messages_at=journal.messages.tell(),
             actions_at=journal.actions.tell(),
-            groups=self._groups.snapshot(),
-            written_at_us=self._clock.wall_us(),
-            indexes=self._subjects.index_digests(),
+            groups=self.groups.snapshot(),
+            written_at_us=self.clock.wall_us(),
+            indexes=self.subjects.index_digests(),
         )
-        data_dir = self._data_dir
+        data_dir = self.data_dir
 
         def job() -> None:
             journal.fsync_logs()
@@ -84,52 +71,52 @@ class Maintenance:
         """A checkpoint every ``checkpoint_interval_s``, and sooner once
         ``CHECKPOINT_EVERY_MESSAGES`` were stored since the last: what recovery scans past
         the checkpoint stays bounded at any produce rate."""
-        poll_s = min(self._checkpoint_interval_s, CHECKPOINT_POLL_S)
-        last_at, last_count = time.monotonic(), self._subjects.appended
+        poll_s = min(self.checkpoint_interval_s, CHECKPOINT_POLL_S)
+        last_at, last_count = time.monotonic(), self.subjects.appended
         while True:
             await asyncio.sleep(poll_s)
-            stored = self._subjects.appended - last_count
+            stored = self.subjects.appended - last_count
             elapsed = time.monotonic() - last_at
-            if elapsed < self._checkpoint_interval_s and stored < CHECKPOINT_EVERY_MESSAGES:
+            if elapsed < self.checkpoint_interval_s and stored < CHECKPOINT_EVERY_MESSAGES:
                 continue
-            last_at, last_count = time.monotonic(), self._subjects.appended
+            last_at, last_count = time.monotonic(), self.subjects.appended
             await self.checkpoint()
-            self._metrics.checkpoint_seconds.observe(time.monotonic() - last_at)
+            self.metrics.checkpoint_seconds.observe(time.monotonic() - last_at)
 
     async def retention_loop(self) -> None:
         while True:
-            await asyncio.sleep(self._retention_check_interval_s)
+            await asyncio.sleep(self.retention_check_interval_s)
             await self.apply_retention()
 
     async def apply_retention(self) -> None:
         """Delete whole segments older than the retention; evict old dedup entries."""
-        journal = self._journal
-        now = self._clock.wall_us()
-        horizon_s = now / 1_000_000 - self._retention_s
+        journal = self.journal
+        now = self.clock.wall_us()
+        horizon_s = now / 1_000_000 - self.retention_s
         active = journal.messages.segment
         doomed = [
             path
-            for path in list_segments(self._data_dir, SegmentKind.MESSAGES)
+            for path in list_segments(self.data_dir, SegmentKind.MESSAGES)
             if segment_number(path) < active and path.stat().st_mtime < horizon_s
         ]
-        checkpointed_actions = Checkpoint.oldest_actions_segment(self._data_dir)
+        checkpointed_actions = Checkpoint.oldest_actions_segment(self.data_dir)
         doomed_actions = [
             path
-            for path in list_segments(self._data_dir, SegmentKind.ACTIONS)
+            for path in list_segments(self.data_dir, SegmentKind.ACTIONS)
             if segment_number(path) < min(checkpointed_actions, journal.actions.segment)
             and path.stat().st_mtime < horizon_s
         ]
         if doomed:
-            emptied = self._subjects.drop_segments_before(segment_number(doomed[-1]) + 1)
+            emptied = self.subjects.drop_segments_before(segment_number(doomed[-1]) + 1)
             for path in doomed:
-                self._reader.forget(segment_number(path))
+                self.reader.forget(segment_number(path))
                 path.unlink()
             # The checkpoint records the new first seqs and byte counts before the index
             # chunks they leave behind go, so recovery never needs a deleted chunk.
             await self.checkpoint()
             for subject, start in emptied:
-                self._subjects.reader.forget(subject, start)
-                remove_chunk(self._data_dir, subject, start)
+                self.subjects.reader.forget(subject, start)
+                remove_chunk(self.data_dir, subject, start)
             logger.info(
                 "retention removed segments",
                 extra={
@@ -140,7 +127,7 @@ class Maintenance:
             )
         for path in doomed_actions:
             path.unlink()
-        self._subjects.evict_dedup(now - int(self._dedup_window_s * 1_000_000))
+        self.subjects.evict_dedup(now - int(self.dedup_window_s * 1_000_000))
 
     async def dedup_loop(self) -> None:
         """Write the dedup stores' recent ids into runs, merge runs, keep filters: each
@@ -156,14 +143,14 @@ class Maintenance:
                 await asyncio.sleep(DEDUP_RETRY_S)
                 worked = False
             if not worked:
-                for store in self._subjects.dedup_stores():
+                for store in self.subjects.dedup_stores():
                     store.release_pages()  # what lookups mapped in since the last tick
                 await asyncio.sleep(DEDUP_IDLE_S)
 
     async def dedup_step(self) -> bool:
         """Run the next job of every dedup store that has one; whether any had."""
         worked = False
-        for store in self._subjects.dedup_stores():
+        for store in self.subjects.dedup_stores():
             job = store.plan()
             if job is None:
                 continue

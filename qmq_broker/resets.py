@@ -51,37 +51,26 @@ class _Target:
     state: DeliveryState | None  # None: an ordered partition the group has no state on yet
 
 
+@dataclasses.dataclass(kw_only=True, eq=False)
 class ResetService:
     """``POST /v1/subjects/{subject}/groups/{group}/reset``."""
 
-    def __init__(
-        self,
-        *,
-        lifecycle: Lifecycle,
-        journal: Journal,
-        subjects: SubjectTable,
-        groups: GroupTable,
-        actions: ActionLog,
-        ordered: OrderedPulls,
-        clock: Clock,
-        wake: Callable[[str], None],
-    ) -> None:
-        self._lifecycle = lifecycle
-        self._journal = journal
-        self._subjects = subjects
-        self._groups = groups
-        self._actions = actions
-        self._ordered = ordered
-        self._clock = clock
-        self._wake = wake
+    lifecycle: Lifecycle
+    journal: Journal
+    subjects: SubjectTable
+    groups: GroupTable
+    actions: ActionLog
+    ordered: OrderedPulls
+    clock: Clock
+    wake: Callable[[str], None]
 
     async def reset(
         self, *, subject: str, group: str, to: Position, force: bool, partition: int | None
     ) -> ResetResult:
         """Move the group (one ``partition`` of an ordered subject) to ``to``; answered
         once the records are durable."""
-        self._lifecycle.require()
-        if self._ordered.ordered(subject):
+        self.lifecycle.require()
+        if self.ordered.ordered(subject):
             targets = self._ordered_targets(subject, group, to, partition)
         else:
             targets = self._plain_targets(subject, group, partition)
@@ -96,14 +85,14 @@ class ResetService:
                 ),
                 field="force",
             )
-        now = self._clock.wall_us()
+        now = self.clock.wall_us()
         positions = []
         for target in targets:
             if target.state is None:
                 assert target.partition is not None
-                self._ordered.state(subject, target.partition, group, at=to)
-            cursor = self._subjects[target.log].seq_at(to)
-            self._actions.record(
+                self.ordered.state(subject, target.partition, group, at=to)
+            cursor = self.subjects[target.log].seq_at(to)
+            self.actions.record(
                 action(
                     ActionType.RESET,
                     at_us=now,
@@ -117,8 +106,8 @@ class ResetService:
             positions.append(
                 ResetPosition(partition=target.partition, consumer=consumer, seq=cursor)
             )
-        self._wake(subject)
-        await durable(self._journal.commit_point())
+        self.wake(subject)
+        await durable(self.journal.commit_point())
         logger.info(
             "group reset",
             extra={
@@ -132,7 +121,7 @@ class ResetService:
         return ResetResult(positions=positions, dropped_leases=leased)
 
     def _plain_targets(self, subject: str, group: str, partition: int | None) -> list[_Target]:
-        if subject not in self._subjects:
+        if subject not in self.subjects:
             raise NotFound(
                 code="subject_not_found", message=f"no subject {subject!r}", field="subject"
             )
@@ -142,7 +131,7 @@ class ResetService:
                 message=f"{subject!r} is not ordered: it has no partitions",
                 field="partition",
             )
-        found = self._groups.get((subject, group))
+        found = self.groups.get((subject, group))
         if found is None:
             raise NotFound(
                 code="group_not_found", message=f"no group {group!r} on {subject!r}", field="group"
@@ -152,23 +141,23 @@ class ResetService:
     def _ordered_targets(
         self, subject: str, group: str, to: Position, partition: int | None
     ) -> list[_Target]:
-        self._ordered.require_served(subject)
+        self.ordered.require_served(subject)
         if partition is not None:
-            self._ordered.require_partition(subject, partition)
+            self.ordered.require_partition(subject, partition)
         if to.kind == "seq" and partition is None:
             raise Conflict(
                 code="partition_required",
                 message=f"{subject!r} is ordered: its seqs count per partition, name one",
                 field="partition",
             )
-        if not self._ordered.has_group(subject, group):
+        if not self.ordered.has_group(subject, group):
             raise NotFound(
                 code="group_not_found", message=f"no group {group!r} on {subject!r}", field="group"
             )
         targets = []
-        for number in self._ordered.reset_partitions(subject, group, to, partition):
+        for number in self.ordered.reset_partitions(subject, group, to, partition):
             log = partition_log(subject, number)
-            found = self._groups.get((log, group))
+            found = self.groups.get((log, group))
             state = None if found is None else found.states[""]
             targets.append(_Target(log, "", number, state))
         return targets

@@ -16,6 +16,7 @@ the same paths as the driver (local mode, or a shared filesystem).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Iterator, Sequence
@@ -383,23 +384,15 @@ class QmqLogDataSource(DataSource):
         )
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class QmqLogReader(DataSourceReader):
     """Plans one partition per segment; reads a segment into Arrow batches."""
 
-    def __init__(
-        self,
-        *,
-        kind: str,
-        dirs: list[str],
-        batch_rows: int,
-        types: frozenset[ActionType] | None = None,
-        unreadable: bool = False,
-    ) -> None:
-        self.kind = kind
-        self.dirs = dirs
-        self.batch_rows = batch_rows
-        self.types = types
-        self.unreadable = unreadable
+    kind: str
+    dirs: list[str]
+    batch_rows: int
+    types: frozenset[ActionType] | None = None
+    unreadable: bool = False
 
     def partitions(self) -> Sequence[InputPartition]:
         found = segment_partitions(self.dirs, KINDS[self.kind])

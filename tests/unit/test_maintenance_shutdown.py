@@ -45,7 +45,7 @@ def test_closing_while_a_dedup_job_runs_waits_for_it(
 
     monkeypatch.setattr(maintenance, "_run_and_trim", slow)
     keeper = maintenance.Maintenance.__new__(maintenance.Maintenance)  # only dedup_step is used
-    keeper._subjects = OneStore(store)  # type: ignore[assignment]
+    keeper.subjects = OneStore(store)  # type: ignore[assignment]
 
     async def main() -> None:
         step = asyncio.create_task(keeper.dedup_step())
