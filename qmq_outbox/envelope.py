@@ -2,7 +2,7 @@
 
 The records are frozen dataclasses built for batches of them (``bench/client_cpu.py``):
 ``__init__`` fills the instance dict in one step, not one ``object.__setattr__`` per field as
-a generated frozen ``__init__`` does (1.1 -> 0.7 µs for an ``OutgoingMessage``); a decoded
+a generated frozen ``__init__`` does, which costs more per record; a decoded
 answer's dicts become the records' own (``adopt``) instead of being copied into new ones;
 a delivered message parses ``created_at`` / ``stored_at`` when they are first read.
 """
@@ -188,7 +188,7 @@ _ORDERED_KEYS = _DELIVERED_KEYS | {"partition"}  # a message of an ordered subje
 
 
 # A delivered message keeps the wire text of its timestamps under these keys until they are
-# first read: most handlers never read them, and parsing both cost ~0.5 µs per message.
+# first read: most handlers never read them, and parsing both costs per message.
 _TIMESTAMP_TEXT = {"created_at": "_created_at_text", "stored_at": "_stored_at_text"}
 
 
