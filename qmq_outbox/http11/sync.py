@@ -127,7 +127,7 @@ class Http11Transport(httpx.BaseTransport):
     ) -> Parsed:
         """The answer to ``head`` with ``body``: what the SDK's client calls, with a head it
         keeps per path (building and encoding an ``httpx.Request``, and building and reading
-        an ``httpx.Response``, cost more client CPU per request than the whole exchange)."""
+        an ``httpx.Response``, adds client CPU to every request)."""
         data = head.request(body)
         slots = self._slots
         if slots is not None and not slots.acquire(timeout=limits.get("pool")):
