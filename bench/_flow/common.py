@@ -91,6 +91,7 @@ class Produced:
     rolled_back: list[int]
     late: int  # paced runs: transactions that started more than 5 ms after their slot
     finished: float  # monotonic clock when the last transaction had ended
+    caller_cpu: float  # CPU seconds of the threads that ran the transactions (NaN: async)
 
 
 class ExactlyOnceError(AssertionError):

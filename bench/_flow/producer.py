@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -71,6 +72,13 @@ class _Tally:
         self.committed: dict[int, float] = {}
         self.rolled_back: list[int] = []
         self.late = 0
+        self.caller_cpu = 0.0
+        self._lock = threading.Lock()
+
+    def ran(self, cpu_seconds: float) -> None:
+        """A transaction thread's own CPU over the run."""
+        with self._lock:
+            self.caller_cpu += cpu_seconds
 
     def produced(self) -> Produced:
         return Produced(
@@ -78,6 +86,7 @@ class _Tally:
             rolled_back=self.rolled_back,
             late=self.late,
             finished=time.monotonic(),
+            caller_cpu=self.caller_cpu,
         )
 
 
@@ -85,6 +94,13 @@ def _run_sync(service: SyncService, plan: Plan, start: float) -> Produced:
     ids, tally = _Ids(plan), _Tally()
 
     def loop() -> None:
+        began = time.thread_time()
+        try:
+            transactions()
+        finally:
+            tally.ran(time.thread_time() - began)
+
+    def transactions() -> None:
         while (step := ids.next(start)) is not None:
             order, pause = step
             if pause > 0:
@@ -126,6 +142,7 @@ async def _run_async(service: AsyncService, plan: Plan, start: float) -> Produce
             tally.committed[order] = time.time()
 
     await asyncio.gather(*(loop() for _ in range(plan.connections)))
+    tally.caller_cpu = math.nan  # one loop thread runs the transactions and the rest
     return tally.produced()
 
 

@@ -51,6 +51,7 @@ class Outcome:
     seconds: float  # first slot -> last transaction ended
     drained_seconds: float  # first slot -> last effect written (tax: last row sent)
     cpu: dict[str, float]  # role -> CPU seconds over the window
+    caller_cpu: float  # of the producers' CPU, the transaction threads' own (NaN: async)
     latency_ms: dict[str, float]  # p50, p90, p99, max, count (latency runs)
 
     @property
@@ -166,6 +167,7 @@ def _measure(
             rolled_back=[order for part in parts for order in part.rolled_back],
             late=sum(part.late for part in parts),
             finished=max(part.finished for part in parts),
+            caller_cpu=sum(part.caller_cpu for part in parts),
         )
         if measure == "tax":
             drained = _wait_sent(db, name, produced, settings.drain_timeout)
@@ -193,6 +195,7 @@ def _measure(
             seconds=produced.finished - start.value,
             drained_seconds=drained - start.value,
             cpu={role: cpu_spent(before[role], after[role]) for role in roles},
+            caller_cpu=produced.caller_cpu,
             latency_ms=latency,
         )
     finally:
