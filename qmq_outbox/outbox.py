@@ -153,7 +153,7 @@ class Outbox:
         sessionmaker, a connection of it); or a ``sessionmaker``, a ``scoped_session``, a
         ``Session`` subclass or instance, or an ``async_sessionmaker`` (one without a
         ``sync_session_class`` stands for the engine it is bound to). Installing an engine
-        puts one pair of listeners on the ``Session`` class that act only on sessions this
+        puts its listeners on the ``Session`` class that act only on sessions this
         outbox staged messages on; sessions bound to other engines are refused by
         ``publish`` and never touched.
         """

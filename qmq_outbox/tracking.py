@@ -8,7 +8,7 @@ savepoint's items up to its enclosing transaction or, for the root, hands them t
 ``on_commit``. Any other end (rollback, rollback to savepoint, close without commit) drops
 them (``docs/outbox.md`` lists the event traps this avoids). Buffers are created lazily by
 ``stage()`` rather than in ``after_transaction_create``, which also fires for every flush's
-internal subtransaction; sessions that never publish pay two dict lookups per transaction.
+internal subtransaction; sessions that never publish pay a dict lookup per event.
 An optional ``write`` callback puts staged items in the database: the outbox's rows. It runs
 with the items not yet written at the start of every flush and in ``before_commit`` (a root
 commit or a savepoint's release), so they are in before COMMIT whether or not the session has
@@ -18,7 +18,7 @@ items among them that outlive it (staged on an enclosing transaction) are writte
 Listeners go on a ``sessionmaker``'s own class, a ``Session`` subclass, a ``scoped_session``
 or a single session. Installing an *engine* (``Engine`` or ``AsyncEngine``) instead covers
 every session bound to it, however it was made (``Session(engine)``, ``AsyncSession(engine)``,
-any sessionmaker): one pair of listeners then goes on the ``Session`` class, registered with
+any sessionmaker): the listeners then go on the ``Session`` class, registered with
 the first engine and removed with the last, and they return at once for any session this
 tracker staged nothing on, which ``Outbox.publish`` allows only for sessions bound to an
 installed engine (or covered by the targets above). Installing twice is a no-op.
