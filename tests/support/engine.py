@@ -45,3 +45,19 @@ def run_broker(data_dir: Path, script: Callable[[Broker], Awaitable[T]], **confi
             await broker.close()
 
     return asyncio.run(main())
+
+
+async def join_ordered(broker: Broker, subject: str, group: str, consumer: str) -> None:
+    """Declare ``subject`` ordered with two partitions and let ``consumer`` of ``group``
+    take them with a first (empty) ordered pull."""
+    await broker.services.routes.declare(subject, partitions=2, on_dead="skip")
+    await broker.services.delivery.ack_and_pull(
+        ack=None,
+        subject=subject,
+        group=group,
+        consumer=consumer,
+        max_messages=1,
+        wait_ms=0,
+        mode="ordered",
+        start="earliest",
+    )

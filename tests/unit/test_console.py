@@ -19,7 +19,7 @@ from qmq_broker.http.app import create_app
 from qmq_broker.http.guard import GuardPolicy
 from qmq_broker.http.hot import HotRoutes
 from qmq_broker.metrics import BrokerMetrics
-from tests.support.engine import incoming, run_broker
+from tests.support.engine import incoming, join_ordered, run_broker
 
 
 def test_history_keeps_the_newest_samples_in_order() -> None:
@@ -126,17 +126,7 @@ def test_the_views_over_a_real_broker(tmp_path: Path) -> None:
 
 def test_an_ordered_subjects_partition_owners(tmp_path: Path) -> None:
     async def script(broker: Broker) -> None:
-        await broker.services.routes.declare("ledger", partitions=2, on_dead="skip")
-        await broker.services.delivery.ack_and_pull(
-            ack=None,
-            subject="ledger",
-            group="posting",
-            consumer="p1",
-            max_messages=1,
-            wait_ms=0,
-            mode="ordered",
-            start="earliest",
-        )
+        await join_ordered(broker, "ledger", "posting", "p1")
         view = broker.services.console.subject("ledger")
         assert view["ordered"] is True
         owners = [(p["group"], p["partition"], p["consumer"]) for p in view["partitions"]]

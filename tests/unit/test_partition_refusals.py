@@ -10,23 +10,13 @@ import pytest
 from qmq_broker.engine import Broker
 from qmq_broker.errors import NotFound
 from qmq_wire.rules import Position
-from tests.support.engine import run_broker
+from tests.support.engine import join_ordered, run_broker
 
 
 def test_every_call_naming_a_missing_partition_is_refused(tmp_path: Path) -> None:
     async def script(broker: Broker) -> None:
+        await join_ordered(broker, "ledger", "posting", "p1")
         services = broker.services
-        await services.routes.declare("ledger", partitions=2, on_dead="skip")
-        await services.delivery.ack_and_pull(
-            ack=None,
-            subject="ledger",
-            group="posting",
-            consumer="p1",
-            max_messages=1,
-            wait_ms=0,
-            mode="ordered",
-            start="earliest",
-        )
         delivery, named = services.delivery, {"subject": "ledger", "group": "posting"}
         calls = [
             delivery.ack(**named, consumer="p1", seqs=[1], partition=9),
