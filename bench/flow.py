@@ -18,7 +18,8 @@ Measures: throughput (committed and drained msg/s with --producers flat out, CPU
 of every process: producers, worker, broker, compensator, this database's PostgreSQL
 backends, the server's WAL writer / checkpointer / background writer); latency (commit ->
 handler start at --rate msg/s offered, p50 / p90 / p99); tax (the producer process's CPU
-per message with and without `Outbox.publish` in the same transaction). Rounds interleave
+per message with and without `Outbox.publish` in the same transaction, and with one raw
+outbox-shaped INSERT instead: the floor of any transactional outbox). Rounds interleave
 the systems in a rotated order; the tables give medians, per-round ratios against pgqueuer
 and the load average at each run's start.
 
@@ -51,6 +52,7 @@ from bench._peers.common import rotated, version_of
 from bench._speed import python_speed
 
 SYSTEMS = ("qmq", "pgqueuer", "procrastinate", "tablequeue")
+TAXED = ("plain", "onerow", "qmq")  # the tax: no message, its floor, ours
 
 
 def parse_args() -> argparse.Namespace:
@@ -135,7 +137,7 @@ def run_rounds(
         for measure in measures:
             if measure == "tax" and "qmq" not in chosen:
                 continue
-            names = ["plain", "qmq"] if measure == "tax" else chosen
+            names = list(TAXED) if measure == "tax" else chosen
             for name in rotated(names, round_ - 1):
                 workdir = tmp / f"{round_}-{measure}-{name}"
                 workdir.mkdir()
@@ -178,7 +180,7 @@ def main() -> None:
     )
     print("\n".join(f"- {line}" for line in rounds_load) + "\n")
     print(report.markdown())
-    taxed = ["plain"] if any(o.measure == "tax" for o in outcomes) else []
+    taxed = [n for n in TAXED if n != "qmq"] if any(o.measure == "tax" for o in outcomes) else []
     for name in [*chosen, *taxed]:
         print(f"- {system(name).note}; {versions(name)}")
     if failures:

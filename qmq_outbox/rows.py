@@ -13,9 +13,10 @@ queue there until the first one ends, and each takes its ids after the previous 
 SQLite needs nothing: one writer at a time already does that. Unkeyed rows take no lock.
 
 On PostgreSQL through psycopg (sync), the INSERT goes straight to the driver's connection,
-its SQL compiled once by SQLAlchemy for the dialect: the same statement in the same
-transaction (prepared by psycopg as any repeated query, per its ``prepare_threshold``), at
-about half the client CPU of a Core execution.
+its SQL compiled once by SQLAlchemy for the dialect with positional parameters (psycopg
+maps named ones anew on every call): the same statement in the same transaction (prepared by
+psycopg as any repeated query, per its ``prepare_threshold``), at about half the client CPU
+of a Core execution.
 SQLAlchemy's statement events do not see it; with a ``schema_translate_map`` or any other
 driver the Core INSERT runs.
 """
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -60,9 +61,10 @@ _INSERT = sa.insert(outbox_table).inline()
 
 
 # JSON columns go to the driver as JSON text (None as JSON null, as SQLAlchemy's JSON type
-# writes it); the SQL is compiled once per dialect and set of columns.
+# writes it); the SQL is compiled once per dialect and set of columns, with the order its
+# positional parameters go in.
 _JSON_COLUMNS = frozenset(c.name for c in outbox_table.c if isinstance(c.type, sa.JSON))
-_PREPARED: weakref.WeakKeyDictionary[Dialect, dict[tuple[str, ...], str]] = (
+_PREPARED: weakref.WeakKeyDictionary[Dialect, dict[tuple[str, ...], tuple[str, list[str]]]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -73,13 +75,14 @@ def insert_rows(connection: Connection, rows: Sequence[Mapping[str, Any]]) -> No
     for values in rows:
         if values["key"] is not None:
             lock_key(connection, values["subject"], values["key"])
-    sql = _prepared_sql(connection, tuple(rows[0]))
-    if sql is None:
+    prepared = _prepared_sql(connection, tuple(rows[0]))
+    if prepared is None:
         connection.execute(_INSERT, list(rows))
         return
+    sql, order = prepared
     driver = connection.connection.driver_connection
     params = [
-        {k: orjson.dumps(v).decode() if k in _JSON_COLUMNS else v for k, v in values.items()}
+        tuple(orjson.dumps(values[k]).decode() if k in _JSON_COLUMNS else values[k] for k in order)
         for values in rows
     ]
     error = connection.dialect.loaded_dbapi.Error
@@ -95,18 +98,22 @@ def insert_rows(connection: Connection, rows: Sequence[Mapping[str, Any]]) -> No
         ) from exc
 
 
-def _prepared_sql(connection: Connection, columns: tuple[str, ...]) -> str | None:
-    """The INSERT's SQL for psycopg's own connection, or None where Core must run it."""
+def _prepared_sql(connection: Connection, columns: tuple[str, ...]) -> tuple[str, list[str]] | None:
+    """The INSERT's SQL for psycopg's own connection and the columns its parameters go
+    by, or None where Core must run it."""
     dialect = connection.dialect
     if dialect.driver != "psycopg" or dialect.is_async:
         return None
     if connection.get_execution_options().get("schema_translate_map"):
         return None
     compiled = _PREPARED.setdefault(dialect, {})
-    sql = compiled.get(columns)
-    if sql is None:
-        sql = compiled[columns] = str(_INSERT.compile(dialect=dialect, column_keys=columns))
-    return sql
+    prepared = compiled.get(columns)
+    if prepared is None:
+        same_kind: Callable[..., Dialect] = type(dialect)
+        positional = same_kind(paramstyle="format")  # ``%s`` placeholders
+        statement = _INSERT.compile(dialect=positional, column_keys=columns)
+        prepared = compiled[columns] = (str(statement), list(statement.positiontup or ()))
+    return prepared
 
 
 def key_lock_id(subject: str, key: str) -> int:

@@ -13,6 +13,7 @@ MODULES = {
     "procrastinate": "procq",
     "tablequeue": "tableq",
     "plain": "plain",
+    "onerow": "onerow",
 }
 
 
