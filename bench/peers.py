@@ -41,7 +41,8 @@ from bench._speed import python_speed
 
 T = TypeVar("T")
 
-SYSTEMS = ("qmq", "qmq-pair", "postgres", "rabbitmq-classic", "rabbitmq-quorum", "nats")
+SYSTEMS = ("qmq", "qmq-pair", "floor", "postgres", "rabbitmq-classic", "rabbitmq-quorum", "nats")
+OPT_IN = ("qmq-pair", "floor")  # run only when asked for
 
 
 def parse_args() -> argparse.Namespace:
@@ -79,9 +80,10 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument(
         "--systems",
-        default=",".join(name for name in SYSTEMS if name != "qmq-pair"),
+        default=",".join(name for name in SYSTEMS if name not in OPT_IN),
         help=f"comma-separated subset of {','.join(SYSTEMS)} (qmq-pair: two independent"
-        " brokers sharing the load, the ceiling of splitting one over both cores)",
+        " brokers sharing the load, the ceiling of splitting one over both cores; floor: the"
+        " least a durable broker does per message on the qmq broker's server stack)",
     )
     parser.add_argument(
         "--workloads",
@@ -115,6 +117,10 @@ def build_peers(args: argparse.Namespace, data_root: Path) -> list[Peer]:
             from bench._peers.qmq import QmqPeer
 
             peers.append(QmqPeer(data_root=data_root, brokers=2 if name == "qmq-pair" else 1))
+        elif name == "floor":
+            from bench._peers.floor import FloorPeer
+
+            peers.append(FloorPeer(data_root=data_root))
         elif name == "postgres":
             from bench._peers.postgres import PostgresPeer
 
