@@ -55,7 +55,6 @@ from qmq_broker.format.files import (
 from qmq_broker.format.frames import FRAME_SIZE
 from qmq_broker.format.schedule import (
     COARSE_SCHEDULE_KINDS,
-    HOUR_US,
     BucketTally,
     DispatchRecord,
     ScheduleRecord,
@@ -143,7 +142,7 @@ def recover_schedule(
     keys: array[int] = array("Q")
     for number, path in sorted(schedule.items()):
         done = dispatched.get(number, set())
-        end = _scan_schedule(path, number, done, recovered, keys, policy)
+        end = _scan_bucket(path, SegmentKind.SCHEDULE, number, done, recovered, keys, policy)
         if end is not None:
             ends[(SegmentKind.SCHEDULE, number)] = end
     recovered.ids.add_many(keys)
@@ -151,7 +150,7 @@ def recover_schedule(
         keys = array("Q")
         for path in list_segments(data_dir, kind):
             number = segment_number(path)
-            end = _scan_coarse(path, kind, number, recovered, keys, policy)
+            end = _scan_bucket(path, kind, number, set(), recovered, keys, policy)
             if end is not None:
                 ends[(kind, number)] = end
         recovered.ids.add_many(keys)
@@ -202,17 +201,27 @@ def _scan_dispatch(
     return walk.valid_end, offsets
 
 
-def _scan_schedule(
+def _scan_bucket(
     path: Path,
+    kind: SegmentKind,
     bucket: int,
     done: set[int],
     into: ScheduleRecovered,
     keys: array[int],
     policy: _Policy,
 ) -> int | None:
-    """Count a schedule segment's pending records (its torn tail cut); its valid end."""
-    if not _readable(path, SegmentKind.SCHEDULE, bucket, len(done), into, policy):
+    """Count a bucket segment's pending records (its torn tail cut); its valid end.
+
+    An hour's records at the offsets in ``done`` went out (its dispatch segment lists them);
+    the others count under that hour. A coarse bucket's record whose key is already pending
+    was moved into a finer bucket: its offset is noted, not counted; the others count under
+    their due hour.
+    """
+    if not _readable(path, kind, bucket, len(done), into, policy):
         return None
+    hourly = kind is SegmentKind.SCHEDULE
+    moved = None if hourly else into.coarse.setdefault((kind, bucket), set())
+    unit = "hour" if hourly else "bucket"
     name = str(path)
     held = 0
     with mapped(path) as buf:
@@ -222,16 +231,21 @@ def _scan_schedule(
             if offset in done:
                 continue
             deliver, key = ScheduleRecord.peek(buf, body, path=name, offset=offset)
-            if deliver // HOUR_US != bucket:
-                into.problems.append(f"{path} at {offset}: due time outside the hour; kept")
+            if moved is not None and key in into.ids:
+                moved.add(offset)
+                continue
+            if schedule_bucket(kind, deliver) != bucket:
+                into.problems.append(f"{path} at {offset}: due time outside the {unit}; kept")
             subject = ScheduleRecord.peek_subject(buf, body, path=name, offset=offset)
-            _count(into, bucket, subject, deliver, FRAME_SIZE + length)
+            hour = bucket if hourly else hour_bucket(deliver)
+            _count(into, hour, subject, deliver, FRAME_SIZE + length)
             keys.append(key)
-        _note_damage(buf, path, SegmentKind.SCHEDULE, walk, into, moved_or_dispatched(done, _no))
+        pending = _no if hourly else into.ids.__contains__
+        _note_damage(buf, path, kind, walk, into, moved_or_dispatched(done, pending))
         held += _damaged_records(buf, walk)
     _cut(path, walk, into, policy)
     gone_out = sum(1 for offset in done if offset >= walk.valid_end)
-    _settle_tally(path, SegmentKind.SCHEDULE, bucket, walk.valid_end, held, gone_out, into)
+    _settle_tally(path, kind, bucket, walk.valid_end, held, gone_out, into)
     return walk.valid_end
 
 
@@ -248,40 +262,6 @@ def _readable(
         _settle_tally(path, kind, bucket, 0, 0, done, into)
         return False
     return _header_ok(path, kind, into, policy)
-
-
-def _scan_coarse(
-    path: Path,
-    kind: SegmentKind,
-    bucket: int,
-    into: ScheduleRecovered,
-    keys: array[int],
-    policy: _Policy,
-) -> int | None:
-    """Count a coarse segment's records not yet moved (its torn tail cut); its valid end."""
-    if not _readable(path, kind, bucket, 0, into, policy):
-        return None
-    moved = into.coarse.setdefault((kind, bucket), set())
-    name = str(path)
-    held = 0
-    with mapped(path) as buf:
-        walk = FrameWalk(buf, check=is_schedule_record)
-        for offset, body, length in walk:
-            held += 1
-            deliver, key = ScheduleRecord.peek(buf, body, path=name, offset=offset)
-            if key in into.ids:
-                moved.add(offset)
-                continue
-            if schedule_bucket(kind, deliver) != bucket:
-                into.problems.append(f"{path} at {offset}: due time outside the bucket; kept")
-            subject = ScheduleRecord.peek_subject(buf, body, path=name, offset=offset)
-            _count(into, hour_bucket(deliver), subject, deliver, FRAME_SIZE + length)
-            keys.append(key)
-        _note_damage(buf, path, kind, walk, into, moved_or_dispatched(set(), into.ids.__contains__))
-        held += _damaged_records(buf, walk)
-    _cut(path, walk, into, policy)
-    _settle_tally(path, kind, bucket, walk.valid_end, held, 0, into)
-    return walk.valid_end
 
 
 def _count(into: ScheduleRecovered, hour: int, subject: str, deliver: int, size: int) -> None:

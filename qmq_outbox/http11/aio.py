@@ -18,7 +18,7 @@ from typing import cast
 import httpx
 
 from qmq_outbox.http11.parse import Origin, Parsed, ProtocolError, RequestHead, ResponseParser
-from qmq_outbox.http11.sync import Timeouts, readable, timeouts
+from qmq_outbox.http11.sync import Timeouts, connect_errors, readable, timeouts
 
 
 class _Connection(asyncio.Protocol):
@@ -245,14 +245,10 @@ class AsyncHttp11Transport(httpx.AsyncBaseTransport):
         self, where: Origin, limits: Timeouts, request: httpx.Request | None
     ) -> _Connection:
         loop = asyncio.get_running_loop()
-        try:
+        with connect_errors(request):
             _, connection = await asyncio.wait_for(
                 loop.create_connection(_Connection, *where), limits.get("connect")
             )
-        except TimeoutError as exc:
-            raise httpx.ConnectTimeout(str(exc), request=request) from exc
-        except OSError as exc:
-            raise httpx.ConnectError(str(exc), request=request) from exc
         return connection
 
 

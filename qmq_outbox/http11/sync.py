@@ -8,11 +8,13 @@ response parsed by ``parse.ResponseParser`` (httptools). Thread-safe.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import select
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -39,6 +41,18 @@ def readable(sock: Any) -> bool:
 def timeouts(request: httpx.Request) -> Timeouts:
     found: Timeouts = request.extensions.get("timeout", {})
     return found
+
+
+@contextlib.contextmanager
+def connect_errors(request: httpx.Request | None) -> Iterator[None]:
+    """Opening a connection: its timeout and OS errors as httpx's ``ConnectTimeout`` and
+    ``ConnectError``."""
+    try:
+        yield
+    except TimeoutError as exc:
+        raise httpx.ConnectTimeout(str(exc), request=request) from exc
+    except OSError as exc:
+        raise httpx.ConnectError(str(exc), request=request) from exc
 
 
 def _timeout(sock: socket.socket, seconds: float | None) -> None:
@@ -181,11 +195,7 @@ class Http11Transport(httpx.BaseTransport):
     def _connect(
         self, where: Origin, limits: Timeouts, request: httpx.Request | None
     ) -> _Connection:
-        try:
+        with connect_errors(request):
             sock = socket.create_connection(where, timeout=limits.get("connect"))
-        except TimeoutError as exc:
-            raise httpx.ConnectTimeout(str(exc), request=request) from exc
-        except OSError as exc:
-            raise httpx.ConnectError(str(exc), request=request) from exc
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return _Connection(sock)
