@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -33,66 +34,71 @@ _LATENCY_BUCKETS = (
 GroupStatsSource = Callable[[], Iterable[tuple[str, str, GroupStats]]]
 
 
+class MetricFactory:
+    """Declares counters, gauges and histograms named ``qmq_<subsystem>_<name>`` on one
+    registry, so that a declaration says only what differs: name, help text, labels,
+    buckets."""
+
+    def __init__(self, registry: CollectorRegistry, *, subsystem: str) -> None:
+        self._registry = registry
+        self._subsystem = subsystem
+
+    def counter(self, name: str, documentation: str, labels: Sequence[str] = ()) -> Counter:
+        return Counter(name, documentation, labels, **self._placing())
+
+    def gauge(self, name: str, documentation: str) -> Gauge:
+        return Gauge(name, documentation, **self._placing())
+
+    def histogram(
+        self, name: str, documentation: str, labels: Sequence[str] = (), *, buckets: Sequence[float]
+    ) -> Histogram:
+        return Histogram(name, documentation, labels, buckets=buckets, **self._placing())
+
+    def _placing(self) -> dict[str, Any]:
+        return {"namespace": "qmq", "subsystem": self._subsystem, "registry": self._registry}
+
+
 class BrokerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.produced = Counter("qmq_broker_produced_messages", "Messages stored", registry=r)
-        self.pulled = Counter(
-            "qmq_broker_pulled_messages", "Messages delivered to consumers", registry=r
+        declare = MetricFactory(self.registry, subsystem="broker")
+        self.produced = declare.counter("produced_messages", "Messages stored")
+        self.pulled = declare.counter("pulled_messages", "Messages delivered to consumers")
+        self.acked = declare.counter("acked_messages", "Messages acknowledged")
+        self.filtered = declare.counter(
+            "filtered_messages", "Messages a group's tag filter skipped: never leased, never acked"
         )
-        self.acked = Counter("qmq_broker_acked_messages", "Messages acknowledged", registry=r)
-        self.filtered = Counter(
-            "qmq_broker_filtered_messages",
-            "Messages a group's tag filter skipped: never leased, never acked",
-            registry=r,
-        )
-        self.nacked = Counter(
-            "qmq_broker_nacked_messages", "Messages negatively acknowledged", registry=r
-        )
-        self.unreadable = Counter(
-            "qmq_broker_unreadable_messages",
+        self.nacked = declare.counter("nacked_messages", "Messages negatively acknowledged")
+        self.unreadable = declare.counter(
+            "unreadable_messages",
             "Messages dead-lettered because their stored record could not be read",
-            registry=r,
         )
-        self.recovery_problems = Gauge(
-            "qmq_broker_recovery_problems",
+        self.recovery_problems = declare.gauge(
+            "recovery_problems",
             "Damage the last recovery found and repaired or served around (see the log)",
-            registry=r,
         )
-        self.requests = Histogram(
-            "qmq_broker_request_seconds",
+        self.requests = declare.histogram(
+            "request_seconds",
             "Request latency by endpoint",
             ["endpoint", "status"],
             buckets=_LATENCY_BUCKETS,
-            registry=r,
         )
-        self.fsync_seconds = Histogram(
-            "qmq_broker_fsync_seconds",
-            "Latency of one group-commit fsync",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.fsync_seconds = declare.histogram(
+            "fsync_seconds", "Latency of one group-commit fsync", buckets=_LATENCY_BUCKETS
         )
-        self.checkpoint_seconds = Histogram(
-            "qmq_broker_checkpoint_seconds",
-            "Time to write one checkpoint",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.checkpoint_seconds = declare.histogram(
+            "checkpoint_seconds", "Time to write one checkpoint", buckets=_LATENCY_BUCKETS
         )
-        self.connections_open = Gauge(
-            "qmq_broker_connections_open", "Client connections open now", registry=r
-        )
-        self.connections_refused = Counter(
-            "qmq_broker_connections_refused",
+        self.connections_open = declare.gauge("connections_open", "Client connections open now")
+        self.connections_refused = declare.counter(
+            "connections_refused",
             "Connections answered 503 too_many_connections and closed: --max-connections open",
-            registry=r,
         )
-        self.connections_timed_out = Counter(
-            "qmq_broker_connections_timed_out",
+        self.connections_timed_out = declare.counter(
+            "connections_timed_out",
             "Connections the broker closed: 'header' (no complete request head within "
             "--header-timeout) or 'idle' (nothing sent for --idle-timeout after a response)",
             ["reason"],
-            registry=r,
         )
 
     def watch_storage(self, subjects: SubjectTable) -> None:

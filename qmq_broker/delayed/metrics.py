@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry
 
-from qmq_broker.metrics import ScrapedGauges
+from qmq_broker.metrics import MetricFactory, ScrapedGauges
 
 _LATENESS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.6, 1, 2.5, 5, 30, 300)
 
@@ -18,47 +18,37 @@ class ScheduleMetrics:
     """Counters and histograms updated by the scheduler; gauges read at scrape time."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.scheduled = Counter(
-            "qmq_broker_schedule_scheduled_messages",
-            "Delayed messages accepted into the schedule log",
-            registry=registry,
+        declare = MetricFactory(registry, subsystem="broker_schedule")
+        self.scheduled = declare.counter(
+            "scheduled_messages", "Delayed messages accepted into the schedule log"
         )
-        self.dispatched = Counter(
-            "qmq_broker_schedule_dispatched_messages",
-            "Delayed messages appended to their subject when due",
-            registry=registry,
+        self.dispatched = declare.counter(
+            "dispatched_messages", "Delayed messages appended to their subject when due"
         )
-        self.redispatched = Counter(
-            "qmq_broker_schedule_redispatched_messages",
+        self.redispatched = declare.counter(
+            "redispatched_messages",
             "Dispatches after a restart that found the message already stored (not stored again)",
-            registry=registry,
         )
-        self.moved = Counter(
-            "qmq_broker_schedule_moved_messages",
-            "Delayed messages moved from a day or 32-day bucket into a finer one",
-            registry=registry,
+        self.moved = declare.counter(
+            "moved_messages", "Delayed messages moved from a day or 32-day bucket into a finer one"
         )
-        self.unreadable = Counter(
-            "qmq_broker_schedule_unreadable_messages",
+        self.unreadable = declare.counter(
+            "unreadable_messages",
             "Delayed messages lost to damaged schedule files (found by recovery or at dispatch)",
-            registry=registry,
         )
-        self.unreadable_dispatches = Counter(
-            "qmq_broker_schedule_unreadable_dispatch_records",
+        self.unreadable_dispatches = declare.counter(
+            "unreadable_dispatch_records",
             "Damaged dispatch records found by recovery (their messages go out again)",
-            registry=registry,
         )
-        self.lateness = Histogram(
-            "qmq_broker_schedule_dispatch_lateness_seconds",
+        self.lateness = declare.histogram(
+            "dispatch_lateness_seconds",
             "Stored time minus due time of dispatched messages",
             buckets=_LATENESS_BUCKETS,
-            registry=registry,
         )
-        self.load_seconds = Histogram(
-            "qmq_broker_schedule_load_seconds",
+        self.load_seconds = declare.histogram(
+            "load_seconds",
             "Time to read one hour's schedule segment into the timing wheel",
             buckets=(0.001, 0.01, 0.1, 0.5, 1, 5, 30),
-            registry=registry,
         )
         self._registry = registry
 

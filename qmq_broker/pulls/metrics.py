@@ -13,9 +13,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from qmq_broker.metrics import MetricFactory
 
 _WAIT_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5)
 
@@ -52,40 +54,30 @@ class ActorSeries:
 class ActorMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         labels = ["subject", "group"]
-        r = registry
-        self.queue_wait = Histogram(
-            "qmq_broker_actor_queue_wait_seconds",
+        declare = MetricFactory(registry, subsystem="broker")
+        self.queue_wait = declare.histogram(
+            "actor_queue_wait_seconds",
             "Time a pull waited in its actor's mailbox before a worker took it",
             labels,
             buckets=_WAIT_BUCKETS,
-            registry=r,
         )
-        self.expired = Counter(
-            "qmq_broker_actor_expired_requests",
+        self.expired = declare.counter(
+            "actor_expired_requests",
             "Pulls answered 503 deadline_exceeded after waiting past their deadline",
             labels,
-            registry=r,
         )
-        self.rejected = Counter(
-            "qmq_broker_actor_rejected_requests",
-            "Pulls answered 429 mailbox_full",
-            labels,
-            registry=r,
+        self.rejected = declare.counter(
+            "actor_rejected_requests", "Pulls answered 429 mailbox_full", labels
         )
-        self.pulls_refused = Counter(
-            "qmq_broker_pulls_refused",
+        self.pulls_refused = declare.counter(
+            "pulls_refused",
             "Pulls answered 429 too_many_pulls: the broker had --max-pending-pulls pending",
-            registry=r,
         )
-        self._pending = Gauge(
-            "qmq_broker_pulls_pending",
-            "Pulls not answered yet, all groups: queued, being served or parked",
-            registry=r,
+        self._pending = declare.gauge(
+            "pulls_pending", "Pulls not answered yet, all groups: queued, being served or parked"
         )
-        self._parked = Gauge(
-            "qmq_broker_pulls_parked",
-            "Long polls parked until data or their timeout, all groups",
-            registry=r,
+        self._parked = declare.gauge(
+            "pulls_parked", "Long polls parked until data or their timeout, all groups"
         )
         self._registry = registry
 

@@ -28,47 +28,43 @@ class CompensatorMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        gauge = functools.partial(Gauge, registry=self.registry)
-        counter = functools.partial(Counter, registry=self.registry)
-        histogram = functools.partial(Histogram, buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.pending = gauge("qmq_compensator_pending_messages", "Outbox rows still pending.")
+        # Each metric is named qmq_compensator_<name>, on this registry.
+        r, subsystem = self.registry, "compensator"
+        gauge = functools.partial(Gauge, namespace="qmq", subsystem=subsystem, registry=r)
+        counter = functools.partial(Counter, namespace="qmq", subsystem=subsystem, registry=r)
+        histogram = functools.partial(
+            Histogram, namespace="qmq", subsystem=subsystem, registry=r, buckets=_LATENCY_BUCKETS
+        )
+        self.pending = gauge("pending_messages", "Outbox rows still pending.")
         self.oldest_pending_age = gauge(
-            "qmq_compensator_oldest_pending_age_seconds",
-            "Age of the oldest pending outbox row (0 when none).",
+            "oldest_pending_age_seconds", "Age of the oldest pending outbox row (0 when none)."
         )
-        self.dead_rows = gauge(
-            "qmq_compensator_dead_rows", "Outbox rows dead now, whoever marked them."
-        )
+        self.dead_rows = gauge("dead_rows", "Outbox rows dead now, whoever marked them.")
         self.sent = counter(
-            "qmq_compensator_sent_messages",
-            "Rows the compensator got stored in the broker and marked sent.",
+            "sent_messages", "Rows the compensator got stored in the broker and marked sent."
         )
         self.resent = counter(
-            "qmq_compensator_resent_messages",
+            "resent_messages",
             "Of those, rows the broker already had (answered duplicate): true resends.",
         )
         self.retried = counter(
-            "qmq_compensator_failed_attempts",
-            "Send attempts that failed transiently and were scheduled again.",
+            "failed_attempts", "Send attempts that failed transiently and were scheduled again."
         )
         self.dead = counter(
-            "qmq_compensator_dead_messages",
+            "dead_messages",
             "Rows that went dead: marked by this compensator, or by a dispatcher (seen as "
             "the table's dead rows growing between passes).",
         )
         self.lost_claims = counter(
-            "qmq_compensator_lost_claims",
+            "lost_claims",
             "Sent rows this compensator could not mark: its claim had been taken over.",
         )
-        self.purged = counter(
-            "qmq_compensator_purged_messages", "Sent rows deleted after the retention period."
-        )
+        self.purged = counter("purged_messages", "Sent rows deleted after the retention period.")
         self.claim_latency = histogram(
-            "qmq_compensator_claim_duration_seconds", "Time to claim one batch of due rows."
+            "claim_duration_seconds", "Time to claim one batch of due rows."
         )
         self.send_latency = histogram(
-            "qmq_compensator_send_duration_seconds",
-            "Time to produce one claimed batch to the broker.",
+            "send_duration_seconds", "Time to produce one claimed batch to the broker."
         )
         self.by_subject = SubjectGauges()
         self.registry.register(self.by_subject)
