@@ -68,16 +68,8 @@ class StatsService:
             raise NotFound(
                 code="subject_not_found", message=f"no subject {name!r}", field="subject"
             )
-        stats = log.stats()
-        return SubjectDetail(
-            subject=stats.subject,
-            messages=stats.messages,
-            bytes=stats.bytes,
-            first_seq=stats.first_seq,
-            next_seq=stats.next_seq,
-            scheduled=self.delayed.subject_stats(name),
-            groups=[group.stats(log.end_seq) for group in self.groups.of_subject(name)],
-        )
+        groups = [group.stats(log.end_seq) for group in self.groups.of_subject(name)]
+        return self._detail(log.stats(), groups)
 
     def _ordered_subject(self, name: str, partitions: list[int]) -> SubjectDetail:
         """An ordered subject: its partitions' counters summed, each group's too."""
@@ -94,14 +86,18 @@ class StatsService:
                 if found is not None:
                     stats = _summed(found, stats, _GROUP_COUNTERS)
                 groups[group.name] = stats
+        return self._detail(total, [groups[group] for group in sorted(groups)])
+
+    def _detail(self, stats: SubjectStats, groups: list[GroupStats]) -> SubjectDetail:
+        """A subject's counters with its delayed messages and ``groups``."""
         return SubjectDetail(
-            subject=name,
-            messages=total.messages,
-            bytes=total.bytes,
-            first_seq=0,
-            next_seq=total.next_seq,
-            scheduled=self.delayed.subject_stats(name),
-            groups=[groups[group] for group in sorted(groups)],
+            subject=stats.subject,
+            messages=stats.messages,
+            bytes=stats.bytes,
+            first_seq=stats.first_seq,
+            next_seq=stats.next_seq,
+            scheduled=self.delayed.subject_stats(stats.subject),
+            groups=groups,
         )
 
     def _without_command(

@@ -37,6 +37,11 @@ def parse_conf(text: str) -> tuple[str, str]:
     return key.strip(), value
 
 
+def _repeated(help: str, *, option: str, metavar: str) -> tuple[str, ...]:
+    """A text option given once per value (``option``), its values a tuple; none by default."""
+    return option_field((), help, "text", option=option, multiple=True, metavar=metavar)
+
+
 UNITS = {
     "jars": Unit(type=Parsed("jars", parse_jars, result=tuple)),
     "conf": Unit(type=Parsed("conf", parse_conf, result=tuple)),
@@ -64,12 +69,9 @@ class ReconcileArgs:
             "metavar": "DIR",
         }
     )
-    broker_dirs: tuple[str, ...] = option_field(
-        (),
+    broker_dirs: tuple[str, ...] = _repeated(
         "A broker data directory; repeat for several brokers (or give --jetstream).",
-        "text",
         option="--broker-data",
-        multiple=True,
         metavar="DIR",
     )
     master: str = option_field(
@@ -86,13 +88,10 @@ class ReconcileArgs:
     until: datetime | None = option_field(
         None, "Judge messages created before this time.", "timestamp"
     )
-    producers: tuple[str, ...] = option_field(
-        (),
+    producers: tuple[str, ...] = _repeated(
         "Producers whose broker messages must have an outbox row (orphans); "
         "default: the producers found in the outbox rows.",
-        "text",
         option="--producer",
-        multiple=True,
         metavar="NAME",
     )
     ack_threshold: timedelta = option_field(
@@ -114,12 +113,9 @@ class ReconcileArgs:
         "text",
         metavar="URL",
     )
-    streams: tuple[str, ...] = option_field(
-        (),
+    streams: tuple[str, ...] = _repeated(
         "A JetStream stream to read (with --jetstream); repeat for several.",
-        "text",
         option="--stream",
-        multiple=True,
         metavar="NAME",
     )
     consumed: str | None = option_field(
@@ -133,12 +129,9 @@ class ReconcileArgs:
     group: str | None = option_field(
         None, "The consumer group whose qmq_consumed rows --consumed reads.", "text"
     )
-    subjects: tuple[str, ...] = option_field(
-        (),
+    subjects: tuple[str, ...] = _repeated(
         "A subject the --group consumes (with --consumed); repeat for several.",
-        "text",
         option="--subject",
-        multiple=True,
         metavar="NAME",
     )
     conf: tuple[tuple[str, str], ...] = option_field(

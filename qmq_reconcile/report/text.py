@@ -132,26 +132,21 @@ def _disorder_lines(name: str, entry: Mapping[str, Any], texts: list[str]) -> li
 def _out_of_order_text(message: Mapping[str, Any]) -> str:
     partition = "" if message["partition"] is None else f" partition {message['partition']}"
     return (
-        f"{message['subject']} key {message['key']}: {message['message_id']} (outbox id "
-        f"{message['outbox_id']}) stored after {message['after_id']} (outbox id "
-        f"{message['after_outbox_id']}), {message['broker']}{partition} seq {message['seq']}"
-    )
+        "{subject} key {key}: {message_id} (outbox id {outbox_id}) stored after {after_id} "
+        "(outbox id {after_outbox_id}), {broker}{partition} seq {seq}"
+    ).format_map({**message, "partition": partition})
 
 
 def _acked_out_of_order_text(message: Mapping[str, Any]) -> str:
     return (
-        f"{message['subject']} group {message['group']} key {message['key']}: "
-        f"{message['message_id']} ({message['broker']} partition {message['partition']} seq "
-        f"{message['seq']}) acked at {message['acked_at']}, before {message['earlier_id']} "
-        f"stored ahead of it (acked at {message['earlier_acked_at']})"
-    )
+        "{subject} group {group} key {key}: {message_id} ({broker} partition {partition} seq "
+        "{seq}) acked at {acked_at}, before {earlier_id} stored ahead of it (acked at "
+        "{earlier_acked_at})"
+    ).format_map(message)
 
 
 def _region_text(region: Mapping[str, Any]) -> str:
-    return (
-        f"{region['broker']} {region['log']} segment {region['segment']} "
-        f"offset {region['offset']} length {region['length']}"
-    )
+    return "{broker} {log} segment {segment} offset {offset} length {length}".format_map(region)
 
 
 # --- HTML -----------------------------------------------------------------------------------
