@@ -35,7 +35,6 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, SessionTransaction, scoped_session, sessionmaker
-from sqlalchemy.pool import Pool
 
 from qmq_outbox.errors import ConfigurationError
 
@@ -122,14 +121,12 @@ class TransactionTracker(Generic[T]):
         self._classes: set[type[Session]] = set()
         self._instances: weakref.WeakSet[Session] = weakref.WeakSet()
         self._engines: weakref.WeakSet[Engine] = weakref.WeakSet()
-        self._pools: weakref.WeakSet[Pool] = weakref.WeakSet()  # the installed engines'
 
     def install(self, target: object) -> None:
         """Cover ``target``'s sessions (see ``resolve_target`` for what it may be)."""
         resolved = resolve_target(target)
         if isinstance(resolved, Engine):
             self._engines.add(resolved)
-            self._pools.add(resolved.pool)
             self._listen(Session, self._session_wide_commit, self._session_wide_end)
             self._listen_flush(Session, self._session_wide_flush)
             return
@@ -145,7 +142,6 @@ class TransactionTracker(Generic[T]):
         resolved = resolve_target(target)
         if isinstance(resolved, Engine):
             self._engines.discard(resolved)
-            self._pools = weakref.WeakSet(engine.pool for engine in self._engines)
             if not self._engines:
                 self._unlisten(Session, self._session_wide_commit, self._session_wide_end)
                 self._unlisten_flush(Session, self._session_wide_flush)
@@ -164,7 +160,10 @@ class TransactionTracker(Generic[T]):
         if self._listens_on(session):
             return True
         engine = engine_of(bind if bind is not None else session.bind)
-        return engine is not None and engine.pool in self._pools
+        if engine is None:
+            return False
+        # the engine itself (the usual case), or a copy sharing its pool
+        return engine in self._engines or any(engine.pool is e.pool for e in self._engines)
 
     def _listens_on(self, session: Session) -> bool:
         """Whether a class or instance listener of this tracker fires for ``session``

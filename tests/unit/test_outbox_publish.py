@@ -167,6 +167,22 @@ def test_publish_needs_install(engine: sa.Engine, fake: InMemoryBroker) -> None:
         outbox.publish(session, "s", {})
 
 
+def test_an_installed_engine_covers_its_copies_and_outlives_dispose(
+    engine: sa.Engine, fake: InMemoryBroker
+) -> None:
+    """``dispose()`` gives the engine a new pool (after a fork, say); an
+    ``execution_options()`` copy shares the engine's pool: publish works on both."""
+    outbox = Outbox(client=fake.client())
+    outbox.install(engine)
+    engine.dispose()
+    with Session(engine) as session, session.begin():
+        first = outbox.publish(session, "s", {})
+    with Session(engine.execution_options(logging_token="copy")) as session, session.begin():
+        second = outbox.publish(session, "s", {})
+    assert outbox.close()
+    assert sorted(fake.ids) == sorted([first, second])
+
+
 def test_outbox_needs_a_broker() -> None:
     with pytest.raises(ConfigurationError):
         Outbox()
