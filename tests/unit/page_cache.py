@@ -7,6 +7,7 @@ import ctypes
 import mmap
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -67,3 +68,19 @@ def evict(*roots: Path) -> None:
         time.sleep(0.01)
     cached = {str(path): resident_pages(path) for path in files if resident_pages(path)}
     raise AssertionError(f"the kernel kept these pages cached: {cached}")
+
+
+def evicted_and_missed(
+    path: Path, cached_read: Callable[[], object], miss: type[Exception]
+) -> None:
+    """Evict ``path`` until ``cached_read`` misses it (raises ``miss``). A virtual disk
+    backed by the host's cache can fill an evicted page within a cached-only read
+    (``RWF_NOWAIT`` starts the read-ahead, and it may complete before the check), so
+    one such read may find it: the eviction is repeated until one does not."""
+    for _ in range(50):
+        evict(path)
+        try:
+            cached_read()
+        except miss:
+            return
+    raise AssertionError(f"every cached-only read found {path}'s evicted pages")

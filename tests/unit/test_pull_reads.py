@@ -12,7 +12,7 @@ from qmq_broker.format.files import segment_header
 from qmq_broker.format.frames import frame
 from qmq_broker.pulls.reads import Batch, read_ahead, read_batches, read_cached
 from qmq_broker.storage.segments import NotCached, SegmentReader, segment_path
-from tests.unit.page_cache import evict
+from tests.unit.page_cache import evicted_and_missed
 
 
 def record(seq: int) -> MessageRecord:
@@ -121,9 +121,9 @@ def test_a_cached_read_gives_up_on_what_is_only_on_disk(
     """``read_cached`` serves what is in the page cache and raises ``NotCached`` for the
     rest, which ``read_batches`` (a read thread) reads from the disk."""
     reader, positions = stored
-    evict(segment_path(tmp_path, SegmentKind.MESSAGES, 0))
-    with pytest.raises(NotCached):
-        read_cached(reader, [batch(positions, [0, 1, 2])])
+    wanted = [batch(positions, [0, 1, 2])]
+    path = segment_path(tmp_path, SegmentKind.MESSAGES, 0)
+    evicted_and_missed(path, lambda: read_cached(reader, wanted), NotCached)
     [(from_disk, _)], _ = read_batches(reader, [(batch(positions, [0, 1, 2]), 0.0)])
     [(from_cache, unreadable)] = read_cached(reader, [batch(positions, [0, 1, 2])])
     assert from_cache == from_disk
@@ -137,10 +137,9 @@ def test_reading_ahead_brings_what_is_on_disk_into_the_page_cache(
     """``read_ahead`` returns at once; the kernel reads in the background, and a cached
     read then serves what was only on disk."""
     reader, positions = stored
-    evict(segment_path(tmp_path, SegmentKind.MESSAGES, 0))
     wanted = [batch(positions, [0, 1, 2])]
-    with pytest.raises(NotCached):
-        read_cached(reader, wanted)
+    path = segment_path(tmp_path, SegmentKind.MESSAGES, 0)
+    evicted_and_missed(path, lambda: read_cached(reader, wanted), NotCached)
     read_ahead(reader, wanted)
     deadline = time.monotonic() + 5
     while True:
