@@ -7,10 +7,10 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
-import sqlalchemy as sa
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session
 
-from bench._flow.common import INSERT_ORDER, RolledBack, System, nothing_else, warm
+from bench._flow.common import System, nothing_else
+from bench._flow.plain import PlainService
 from qmq_outbox import migrate
 
 ROW_SQL = (
@@ -20,24 +20,12 @@ ROW_SQL = (
 )
 
 
-class OneRowService:
-    def __init__(self, db_url: str, connections: int) -> None:
-        self._engine = sa.create_engine(db_url, pool_size=connections)
-        self._maker = sessionmaker(self._engine)
-        warm(self._engine, connections)
-
-    def transaction(self, order_id: int, *, rollback: bool) -> None:
-        with self._maker.begin() as session:
-            session.execute(INSERT_ORDER, {"id": order_id, "amount": 1})
-            now = datetime.now(UTC)
-            row = (str(uuid.uuid4()), "flow.order", None, "{}", b'{"order":%d}' % order_id)
-            row += ("application/json", "flow", None, None, "pending", 0, now, now)
-            session.connection().connection.driver_connection.execute(ROW_SQL, row)  # type: ignore[union-attr]
-            if rollback:
-                raise RolledBack
-
-    def close(self) -> None:
-        self._engine.dispose()
+class OneRowService(PlainService):
+    def enqueue(self, session: Session, order_id: int) -> None:
+        now = datetime.now(UTC)
+        row = (str(uuid.uuid4()), "flow.order", None, "{}", b'{"order":%d}' % order_id)
+        row += ("application/json", "flow", None, None, "pending", 0, now, now)
+        session.connection().connection.driver_connection.execute(ROW_SQL, row)  # type: ignore[union-attr]
 
 
 SYSTEM = System(

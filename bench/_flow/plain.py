@@ -1,14 +1,18 @@
-"""The tax's baseline: the same SQLAlchemy transaction with no message in it."""
+"""The tax's baseline: the same SQLAlchemy transaction with no message in it; and the
+service of the systems that add a statement or two to it (``enqueue``)."""
 
 from __future__ import annotations
 
 import sqlalchemy as sa
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from bench._flow.common import INSERT_ORDER, RolledBack, System, nothing_else, warm
 
 
 class PlainService:
+    """``with Session.begin()``: the business row, then ``enqueue`` (nothing here), then the
+    rollback if asked for, after both."""
+
     def __init__(self, db_url: str, connections: int) -> None:
         self._engine = sa.create_engine(db_url, pool_size=connections)
         self._maker = sessionmaker(self._engine)
@@ -17,8 +21,12 @@ class PlainService:
     def transaction(self, order_id: int, *, rollback: bool) -> None:
         with self._maker.begin() as session:
             session.execute(INSERT_ORDER, {"id": order_id, "amount": 1})
+            self.enqueue(session, order_id)
             if rollback:
                 raise RolledBack
+
+    def enqueue(self, session: Session, order_id: int) -> None:
+        """What a subclass adds to the transaction for order ``order_id``."""
 
     def close(self) -> None:
         self._engine.dispose()

@@ -11,17 +11,10 @@ from typing import Any
 
 import psycopg
 import sqlalchemy as sa
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session
 
-from bench._flow.common import (
-    EFFECT_SQL_PSYCOPG,
-    INSERT_ORDER,
-    RolledBack,
-    System,
-    libpq_dsn,
-    nothing_else,
-    warm,
-)
+from bench._flow.common import EFFECT_SQL_PSYCOPG, System, libpq_dsn, nothing_else
+from bench._flow.plain import PlainService
 
 CHANNEL = "flow_jobs"
 BATCH = 32
@@ -46,22 +39,10 @@ def install(db_url: str) -> None:
         conn.execute(_CREATE)
 
 
-class TableService:
-    def __init__(self, db_url: str, connections: int) -> None:
-        self._engine = sa.create_engine(db_url, pool_size=connections)
-        self._maker = sessionmaker(self._engine)
-        warm(self._engine, connections)
-
-    def transaction(self, order_id: int, *, rollback: bool) -> None:
-        with self._maker.begin() as session:
-            session.execute(INSERT_ORDER, {"id": order_id, "amount": 1})
-            session.execute(_ENQUEUE, {"order_id": order_id})
-            session.execute(_NOTIFY)
-            if rollback:
-                raise RolledBack
-
-    def close(self) -> None:
-        self._engine.dispose()
+class TableService(PlainService):
+    def enqueue(self, session: Session, order_id: int) -> None:
+        session.execute(_ENQUEUE, {"order_id": order_id})
+        session.execute(_NOTIFY)
 
 
 def worker(db_url: str, config: dict[str, str], ready: Any) -> None:
