@@ -196,22 +196,21 @@ class Headers:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Objects:
-    """A list of ``low`` to ``high`` JSON objects, each checked as ``request``."""
+class Object:
+    """A JSON object checked as ``request``, its fields' paths under ``where``: an item rule
+    of ``Items`` that names the offending field itself."""
 
     request: Request
-    low: int
-    high: int
 
     def accepts(self, value: Any, name: str, where: str) -> bool:
-        if not isinstance(value, list) or not self.low <= len(value) <= self.high:
-            return False
-        for index, item in enumerate(value):
-            at = f"{where}[{index}]"
-            if not isinstance(item, dict):
-                raise invalid(name, at, "Input should be an object")
-            self.request.check(item, prefix=f"{at}.")
+        if not isinstance(value, dict):
+            raise invalid(name, where, "Input should be an object")
+        self.request.check(value, prefix=f"{where}.")
         return True
+
+
+Objects = Items
+"""The list rule of ``MESSAGES`` as the broker's models name it: ``Items`` of ``Object``."""
 
 
 # --- fields and requests ----------------------------------------------------------------------
@@ -316,7 +315,7 @@ ENVELOPE: Final = Request(
     )
 )
 """One message of ``POST /v1/messages``."""
-MESSAGES: Final = Objects(ENVELOPE, 1, MAX_PRODUCE_BATCH)
+MESSAGES: Final = Items(Object(ENVELOPE), 1, MAX_PRODUCE_BATCH)
 PRODUCE: Final = Request((Field("messages", MESSAGES, required=True),))
 _ADDRESS: Final = (
     Field("subject", Name(), required=True),

@@ -12,62 +12,26 @@ Left out: command messages (a closed partition is finished for a group once ever
 it is acked; the broker appends a command the group never sees, to the same effect), and
 partition leases: a partition with nothing in flight goes to whichever consumer of the
 group pulls first, which keeps each partition's order but not its consumer.
+
+An ordered subject is held as its ``qmq_wire.routes.Routes``, as the broker holds it; the
+helpers here name its partitions' logs.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
-from qmq_wire import OnDead, RoutesAnswerJson
-from qmq_wire.ordered import logic_partition, partition_log
+from qmq_wire.ordered import partition_log
 from qmq_wire.routes import Routes
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class OrderedSubject:
-    """One declared ordered subject and its routes (replaced whole by a change)."""
+def partition_logs(routes: Routes) -> list[tuple[int, str]]:
+    """Each partition any version named, and the name of its log (``subject#p``)."""
+    return [(p, partition_log(routes.subject, p)) for p in routes.every_partition()]
 
-    routes: Routes
 
-    @classmethod
-    def create(cls, name: str, *, partitions: int, on_dead: OnDead) -> OrderedSubject:
-        return cls(Routes.create(name, partitions=partitions, on_dead=on_dead))
-
-    @property
-    def name(self) -> str:
-        return self.routes.subject
-
-    @property
-    def on_dead(self) -> OnDead:
-        return self.routes.on_dead
-
-    @property
-    def partitions(self) -> int:
-        """How many partitions it was declared with (version 1's)."""
-        return len(self.routes.at(1).partitions)
-
-    def partition_of(self, key: str) -> int:
-        """Where a new message with ``key`` goes: its logic partition's, now."""
-        return self.routes.current.partition_of(logic_partition(key))
-
-    def holders(self, key: str) -> list[int]:
-        """Every partition that ever held ``key``'s logic partition (where a resent id may be)."""
-        return self.routes.holders(logic_partition(key))
-
-    def logs(self) -> list[tuple[int, str]]:
-        """Each partition any version named, and the name of its log (``subject#p``)."""
-        return [(p, partition_log(self.name, p)) for p in self.routes.every_partition()]
-
-    def open_for(self, finished: Callable[[int], bool]) -> list[tuple[int, str]]:
-        """The partitions a group consumes now, by which closed ones it ``finished``, and
-        their logs: those of the route version it has reached."""
-        version = self.routes.at(self.routes.group_version(finished))
-        return [(p, partition_log(self.name, p)) for p in version.partitions]
-
-    def changed(self, change: Callable[[Routes], Routes]) -> OrderedSubject:
-        """The subject after a route change (``RouteConflict`` if it breaks a rule)."""
-        return OrderedSubject(change(self.routes))
-
-    def document(self, group_versions: dict[str, int]) -> RoutesAnswerJson:
-        return self.routes.document(group_versions)
+def open_partition_logs(routes: Routes, finished: Callable[[int], bool]) -> list[tuple[int, str]]:
+    """The partitions a group consumes now, by which closed ones it ``finished``, and
+    their logs: those of the route version it has reached."""
+    version = routes.at(routes.group_version(finished))
+    return [(p, partition_log(routes.subject, p)) for p in version.partitions]

@@ -15,10 +15,11 @@ from typing import Any
 import qmq_wire as wire
 from qmq_outbox.testing.delivery import DeliveryState, GroupState
 from qmq_outbox.testing.longpoll import LongPoll
-from qmq_outbox.testing.ordered import OrderedSubject
+from qmq_outbox.testing.ordered import open_partition_logs, partition_logs
 from qmq_outbox.testing.state import BrokerState
 from qmq_wire import rules
 from qmq_wire.ordered import partition_log
+from qmq_wire.routes import Routes
 from qmq_wire.rules import Position, Refused
 
 
@@ -41,28 +42,27 @@ class OrderedPulls:
             raise Refused("partition_required", message, "ack")
         start = rules.Position.of(pull["start"])
         assert start is not None  # checked
-        if (routes.logs()[0][1], name) not in self.state.groups:  # joins: every partition now
+        joined = (partition_logs(routes)[0][1], name) in self.state.groups
+        if not joined:  # joins: every partition now
             if start.kind == "seq":
                 message = (
                     f"{subject!r} is ordered: its seqs count per partition, so a group "
                     "starts at a time (or resets one partition to a seq)"
                 )
                 raise Refused("partition_required", message, "start")
-            for _, log in routes.logs():
+            for _, log in partition_logs(routes):
                 self.owner(log, name, at=start)
         deadline = time.monotonic() + pull["wait_ms"] / 1000
         poll = LongPoll(subject, name, "", pull["consumer"], pull["max"], deadline, {})
         return dataclasses.replace(poll, max_keys=pull["max_keys"])
 
-    def lease(
-        self, poll: LongPoll, routes: OrderedSubject, now: int
-    ) -> list[wire.PulledMessageJson]:
+    def lease(self, poll: LongPoll, routes: Routes, now: int) -> list[wire.PulledMessageJson]:
         """The next batch of each partition that has nothing in flight, up to the limit."""
         policy = self.state.policy
         served: list[wire.PulledMessageJson] = []
-        for _, log in routes.logs():
+        for _, log in partition_logs(routes):
             self.owner(log, poll.group).expire(now_us=now, policy=policy)
-        for _, name in routes.open_for(lambda p: self.finished(routes, p, poll.group)):
+        for _, name in open_partition_logs(routes, lambda p: self.finished(routes, p, poll.group)):
             if len(served) >= poll.limit:
                 break
             stored = self.state.logs[name]
@@ -91,13 +91,13 @@ class OrderedPulls:
             owner = state.owners[""] = DeliveryState(0 if at is None else stored.seq_at(at))
         return owner
 
-    def finished(self, routes: OrderedSubject, partition: int, group: str) -> bool:
+    def finished(self, routes: Routes, partition: int, group: str) -> bool:
         """Whether ``group`` is done with closed ``partition``: everything in it handled
         (dead letters too, unless the subject blocks on them). Closed partitions take no
         more messages, so the broker's command message would come next."""
-        if partition not in routes.routes.closed():
+        if partition not in routes.closed():
             return False
-        log = partition_log(routes.name, partition)
+        log = partition_log(routes.subject, partition)
         owner = self.owner(log, group)
         return (
             owner.cursor >= self.state.log(log).end
@@ -107,6 +107,6 @@ class OrderedPulls:
             and (routes.on_dead == "skip" or not owner.dead)
         )
 
-    def group_version(self, routes: OrderedSubject, group: str) -> int:
+    def group_version(self, routes: Routes, group: str) -> int:
         """The route version whose partitions ``group`` consumes."""
-        return routes.routes.group_version(lambda p: self.finished(routes, p, group))
+        return routes.group_version(lambda p: self.finished(routes, p, group))

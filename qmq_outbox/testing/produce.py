@@ -16,6 +16,7 @@ from qmq_outbox.testing.delayed import DelayedMessage
 from qmq_outbox.testing.logs import log_name
 from qmq_outbox.testing.state import BrokerState
 from qmq_wire import rules
+from qmq_wire.ordered import logic_partition
 from qmq_wire.rules import Refused, micros, parse_timestamp
 
 
@@ -52,13 +53,13 @@ class Produce:
         if routes is None:
             return None
         if due:
-            message = f"{routes.name!r} is ordered: its messages cannot be delayed"
+            message = f"{routes.subject!r} is ordered: its messages cannot be delayed"
             raise Refused("delay_not_ordered", message, f"messages[{index}].deliver_at")
         key = envelope.get("key")
         if key is None:
-            message = f"{routes.name!r} is ordered: every message needs a key"
+            message = f"{routes.subject!r} is ordered: every message needs a key"
             raise Refused("key_required", message, f"messages[{index}].key")
-        return routes.partition_of(key)
+        return routes.current.partition_of(logic_partition(key))
 
     def _due_us(self, envelope: dict[str, Any], now: int, index: int) -> int:
         """A future due time, or 0 (deliver now); 400 beyond the longest delay."""
@@ -77,7 +78,7 @@ class Produce:
         subject, message_id = envelope["subject"], envelope["id"]
         routes = self.state.ordered.get(subject)
         # An ordered subject's resend may sit in any partition that held its key.
-        held = [partition] if routes is None else routes.holders(envelope["key"])
+        held = [partition] if routes is None else routes.holders(logic_partition(envelope["key"]))
         for where in held:
             log = self.state.logs.get(log_name(subject, where))
             if log is not None and message_id in log.dedup:

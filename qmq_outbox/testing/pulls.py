@@ -13,6 +13,7 @@ from typing import Any
 import qmq_wire as wire
 from qmq_outbox.testing.delivery import DeliveryState, GroupState
 from qmq_outbox.testing.longpoll import LongPoll
+from qmq_outbox.testing.ordered import partition_logs
 from qmq_outbox.testing.ordered_pulls import OrderedPulls
 from qmq_outbox.testing.state import BrokerState
 from qmq_wire import rules
@@ -116,7 +117,7 @@ class Pulls:
         if routes is None:
             owners = [self.state.groups[(poll.subject, poll.group)].owners[poll.owner]]
         else:
-            owners = [self.ordered.owner(log, poll.group) for _, log in routes.logs()]
+            owners = [self.ordered.owner(log, poll.group) for _, log in partition_logs(routes)]
         times = [owner.next_due_us() for owner in owners] + [self.state.delayed.next_due_us()]
         return min((t for t in times if t), default=None)
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import qmq_wire as wire
 from qmq_outbox.testing.delivery import DeliveryState
+from qmq_outbox.testing.ordered import partition_logs
 from qmq_outbox.testing.ordered_pulls import OrderedPulls
 from qmq_outbox.testing.state import BrokerState
 from qmq_wire import rules
@@ -59,14 +60,14 @@ class Resets:
 
     def _ordered(self, subject: str, name: str, to: Position, partition: int | None) -> list[Moved]:
         routes = self.state.ordered[subject]
-        numbers = [number for number, _ in routes.logs()]
+        numbers = [number for number, _ in partition_logs(routes)]
         if partition is not None and partition not in numbers:
             message = f"{subject!r} has no partition {partition}"
             raise Refused("partition_not_found", message, "partition")
         if to.kind == "seq" and partition is None:
             message = f"{subject!r} is ordered: its seqs count per partition, name one"
             raise Refused("partition_required", message, "partition")
-        if (routes.logs()[0][1], name) not in self.state.groups:
+        if (partition_logs(routes)[0][1], name) not in self.state.groups:
             raise Refused("group_not_found", f"no group {name!r} on {subject!r}", "group")
         chosen = numbers if partition is None else [partition]
         return [

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import qmq_wire as wire
-from qmq_outbox.testing.ordered import OrderedSubject
+from qmq_outbox.testing.ordered import partition_logs
 from qmq_outbox.testing.ordered_pulls import OrderedPulls
 from qmq_outbox.testing.state import BrokerState
 from qmq_wire import rules
@@ -27,9 +27,10 @@ class RouteChanges:
         partitions, on_dead = declared["partitions"], declared["on_dead"]
         found = self.state.ordered.get(subject)
         if found is not None:
-            if (found.partitions, found.on_dead) != (partitions, on_dead):
+            declared_with = len(found.at(1).partitions)
+            if (declared_with, found.on_dead) != (partitions, on_dead):
                 message = (
-                    f"{subject!r} is ordered with {found.partitions} partitions "
+                    f"{subject!r} is ordered with {declared_with} partitions "
                     f"and on_dead {found.on_dead!r}"
                 )
                 raise Refused("subject_conflict", message, "partitions")
@@ -37,7 +38,7 @@ class RouteChanges:
         if subject in self.state.logs or self.state.delayed.holds(subject):
             message = f"{subject!r} already holds or served messages unordered"
             raise Refused("subject_conflict", message, "subject")
-        made = OrderedSubject.create(subject, partitions=partitions, on_dead=on_dead)
+        made = Routes.create(subject, partitions=partitions, on_dead=on_dead)
         self.state.ordered[subject] = made
         return self._document(made)
 
@@ -59,14 +60,14 @@ class RouteChanges:
     def _change(self, subject: str, change: Callable[[Routes], Routes]) -> dict[str, Any]:
         """A route change: the next version, refused (409) when it breaks a rule."""
         try:
-            changed = self._declared(subject).changed(change)
+            changed = change(self._declared(subject))
         except RouteConflict as exc:
             raise Refused("route_conflict", exc.message, exc.field) from None
         self.state.ordered[subject] = changed
         self.state.wake()  # a group may move on at once (nothing was left in the closed one)
         return self._document(changed)
 
-    def _declared(self, subject: str) -> OrderedSubject:
+    def _declared(self, subject: str) -> Routes:
         """An ordered subject (404 for an unknown one, 409 for a plain one)."""
         rules.check_name(subject, "subject")
         routes = self.state.ordered.get(subject)
@@ -76,8 +77,8 @@ class RouteChanges:
             raise Refused("not_ordered", f"{subject!r} is not ordered", "subject")
         raise Refused("subject_not_found", f"no subject {subject!r}", "subject")
 
-    def _document(self, routes: OrderedSubject) -> dict[str, Any]:
-        logs = {log for _, log in routes.logs()}
+    def _document(self, routes: Routes) -> dict[str, Any]:
+        logs = {log for _, log in partition_logs(routes)}
         groups = sorted({name for log, name in self.state.groups if log in logs})
         versions = {group: self.pulls.group_version(routes, group) for group in groups}
         document: wire.RoutesAnswerJson = routes.document(versions)

@@ -15,8 +15,8 @@ from typing import Any
 from qmq_outbox.testing.delayed import DelayedMessages
 from qmq_outbox.testing.delivery import DeliveryState, GroupState
 from qmq_outbox.testing.logs import SubjectLog, log_name
-from qmq_outbox.testing.ordered import OrderedSubject
 from qmq_wire.delivery import RetryPolicy
+from qmq_wire.routes import Routes
 from qmq_wire.rules import Refused
 
 
@@ -31,7 +31,7 @@ class BrokerState:
     """By log name: a plain subject, or an ordered subject's partition (``subject#p``)."""
     groups: dict[tuple[str, str], GroupState] = dataclasses.field(default_factory=dict)
     """By (log name, group name)."""
-    ordered: dict[str, OrderedSubject] = dataclasses.field(default_factory=dict)
+    ordered: dict[str, Routes] = dataclasses.field(default_factory=dict)
     delayed: DelayedMessages = dataclasses.field(default_factory=DelayedMessages)
 
     def now_us(self) -> int:

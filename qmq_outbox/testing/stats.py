@@ -7,10 +7,11 @@ from typing import Any
 
 import qmq_wire as wire
 from qmq_outbox.testing.logs import SubjectLog
-from qmq_outbox.testing.ordered import OrderedSubject
+from qmq_outbox.testing.ordered import partition_logs
 from qmq_outbox.testing.state import BrokerState
 from qmq_wire import rules
 from qmq_wire.ordered import split_partition_log
+from qmq_wire.routes import Routes
 from qmq_wire.rules import Refused
 
 _GROUP_COUNTERS = ("backlog", "in_flight", "retrying", "dead", "acked", "filtered")
@@ -57,11 +58,11 @@ class Stats:
             "groups": [group.stats(log.end) for _, group in groups],
         }
 
-    def _ordered_subject(self, routes: OrderedSubject) -> dict[str, Any]:
+    def _ordered_subject(self, routes: Routes) -> dict[str, Any]:
         """An ordered subject's counters and each group's, its partitions' summed."""
-        total = SubjectLog(routes.name).stats()
+        total = SubjectLog(routes.subject).stats()
         groups: dict[str, dict[str, Any]] = {}
-        for _, name in routes.logs():
+        for _, name in partition_logs(routes):
             log = self.state.logs.get(name)
             if log is None:
                 continue
