@@ -8,6 +8,7 @@ the cap is not tracked (counted in ``untracked``) until one leaves.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from array import array
 from collections.abc import Hashable, Mapping
@@ -16,19 +17,23 @@ MISSING = math.nan
 """Stored for a series that had no value at a sample (a group that did not exist yet)."""
 
 
+@dataclasses.dataclass(kw_only=True, slots=True, eq=False)
 class History:
     """Samples of many series on one shared time axis, the newest ``capacity`` of them."""
 
-    def __init__(self, *, capacity: int, max_series: int) -> None:
-        if capacity < 2 or max_series < 1:
+    capacity: int
+    max_series: int
+    untracked: int = dataclasses.field(init=False, default=0)
+    """Series refused at the latest sample because ``max_series`` were tracked."""
+    _times: array[float] = dataclasses.field(init=False)  # wall time of each slot, seconds
+    _series: dict[Hashable, array[float]] = dataclasses.field(init=False, default_factory=dict)
+    _recorded: int = dataclasses.field(init=False, default=0)
+    """Samples ever recorded; the next one goes to slot ``_recorded % capacity``."""
+
+    def __post_init__(self) -> None:
+        if self.capacity < 2 or self.max_series < 1:
             raise ValueError("capacity must be >= 2 and max_series >= 1")
-        self.capacity = capacity
-        self.max_series = max_series
-        self.untracked = 0
-        """Series refused at the latest sample because ``max_series`` were tracked."""
-        self._times = array("d", [MISSING] * capacity)  # wall time of each slot, seconds
-        self._series: dict[Hashable, array[float]] = {}
-        self._recorded = 0  # samples ever recorded; the next one goes to slot recorded % cap
+        self._times = array("d", [MISSING] * self.capacity)
 
     def __len__(self) -> int:
         """Samples held (up to ``capacity``)."""

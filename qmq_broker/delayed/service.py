@@ -121,33 +121,23 @@ class _Hour:
     loaded: bool = False
 
 
+@dataclasses.dataclass(kw_only=True, eq=False)
 class DelayedMessages:
     """Delayed messages of one broker."""
 
-    def __init__(
-        self,
-        *,
-        data_dir: Path,
-        journal: Journal,
-        recovered: ScheduleRecovered,
-        store_due: StoreDue,
-        metrics: ScheduleMetrics,
-        clock: Clock,
-        tick_us: int = DEFAULT_TICK_US,
-        load_ahead_us: int = 300_000_000,
-        chunk: int = DEFAULT_CHUNK,
-        wheel_cap: int = DEFAULT_WHEEL_CAP,
-    ) -> None:
-        self._data_dir = data_dir
-        self._journal = journal
-        self._store_due = store_due
-        self.metrics = metrics
-        self._clock = clock
-        self._tick_us = tick_us
-        self._load_ahead_us = load_ahead_us
-        self._chunk = chunk
-        self._wheel_cap = wheel_cap
-        self._wheel = TimingWheel(tick_us=tick_us)
+    data_dir: Path
+    journal: Journal
+    recovered: dataclasses.InitVar[ScheduleRecovered]
+    store_due: StoreDue
+    metrics: ScheduleMetrics
+    clock: Clock
+    tick_us: int = DEFAULT_TICK_US
+    load_ahead_us: int = 300_000_000
+    chunk: int = DEFAULT_CHUNK
+    wheel_cap: int = DEFAULT_WHEEL_CAP
+
+    def __post_init__(self, recovered: ScheduleRecovered) -> None:
+        self._wheel = TimingWheel(tick_us=self.tick_us)
         self._ids = recovered.ids
         self._subjects = recovered.subjects
         self._hours = {b: _Hour(counts) for b, counts in recovered.buckets.items()}
@@ -155,8 +145,8 @@ class DelayedMessages:
         self._loaded: set[int] = set()
         self._pending = sum(c.pending for c in recovered.buckets.values())
         self._bytes = sum(c.bytes for c in recovered.buckets.values())
-        self._reader = SegmentReader(data_dir, SegmentKind.SCHEDULE)
-        self._tiers = Tiers(load_ahead_us=load_ahead_us)
+        self._reader = SegmentReader(self.data_dir, SegmentKind.SCHEDULE)
+        self._tiers = Tiers(load_ahead_us=self.load_ahead_us)
         self._coarse = {key: _Coarse(skip) for key, skip in recovered.coarse.items()}
         self._to_move = [(self._tiers.move_at_us(*key), *key) for key in self._coarse]
         heapq.heapify(self._to_move)
@@ -219,7 +209,7 @@ class DelayedMessages:
         """Append a schedule record to the bucket it belongs in now; an hour's record goes
         to the wheel once durable if its hour is loaded."""
         kind, bucket = self._tiers.place(due, now_us=now_us, moving_through=self._moving_through)
-        position = self._journal.append_bucket(kind, bucket, payload)
+        position = self.journal.append_bucket(kind, bucket, payload)
         if kind is not SegmentKind.SCHEDULE:
             if (kind, bucket) not in self._coarse:
                 self._coarse[(kind, bucket)] = _Coarse(set())
@@ -228,10 +218,10 @@ class DelayedMessages:
         hour = self._hour(bucket)
         if hour.live_from is not None and position.offset >= hour.live_from:
             entry = WheelEntry(due, position.offset, position.length)
-            self._journal.commit_point().add_done_callback(
+            self.journal.commit_point().add_done_callback(
                 lambda future: self._to_wheel(future, entry)
             )
-        elif bucket * HOUR_US <= now_us + self._load_ahead_us:
+        elif bucket * HOUR_US <= now_us + self.load_ahead_us:
             self._wake.set()  # an hour that should be in the wheel already: load it now
         return position
 
@@ -260,24 +250,24 @@ class DelayedMessages:
                 if exc.code == "shutting_down":
                     return
                 raise
-            delay = self._sleep_seconds(self._clock.wall_us())
+            delay = self._sleep_seconds(self.clock.wall_us())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), delay)
 
     def _sleep_seconds(self, now_us: int) -> float:
         wakeup = self._wheel.next_wakeup_us()
-        if wakeup is None or wakeup - now_us >= self._tick_us:
-            return self._tick_us / 1_000_000
+        if wakeup is None or wakeup - now_us >= self.tick_us:
+            return self.tick_us / 1_000_000
         return max(wakeup - now_us, 0) / 1_000_000
 
     async def step(self) -> None:
         """Load what came near, dispatch everything due, delete finished hours."""
         async with self._lock:
-            now = self._clock.wall_us()
+            now = self.clock.wall_us()
             await self._move_near(now)
             await self._load_near(now)
             await self._dispatch_due(now)
-            await self._clean(self._clock.wall_us())
+            await self._clean(self.clock.wall_us())
 
     async def _dispatch_due(self, now_us: int) -> None:
         """Dispatch everything due, in chunks, a few in flight at once.
@@ -288,12 +278,12 @@ class DelayedMessages:
         """
         inflight: collections.deque[asyncio.Task[None]] = collections.deque()
         try:
-            while due := self._wheel.pop_due(now_us, limit=self._chunk):
+            while due := self._wheel.pop_due(now_us, limit=self.chunk):
                 read = await asyncio.to_thread(self._read_records, due)
                 inflight.append(asyncio.create_task(self._dispatch(due, read)))
                 while inflight and (len(inflight) > MAX_INFLIGHT or inflight[0].done()):
                     await inflight.popleft()
-                now_us = self._clock.wall_us()
+                now_us = self.clock.wall_us()
         finally:
             results = await asyncio.gather(*inflight, return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]
@@ -318,11 +308,11 @@ class DelayedMessages:
         coarse = self._coarse[key]
         if coarse.end is None:
             self._moving_through[kind] = max(self._moving_through.get(kind, -1), bucket)
-            coarse.end = self._journal.buckets.end(kind, bucket)
-            await self._journal.commit_point()  # everything before `end` is written
+            coarse.end = self.journal.buckets.end(kind, bucket)
+            await self.journal.commit_point()  # everything before `end` is written
         payloads, coarse.cursor = await asyncio.to_thread(
             read_payloads,
-            self._data_dir,
+            self.data_dir,
             kind,
             bucket,
             start=coarse.cursor,
@@ -335,11 +325,11 @@ class DelayedMessages:
             self._append(payload, due, now_us=now_us)
         self.metrics.moved.inc(len(payloads))
         if coarse.cursor < coarse.end:
-            await self._journal.commit_point()  # one chunk in memory at a time
+            await self.journal.commit_point()  # one chunk in memory at a time
             return False
         # the copies reach the disk before their source goes
-        await self._journal.run_after_flush(self._journal.fsync_logs)
-        await self._journal.remove_buckets([key])
+        await self.journal.run_after_flush(self.journal.fsync_logs)
+        await self.journal.remove_buckets([key])
         del self._coarse[key]
         logger.info(
             "schedule bucket moved",
@@ -359,11 +349,11 @@ class DelayedMessages:
         while self._unloaded:
             bucket = self._unloaded[0]
             start = bucket * HOUR_US
-            if start > now_us + self._load_ahead_us:
+            if start > now_us + self.load_ahead_us:
                 return
             if unmoved is not None and start >= unmoved:
                 return
-            if start + HOUR_US <= now_us and len(self._wheel) >= self._wheel_cap:
+            if start + HOUR_US <= now_us and len(self._wheel) >= self.wheel_cap:
                 return  # a backlog of past hours: load the next once the wheel drained
             heapq.heappop(self._unloaded)
             await self._load(bucket)
@@ -371,10 +361,10 @@ class DelayedMessages:
     async def _load(self, bucket: int) -> None:
         began = time.perf_counter()
         hour = self._hours[bucket]
-        end = self._journal.buckets.end(SegmentKind.SCHEDULE, bucket)
-        dispatch_end = self._journal.buckets.end(SegmentKind.DISPATCH, bucket)
+        end = self.journal.buckets.end(SegmentKind.SCHEDULE, bucket)
+        dispatch_end = self.journal.buckets.end(SegmentKind.DISPATCH, bucket)
         hour.live_from = end  # from here on, new records of this hour go straight to the wheel
-        await self._journal.commit_point()  # everything before `end` is written
+        await self.journal.commit_point()  # everything before `end` is written
         entries = await asyncio.to_thread(self._read_hour, bucket, end, dispatch_end)
         for i in range(0, len(entries), 3):
             self._wheel.add(entries[i], entries[i + 1], entries[i + 2])
@@ -393,8 +383,8 @@ class DelayedMessages:
         )
 
     def _read_hour(self, bucket: int, end: int, dispatch_end: int) -> array[int]:
-        done = dispatched_offsets(self._data_dir, bucket, end=dispatch_end)
-        return pending_entries(self._data_dir, bucket, end=end, dispatched=done)
+        done = dispatched_offsets(self.data_dir, bucket, end=dispatch_end)
+        return pending_entries(self.data_dir, bucket, end=end, dispatched=done)
 
     # --- dispatching ----------------------------------------------------------------------
 
@@ -402,9 +392,9 @@ class DelayedMessages:
         """Store one chunk through the produce path; once durable, record its dispatch."""
         readable = [r.message for r in read if r is not None]
         seqs: list[int] = []
-        stored_at = self._clock.wall_us()
+        stored_at = self.clock.wall_us()
         if readable:
-            seqs, stored_at = await self._store_due(readable)
+            seqs, stored_at = await self.store_due(readable)
         seqs_iter = iter(seqs)
         done: dict[int, tuple[list[int], list[int]]] = {}
         stored = repeated = 0
@@ -424,7 +414,7 @@ class DelayedMessages:
                 repeated += 1
         for bucket, (offsets, seqs_done) in done.items():
             payload = DispatchRecord(at_us=stored_at, offsets=tuple(offsets), seqs=tuple(seqs_done))
-            self._journal.append_bucket(SegmentKind.DISPATCH, bucket, payload.encode())
+            self.journal.append_bucket(SegmentKind.DISPATCH, bucket, payload.encode())
         self.dispatched += stored
         self.metrics.dispatched.inc(stored)
         self.metrics.redispatched.inc(repeated)
@@ -444,7 +434,7 @@ class DelayedMessages:
                     "unreadable scheduled message dropped",
                     extra={
                         "action": "broker.schedule_unreadable",
-                        "path": str(segment_path(self._data_dir, SegmentKind.SCHEDULE, bucket)),
+                        "path": str(segment_path(self.data_dir, SegmentKind.SCHEDULE, bucket)),
                         "start": entry.offset,
                         "end": entry.offset + entry.length,
                         "error": str(exc),
@@ -496,7 +486,7 @@ class DelayedMessages:
         keys = [
             (kind, b) for b in finished for kind in (SegmentKind.SCHEDULE, SegmentKind.DISPATCH)
         ]
-        await self._journal.remove_buckets(keys)
+        await self.journal.remove_buckets(keys)
         logger.info(
             "schedule hours done",
             extra={
@@ -524,7 +514,7 @@ class DelayedMessages:
     def snapshot(self) -> dict[str, Any]:
         """Totals for metrics: pending messages and bytes, hours, wheel size, next due, lag."""
         next_due = self.next_due_us()
-        now = self._clock.wall_us()
+        now = self.clock.wall_us()
         return {
             "messages": self._pending,
             "bytes": self._bytes,

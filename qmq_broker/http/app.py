@@ -218,11 +218,16 @@ class Api:
             detail = dataclasses.replace(detail, groups=shown)
         return _json(detail)
 
-    async def dead(self, request: Request) -> Response:
+    def _managed_group(self, request: Request) -> tuple[str, str]:
+        """The subject and group in the path, the caller allowed to manage that group."""
         grant = self._grant(request)
         subject = path_name(request, "subject")
         group = path_name(request, "group")
         self._require(grant, Right.MANAGE, subject, group=group, field="group")
+        return subject, group
+
+    async def dead(self, request: Request) -> Response:
+        subject, group = self._managed_group(request)
         limit = int_param(
             request, "limit", default=qmq_wire.DEFAULT_DEAD_PAGE, high=qmq_wire.MAX_DEAD_PAGE
         )
@@ -237,10 +242,7 @@ class Api:
         )
 
     async def redrive(self, request: Request) -> Response:
-        grant = self._grant(request)
-        subject = path_name(request, "subject")
-        group = path_name(request, "group")
-        self._require(grant, Right.MANAGE, subject, group=group, field="group")
+        subject, group = self._managed_group(request)
         parsed = await self._parse(request, RedriveRequest)
         if (parsed.seqs is None) == (parsed.all is not True):
             raise Invalid(
@@ -254,10 +256,7 @@ class Api:
         return _json({"redriven": redriven})
 
     async def reset(self, request: Request) -> Response:
-        grant = self._grant(request)
-        subject = path_name(request, "subject")
-        group = path_name(request, "group")
-        self._require(grant, Right.MANAGE, subject, group=group, field="group")
+        subject, group = self._managed_group(request)
         parsed = await self._parse(request, ResetRequest)
         to = rules.Position.of(parsed.to)
         assert to is not None  # the model checked it

@@ -10,9 +10,9 @@ whose last record is not its command gets it then.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import orjson
 
@@ -43,40 +43,27 @@ StoreCommands = Callable[
 """Appends command messages to their partition logs (``ProduceService.store_commands``)."""
 
 
+@dataclasses.dataclass(kw_only=True, eq=False)
 class RouteService:
     """``PUT /v1/subjects/{subject}``, the partition changes and the routes document."""
 
-    def __init__(
-        self,
-        *,
-        data_dir: str | os.PathLike[str],
-        lifecycle: Lifecycle,
-        book: RouteBook,
-        subjects: SubjectTable,
-        store_commands: StoreCommands,
-        ordered: OrderedPulls,
-        reader: SegmentReader,
-        clock: Clock,
-        wake: Callable[[str], None],
-        known_elsewhere: Callable[[str], bool],
-    ) -> None:
-        self._data_dir = Path(data_dir)
-        self._lifecycle = lifecycle
-        self._book = book
-        self._subjects = subjects
-        self._store_commands = store_commands  # appends commands, answers once durable
-        self._ordered = ordered
-        self._reader = reader
-        self._clock = clock
-        self._wake = wake
-        self._known_elsewhere = known_elsewhere  # e.g. delayed messages of a plain subject
-        self._changing: dict[str, asyncio.Lock] = {}
+    data_dir: str | os.PathLike[str]
+    lifecycle: Lifecycle
+    book: RouteBook
+    subjects: SubjectTable
+    store_commands: StoreCommands  # appends commands, answers once durable
+    ordered: OrderedPulls
+    reader: SegmentReader
+    clock: Clock
+    wake: Callable[[str], None]
+    known_elsewhere: Callable[[str], bool]  # e.g. delayed messages of a plain subject
+    _changing: dict[str, asyncio.Lock] = dataclasses.field(init=False, default_factory=dict)
 
     # --- operator calls ---------------------------------------------------------------------
 
     async def declare(self, subject: str, *, partitions: int, on_dead: OnDead) -> RoutesAnswerJson:
         """Make ``subject`` ordered; the same declaration again answers as the first did."""
-        self._lifecycle.require()
+        self.lifecycle.require()
         if not 1 <= partitions <= MAX_PARTITIONS:
             raise Invalid(
                 code="invalid_partitions",
@@ -84,7 +71,7 @@ class RouteService:
                 field="partitions",
             )
         async with self._lock(subject):
-            found = self._book.get(subject)
+            found = self.book.get(subject)
             if found is not None:
                 first = found.at(1)
                 if len(first.partitions) != partitions or found.on_dead != on_dead:
@@ -97,7 +84,7 @@ class RouteService:
                         field="partitions",
                     )
                 return self.document(subject)
-            if subject in self._subjects or self._known_elsewhere(subject):
+            if subject in self.subjects or self.known_elsewhere(subject):
                 raise Conflict(
                     code="subject_conflict",
                     message=f"{subject!r} already holds or served messages unordered",
@@ -105,7 +92,7 @@ class RouteService:
                 )
             routes = Routes.create(subject, partitions=partitions, on_dead=on_dead)
             await self._save(routes)
-            self._book.install(routes)
+            self.book.install(routes)
         return self.document(subject)
 
     async def split(self, subject: str, *, partition: int, at: int) -> RoutesAnswerJson:
@@ -119,9 +106,9 @@ class RouteService:
 
     def document(self, subject: str) -> RoutesAnswerJson:
         """The routes document of an ordered subject (404/409 otherwise)."""
-        self._lifecycle.require(write=False)
+        self.lifecycle.require(write=False)
         routes = self._routes(subject)
-        ordered = self._ordered
+        ordered = self.ordered
         groups = {g: ordered.group_version(subject, g) for g in ordered.groups_of(subject)}
         return routes.document(groups)
 
@@ -132,12 +119,12 @@ class RouteService:
         crash kept from being stored. Returns how many were appended."""
         missing: list[tuple[str, IncomingMessage]] = []
         where: list[tuple[str, int]] = []
-        for subject in self._book.subjects():
+        for subject in self.book.subjects():
             routes = self._routes(subject)
             for partition, version in sorted(routes.closed().items()):
                 seq = self._stored_command(subject, partition, version)
                 if seq is not None:
-                    self._book.commanded(subject, partition, seq)
+                    self.book.commanded(subject, partition, seq)
                 else:
                     missing.append(_command(routes, partition, version))
                     where.append((subject, partition))
@@ -145,22 +132,22 @@ class RouteService:
 
             def placed(seqs: list[int]) -> None:
                 for (subject, partition), seq in zip(where, seqs, strict=True):
-                    self._book.commanded(subject, partition, seq)
+                    self.book.commanded(subject, partition, seq)
 
-            await self._store_commands(missing, placed)
+            await self.store_commands(missing, placed)
         return len(missing)
 
     def _stored_command(self, subject: str, partition: int, version: int) -> int | None:
         """The seq of the partition's command if it is its last record (retention may have
         removed it after every group read it: then its last seq counts as the command)."""
-        log = self._subjects.find(partition_log(subject, partition))
+        log = self.subjects.find(partition_log(subject, partition))
         if log is None or log.end_seq == 0:
             return None
         last = log.end_seq - 1
         if last < log.first_seq:
             return last
         try:
-            record = read_message(self._reader, log, last)
+            record = read_message(self.reader, log, last)
         except (StorageError, CorruptRecord):
             return None  # unreadable: append the command again after it
         return last if record.id == command_id(version, partition) else None
@@ -168,7 +155,7 @@ class RouteService:
     # --- changes ----------------------------------------------------------------------------
 
     async def _change(self, subject: str, make: Callable[[Routes], Routes]) -> RoutesAnswerJson:
-        self._lifecycle.require()
+        self.lifecycle.require()
         async with self._lock(subject):
             routes = self._routes(subject)
             try:
@@ -180,20 +167,20 @@ class RouteService:
             await self._save(changed)
             # From here to the append, no await: nothing else reaches the closed partitions,
             # and the book knows each command's seq before a pull could see it.
-            self._book.install(changed)
+            self.book.install(changed)
             version = changed.current
             commands = [_command(changed, p, version.version) for p in version.closed]
 
             def placed(seqs: list[int]) -> None:
                 for partition, seq in zip(version.closed, seqs, strict=True):
-                    self._book.commanded(subject, partition, seq)
+                    self.book.commanded(subject, partition, seq)
 
-            await self._store_commands(commands, placed)
-            self._wake(subject)
+            await self.store_commands(commands, placed)
+            self.wake(subject)
         return self.document(subject)
 
     async def _save(self, routes: Routes) -> None:
-        await asyncio.get_running_loop().run_in_executor(None, save_routes, self._data_dir, routes)
+        await asyncio.get_running_loop().run_in_executor(None, save_routes, self.data_dir, routes)
 
     def _lock(self, subject: str) -> asyncio.Lock:
         lock = self._changing.get(subject)
@@ -202,10 +189,10 @@ class RouteService:
         return lock
 
     def _routes(self, subject: str) -> Routes:
-        routes = self._book.get(subject)
+        routes = self.book.get(subject)
         if routes is not None:
             return routes
-        if subject in self._subjects:
+        if subject in self.subjects:
             raise Conflict(
                 code="not_ordered", message=f"{subject!r} is not ordered", field="subject"
             )
