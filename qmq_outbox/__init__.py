@@ -39,20 +39,14 @@ if TYPE_CHECKING:
     from qmq_outbox.transports import JetStreamTransport, QmqTransport, RabbitMqTransport
 
 _LAZY = {
-    "AsyncBrokerClient": "qmq_outbox.client",
-    "BrokerClient": "qmq_outbox.client",
-    "Compensator": "qmq_outbox.compensator",
-    "Consumer": "qmq_outbox.consumer",
-    "IdempotentStore": "qmq_outbox.idempotent",
-    "JetStreamTransport": "qmq_outbox.transports",
-    "JsonSerializer": "qmq_outbox.serializers",
-    "Message": "qmq_outbox.envelope",
-    "Outbox": "qmq_outbox.outbox",
-    "OutgoingMessage": "qmq_outbox.envelope",
-    "ProduceResult": "qmq_outbox.envelope",
-    "QmqTransport": "qmq_outbox.transports",
-    "RabbitMqTransport": "qmq_outbox.transports",
-    "Serializer": "qmq_outbox.serializers",
+    "qmq_outbox.client": ("AsyncBrokerClient", "BrokerClient"),
+    "qmq_outbox.compensator": ("Compensator",),
+    "qmq_outbox.consumer": ("Consumer",),
+    "qmq_outbox.envelope": ("Message", "OutgoingMessage", "ProduceResult"),
+    "qmq_outbox.idempotent": ("IdempotentStore",),
+    "qmq_outbox.outbox": ("Outbox",),
+    "qmq_outbox.serializers": ("JsonSerializer", "Serializer"),
+    "qmq_outbox.transports": ("JetStreamTransport", "QmqTransport", "RabbitMqTransport"),
 }
 
 

@@ -4,15 +4,17 @@ that importing a package does not import its heavy or optional parts up front.""
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 
 def lazy_attributes(
-    package: str, modules: Mapping[str, str], namespace: dict[str, Any]
+    package: str, names: Mapping[str, Sequence[str]], namespace: dict[str, Any]
 ) -> Callable[[str], Any]:
-    """A ``__getattr__`` for ``package`` that imports ``name`` from ``modules[name]`` and
-    keeps it in ``namespace`` (the package's ``globals()``), a plain attribute from then on."""
+    """A ``__getattr__`` for ``package`` that imports a name of ``names[module]`` from that
+    module and keeps it in ``namespace`` (the package's ``globals()``), a plain attribute
+    from then on. ``names`` is laid out as the package's ``TYPE_CHECKING`` imports are."""
+    modules = {name: module for module, some in names.items() for name in some}
 
     def __getattr__(name: str) -> Any:
         module = modules.get(name)

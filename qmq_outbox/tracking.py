@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, MutableSet
 from typing import Any, Generic, TypeVar
 
 from sqlalchemy import event
@@ -42,6 +42,7 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 EventTarget = type[Session] | Session
+Hooks = list[tuple[str, Callable[..., None]]]  # (session event, listener)
 
 
 def resolve_target(target: object) -> EventTarget | Engine:
@@ -100,6 +101,18 @@ def _enclosing(transaction: SessionTransaction) -> SessionTransaction | None:
     return parent
 
 
+def _listen(target: EventTarget, hooks: Hooks) -> None:
+    for name, hook in hooks:
+        if not event.contains(target, name, hook):  # installing twice is a no-op
+            event.listen(target, name, hook)
+
+
+def _unlisten(target: EventTarget, hooks: Hooks) -> None:
+    for name, hook in hooks:
+        if event.contains(target, name, hook):
+            event.remove(target, name, hook)
+
+
 class TransactionTracker(Generic[T]):
     """Per-transaction buffers of items, released to ``on_commit`` after the root commits.
 
@@ -127,15 +140,10 @@ class TransactionTracker(Generic[T]):
         resolved = resolve_target(target)
         if isinstance(resolved, Engine):
             self._engines.add(resolved)
-            self._listen(Session, self._session_wide_commit, self._session_wide_end)
-            self._listen_flush(Session, self._session_wide_flush)
+            _listen(Session, self._session_wide_hooks())
             return
-        self._listen(resolved, self._after_commit, self._after_transaction_end)
-        self._listen_flush(resolved, self._flush)
-        if isinstance(resolved, Session):
-            self._instances.add(resolved)
-        else:
-            self._classes.add(resolved)
+        _listen(resolved, self._hooks())
+        self._own_listeners(resolved).add(resolved)
 
     def uninstall(self, target: object) -> None:
         """Stop covering ``target``'s sessions; items they staged already are not handed off."""
@@ -143,15 +151,15 @@ class TransactionTracker(Generic[T]):
         if isinstance(resolved, Engine):
             self._engines.discard(resolved)
             if not self._engines:
-                self._unlisten(Session, self._session_wide_commit, self._session_wide_end)
-                self._unlisten_flush(Session, self._session_wide_flush)
+                _unlisten(Session, self._session_wide_hooks())
             return
-        self._unlisten(resolved, self._after_commit, self._after_transaction_end)
-        self._unlisten_flush(resolved, self._flush)
-        if isinstance(resolved, Session):
-            self._instances.discard(resolved)
-        else:
-            self._classes.discard(resolved)
+        _unlisten(resolved, self._hooks())
+        self._own_listeners(resolved).discard(resolved)
+
+    def _own_listeners(self, resolved: EventTarget) -> MutableSet[Any]:
+        """Where ``resolved`` is kept while it has listeners of its own: with the sessions
+        or with the classes (``_listens_on``)."""
+        return self._instances if isinstance(resolved, Session) else self._classes
 
     def is_installed(self, session: Session, bind: Engine | Connection | None = None) -> bool:
         """Whether ``session`` is covered; ``bind`` is the bind it writes through (default:
@@ -172,36 +180,26 @@ class TransactionTracker(Generic[T]):
             return True
         return bool(self._classes) and any(isinstance(session, c) for c in self._classes)
 
-    @staticmethod
-    def _listen(
-        target: EventTarget,
+    def _hooks(self) -> Hooks:
+        """The events a class or instance target is listened on for, with their hooks."""
+        return self._events(self._after_commit, self._after_transaction_end, self._flush)
+
+    def _session_wide_hooks(self) -> Hooks:
+        """The same events on the ``Session`` class, for the installed engines."""
+        return self._events(
+            self._session_wide_commit, self._session_wide_end, self._session_wide_flush
+        )
+
+    def _events(
+        self,
         after_commit: Callable[[Session], None],
         after_end: Callable[[Session, SessionTransaction], None],
-    ) -> None:
-        if not event.contains(target, "after_transaction_end", after_end):
-            event.listen(target, "after_commit", after_commit)
-            event.listen(target, "after_transaction_end", after_end)
-
-    @staticmethod
-    def _unlisten(
-        target: EventTarget,
-        after_commit: Callable[[Session], None],
-        after_end: Callable[[Session, SessionTransaction], None],
-    ) -> None:
-        if event.contains(target, "after_transaction_end", after_end):
-            event.remove(target, "after_commit", after_commit)
-            event.remove(target, "after_transaction_end", after_end)
-
-    def _listen_flush(self, target: EventTarget, hook: Callable[..., None]) -> None:
-        if self._write is not None and not event.contains(target, "before_commit", hook):
-            event.listen(target, "before_flush", hook)
-            event.listen(target, "before_commit", hook)
-
-    @staticmethod
-    def _unlisten_flush(target: EventTarget, hook: Callable[..., None]) -> None:
-        if event.contains(target, "before_commit", hook):
-            event.remove(target, "before_flush", hook)
-            event.remove(target, "before_commit", hook)
+        flush: Callable[..., None],
+    ) -> Hooks:
+        hooks: Hooks = [("after_commit", after_commit), ("after_transaction_end", after_end)]
+        if self._write is not None:  # rows to write: at every flush and before COMMIT
+            hooks += [("before_flush", flush), ("before_commit", flush)]
+        return hooks
 
     def stage(self, session: Session, item: T) -> None:
         """Buffer ``item`` on the innermost root-or-SAVEPOINT transaction of ``session``,

@@ -26,11 +26,9 @@ __all__ = [
 ]
 
 _LAZY = {
-    "Compensator": "qmq_outbox.compensator.worker",
-    "PassResult": "qmq_outbox.compensator.worker",
-    "CompensatorConfig": "qmq_outbox.compensator.config",
-    "CompensatorSettings": "qmq_outbox.compensator.config",
-    "CompensatorMetrics": "qmq_outbox.compensator.metrics",
+    "qmq_outbox.compensator.config": ("CompensatorConfig", "CompensatorSettings"),
+    "qmq_outbox.compensator.metrics": ("CompensatorMetrics",),
+    "qmq_outbox.compensator.worker": ("Compensator", "PassResult"),
 }
 
 __getattr__ = lazy_attributes(__name__, _LAZY, globals())

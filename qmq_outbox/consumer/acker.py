@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -37,27 +38,23 @@ SOURCE = "ack"  # the acker's name in the consumer's FailureLog
 CLOSING_RETRY = 0.2  # seconds between the last attempts to send acks at a stop
 
 
+@dataclasses.dataclass(kw_only=True, slots=True, eq=False)
 class Acker:
     """Lives on the consumer's loop: ``add``/``hurry``/``close`` are called from its tasks."""
 
-    def __init__(
-        self,
-        *,
-        client: PullClient,
-        config: ConsumerConfig,
-        counters: Counters,
-        budget_of: Callable[[str], LeaseBudget],
-        failures: FailureLog,
-    ) -> None:
-        self._client = client
-        self._config = config
-        self._counters = counters
-        self._budget_of = budget_of
-        self._failures = failures
+    client: PullClient
+    config: ConsumerConfig
+    counters: Counters
+    budget_of: Callable[[str], LeaseBudget]
+    failures: FailureLog
+    _buffer: AckBuffer = dataclasses.field(init=False)
+    _wake: asyncio.Event = dataclasses.field(init=False, default_factory=asyncio.Event)
+    _closed: bool = dataclasses.field(init=False, default=False)
+    _retry_at: float = dataclasses.field(init=False, default=0.0)
+
+    def __post_init__(self) -> None:
+        config = self.config
         self._buffer = AckBuffer(max_size=config.ack_batch_size, interval=config.ack_interval)
-        self._wake = asyncio.Event()
-        self._closed = False
-        self._retry_at = 0.0
 
     def add(self, key: str, seq: int) -> None:
         """Buffer the ack of ``seq`` of ``key`` (a subject, or ``subject#p``)."""
@@ -87,7 +84,7 @@ class Acker:
 
     def carried(self, subject: str, answer: AckedPull) -> None:
         """The broker answered the acks a pull carried."""
-        self._failures.succeeded(source=SOURCE)
+        self.failures.succeeded(source=SOURCE)
         self._record(subject, {"acked": answer.acked, "unknown": answer.unknown})
 
     def put_back(self, subject: str, seqs: list[int]) -> None:
@@ -114,9 +111,9 @@ class Acker:
                 continue
             failures += 1
             if closing and failures >= FINAL_ACK_ATTEMPTS:
-                log_dropped(self._config, unsent)
+                log_dropped(self.config, unsent)
                 for key, seqs in unsent.items():
-                    self._budget_of(key).release(len(seqs))
+                    self.budget_of(key).release(len(seqs))
                 return
             now = time.monotonic()
             self._buffer.put_back(unsent, now)
@@ -148,28 +145,26 @@ class Acker:
                     answer = await self._ack(key, part)
                 except BrokerUnavailable as exc:
                     unsent.setdefault(key, []).extend(part)
-                    self._failures.failed(exc, source=SOURCE)
+                    self.failures.failed(exc, source=SOURCE)
                     continue  # the slots stay taken until the retry
                 except BrokerError as exc:  # rejected: retrying won't help; leases expire
-                    log_ack_failed(self._config, key, part, exc)
+                    log_ack_failed(self.config, key, part, exc)
                 else:
-                    self._failures.succeeded(source=SOURCE)
+                    self.failures.succeeded(source=SOURCE)
                     self._record(key, answer)
-                self._budget_of(key).release(len(part))
+                self.budget_of(key).release(len(part))
         return unsent
 
     async def _ack(self, key: str, seqs: list[int]) -> dict[str, Any]:
-        cfg = self._config
+        cfg = self.config
         subject, partition = split_partition_log(key)
         if partition is None:  # a plain subject: the call as clients without partitions have it
-            return await self._client.ack(subject, cfg.group, cfg.consumer_id, seqs)
-        return await self._client.ack(
-            subject, cfg.group, cfg.consumer_id, seqs, partition=partition
-        )
+            return await self.client.ack(subject, cfg.group, cfg.consumer_id, seqs)
+        return await self.client.ack(subject, cfg.group, cfg.consumer_id, seqs, partition=partition)
 
     def _record(self, subject: str, answer: dict[str, Any]) -> None:
-        self._counters.add("acked", int(answer.get("acked", 0)))
+        self.counters.add("acked", int(answer.get("acked", 0)))
         unknown = answer.get("unknown") or []
         if unknown:
-            self._counters.add("ack_unknown", len(unknown))
-            log_ack_unknown(self._config, subject, unknown)
+            self.counters.add("ack_unknown", len(unknown))
+            log_ack_unknown(self.config, subject, unknown)

@@ -4,23 +4,26 @@ for the lease slots these acks still hold). Pure bookkeeping; the runners own th
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 
 MAX_SEQS_PER_REQUEST = 1000
 
 
+@dataclasses.dataclass(kw_only=True, slots=True, eq=False)
 class AckBuffer:
     """Not thread-safe: the threaded runner guards it with its condition."""
 
-    def __init__(self, *, max_size: int, interval: float) -> None:
-        if max_size < 1 or interval < 0:
+    max_size: int
+    interval: float
+    urgent: bool = dataclasses.field(init=False, default=False)
+    _pending: dict[str, list[int]] = dataclasses.field(init=False, default_factory=dict)
+    _count: int = dataclasses.field(init=False, default=0)
+    _oldest: float | None = dataclasses.field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.max_size < 1 or self.interval < 0:
             raise ValueError("max_size must be >= 1 and interval >= 0")
-        self.max_size = max_size
-        self.interval = interval
-        self._pending: dict[str, list[int]] = {}
-        self._count = 0
-        self._oldest: float | None = None
-        self.urgent = False
 
     def __len__(self) -> int:
         return self._count

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from qmq_outbox.calls import AckedPull
+from qmq_outbox.client import BrokerClient
 from qmq_outbox.consumer.threads import ThreadPool
 from qmq_outbox.envelope import Message
 from qmq_outbox.transports.base import PullClient
@@ -26,7 +27,7 @@ class OnThreads:
     ``PullClient``: each call runs on one of ``threads``, so a long poll blocks neither the
     loop nor the handlers."""
 
-    def __init__(self, client: Any, threads: ThreadPool) -> None:
+    def __init__(self, client: BrokerClient, threads: ThreadPool) -> None:
         self._client = client
         self._threads = threads
 
@@ -35,29 +36,27 @@ class OnThreads:
         return str(getattr(self._client, "base_url", type(self._client).__name__))
 
     async def pull(self, subject: str, group: str, consumer: str, **options: Any) -> list[Message]:
-        call = functools.partial(self._client.pull, subject, group, consumer, **options)
-        messages: list[Message] = await self._threads.run(call)
-        return messages
+        return await self._threads.run(
+            functools.partial(self._client.pull, subject, group, consumer, **options)
+        )
 
     async def ack(
         self, subject: str, group: str, consumer: str, seqs: Sequence[int], **options: Any
     ) -> dict[str, Any]:
-        call = functools.partial(self._client.ack, subject, group, consumer, seqs, **options)
-        answer: dict[str, Any] = await self._threads.run(call)
-        return answer
+        return await self._threads.run(
+            functools.partial(self._client.ack, subject, group, consumer, seqs, **options)
+        )
 
     async def ack_and_pull(
         self, subject: str, group: str, consumer: str, ack: Sequence[int], **options: Any
     ) -> AckedPull:
-        call = functools.partial(
-            self._client.ack_and_pull, subject, group, consumer, ack, **options
+        return await self._threads.run(
+            functools.partial(self._client.ack_and_pull, subject, group, consumer, ack, **options)
         )
-        answer: AckedPull = await self._threads.run(call)
-        return answer
 
     async def nack(
         self, subject: str, group: str, consumer: str, seqs: Sequence[int], **options: Any
     ) -> dict[str, Any]:
-        call = functools.partial(self._client.nack, subject, group, consumer, seqs, **options)
-        answer: dict[str, Any] = await self._threads.run(call)
-        return answer
+        return await self._threads.run(
+            functools.partial(self._client.nack, subject, group, consumer, seqs, **options)
+        )

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import weakref
@@ -24,31 +25,23 @@ MARK_INTERVAL = 0.05
 MARK_BATCH = 1000
 
 
+@dataclasses.dataclass(kw_only=True, slots=True, eq=False)
 class Marks:
     """Sent marks gathered from the sender threads and written by one thread of its own
     (``<name>-marks``): every ``interval`` seconds, or once ``limit`` ids wait, one
     ``mark_dispatched`` per engine; then ``settled(engine, report, marked)`` for each send.
     """
 
-    def __init__(
-        self,
-        *,
-        name: str,
-        interval: float,
-        limit: int,
-        store: Callable[[Engine], OutboxStore],
-        settled: Callable[[Engine, SendReport, int | QmqError], None],
-    ) -> None:
-        self._name = name
-        self._interval = interval
-        self._limit = limit
-        self._store = store
-        self._settled = settled
-        self._cond = threading.Condition()
-        self._waiting: dict[Engine, list[SendReport]] = {}
-        self._count = 0
-        self._closing = False
-        self._thread: threading.Thread | None = None
+    name: str
+    interval: float
+    limit: int
+    store: Callable[[Engine], OutboxStore]
+    settled: Callable[[Engine, SendReport, int | QmqError], None]
+    _cond: threading.Condition = dataclasses.field(init=False, default_factory=threading.Condition)
+    _waiting: dict[Engine, list[SendReport]] = dataclasses.field(init=False, default_factory=dict)
+    _count: int = dataclasses.field(init=False, default=0)
+    _closing: bool = dataclasses.field(init=False, default=False)
+    _thread: threading.Thread | None = dataclasses.field(init=False, default=None)
 
     def add(self, engine: Engine, report: SendReport) -> None:
         """Mark ``report``'s sent messages within ``interval`` seconds."""
@@ -56,9 +49,9 @@ class Marks:
             self._waiting.setdefault(engine, []).append(report)
             self._count += len(report.results)
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
-            if self._count >= self._limit:
+            if self._count >= self.limit:
                 self._cond.notify()
 
     def close(self, timeout: float) -> bool:
@@ -90,8 +83,8 @@ class Marks:
         with self._cond:
             while not self._waiting and not self._closing:
                 self._cond.wait()
-            deadline = time.monotonic() + self._interval
-            while self._count < self._limit and not self._closing:
+            deadline = time.monotonic() + self.interval
+            while self._count < self.limit and not self._closing:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -102,13 +95,13 @@ class Marks:
     def _mark(self, engine: Engine, reports: list[SendReport]) -> None:
         sent_ids = [result.id for report in reports for result in report.results]
         try:
-            self._store(engine).mark_dispatched(sent_ids=sent_ids, dead=[], now=utcnow())
+            self.store(engine).mark_dispatched(sent_ids=sent_ids, dead=[], now=utcnow())
         except QmqError as exc:
             for report in reports:
-                self._settled(engine, report, exc)
+                self.settled(engine, report, exc)
             return
         for report in reports:
-            self._settled(engine, report, len(report.results))
+            self.settled(engine, report, len(report.results))
 
 
 class ThreadDispatcher(Driver[Producer]):

@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from qmq_outbox.transports.rabbitmq import RabbitMqTransport
 
 _LAZY = {
-    "JetStreamTransport": "qmq_outbox.transports.jetstream",
-    "RabbitMqTransport": "qmq_outbox.transports.rabbitmq",
+    "qmq_outbox.transports.jetstream": ("JetStreamTransport",),
+    "qmq_outbox.transports.rabbitmq": ("RabbitMqTransport",),
 }
 
 
