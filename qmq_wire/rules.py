@@ -209,10 +209,6 @@ class Object:
         return True
 
 
-Objects = Items
-"""The list rule of ``MESSAGES`` as the broker's models name it: ``Items`` of ``Object``."""
-
-
 # --- fields and requests ----------------------------------------------------------------------
 
 

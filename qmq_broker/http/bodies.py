@@ -95,10 +95,10 @@ def _text(rule: rules.Text) -> msgspec.Meta:
     return msgspec.Meta(min_length=rule.low or None, max_length=rule.high)
 
 
-def _items(rule: rules.Items | rules.Objects) -> msgspec.Meta:
+def _items(rule: rules.Items) -> msgspec.Meta:
     """A list's length, from its rule; distinct items are stated for the document (checked by
     ``_distinct``)."""
-    unique = {"uniqueItems": True} if isinstance(rule, rules.Items) and rule.unique else None
+    unique = {"uniqueItems": True} if rule.unique else None
     return msgspec.Meta(min_length=rule.low, max_length=rule.high, extra_json_schema=unique)
 
 

@@ -55,12 +55,10 @@ def _text(rule: rules.Text) -> StringConstraints:
     return StringConstraints(min_length=rule.low or None, max_length=rule.high)
 
 
-def _items(rule: rules.Items | rules.Objects, description: str | None = None) -> Any:
+def _items(rule: rules.Items, description: str | None = None) -> Any:
     """A list field's length, from its rule; distinct items are stated for the document
     (``_unique`` checks them)."""
-    unique: dict[str, Any] | None = (
-        {"uniqueItems": True} if isinstance(rule, rules.Items) and rule.unique else None
-    )
+    unique: dict[str, Any] | None = {"uniqueItems": True} if rule.unique else None
     return Field(
         min_length=rule.low, max_length=rule.high, json_schema_extra=unique, description=description
     )
