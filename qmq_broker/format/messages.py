@@ -177,7 +177,8 @@ def peek_message(payload: bytes) -> tuple[int, int, str, str]:
 
 
 class Framable(Protocol):
-    """What ``message_frames`` reads of a message (the broker's ``IncomingMessage``)."""
+    """What ``message_frames`` reads of a message: the broker's ``IncomingMessage``, or a
+    ``MessageRecord`` stored again (a due delayed message)."""
 
     @property
     def id(self) -> str: ...
