@@ -27,6 +27,7 @@ from qmq_broker.format.index import (
     INDEX_MAGIC,
     INDEX_VERSION,
     chunk_start,
+    entry_offset,
     index_chunk_path,
     index_header,
 )
@@ -119,7 +120,7 @@ class ChunkReader:
         data = os.pread(
             self._fd(subject, start),
             _READ_BLOCK * INDEX_ENTRY_SIZE,
-            INDEX_HEADER.size + (first - start) * INDEX_ENTRY_SIZE,
+            entry_offset(first),
         )
         at = (seq - first) * INDEX_ENTRY_SIZE
         if len(data) < at + INDEX_ENTRY_SIZE:
