@@ -27,7 +27,6 @@ from qmq_broker.format.index import (
     INDEX_MAGIC,
     INDEX_VERSION,
     chunk_start,
-    entry_offset,
     index_chunk_path,
     index_header,
 )
@@ -117,10 +116,11 @@ class ChunkReader:
             return block[1][at : at + INDEX_ENTRY_SIZE]
         start = chunk_start(seq)
         first = seq - seq % _READ_BLOCK
+        # format.index.entry_offset(first), inline: this read serves pulls
         data = os.pread(
             self._fd(subject, start),
             _READ_BLOCK * INDEX_ENTRY_SIZE,
-            entry_offset(first),
+            INDEX_HEADER.size + (first - start) * INDEX_ENTRY_SIZE,
         )
         at = (seq - first) * INDEX_ENTRY_SIZE
         if len(data) < at + INDEX_ENTRY_SIZE:
