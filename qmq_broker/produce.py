@@ -8,13 +8,13 @@ pull never serves a message the broker could still lose.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from qmq_broker.clock import Clock
 from qmq_broker.errors import Conflict, CorruptRecord, StorageError
 from qmq_broker.format.ids import id_hash
-from qmq_broker.format.messages import MessageRecord, message_frames
+from qmq_broker.format.messages import Framable, MessageRecord, message_frames
 from qmq_broker.lifecycle import Lifecycle, durable
 from qmq_broker.messages import IncomingMessage
 from qmq_broker.metrics import BrokerMetrics
@@ -228,7 +228,8 @@ class ProduceService:
         await self._settle({log: seq + 1 for (log, _), seq in zip(commands, seqs, strict=True)})
 
     async def store_due(self, records: list[MessageRecord]) -> tuple[list[int], int]:
-        """Store due delayed messages like produced ones, same ids and dedup.
+        """Store due delayed messages like produced ones, same ids and dedup; each record
+        is framed as it is (a ``Framable`` like an incoming message).
 
         Returns each one's seq, or -1 when its subject already holds the id (a dispatch
         repeated after a crash), and the stored_at time, once durable.
@@ -248,19 +249,7 @@ class ProduceService:
             ):
                 seqs.append(-1)
                 continue
-            message = IncomingMessage(
-                id=record.id,
-                subject=record.subject,
-                key=record.key,
-                headers=record.headers,
-                body=record.body,
-                body_base64=record.body_base64,
-                producer=record.producer,
-                created_at_us=record.created_at_us,
-                deliver_at_us=record.deliver_at_us,
-                tags=record.tags,
-            )
-            seq = self._store(record.subject, [message], [hashed], now)
+            seq = self._store(record.subject, [record], [hashed], now)
             visible[record.subject] = seq + 1
             seqs.append(seq)
         await self._settle(visible)
@@ -303,7 +292,7 @@ class ProduceService:
         return seq if same else None
 
     def _store(
-        self, subject: str, messages: list[IncomingMessage], hashes: list[int], now: int
+        self, subject: str, messages: Sequence[Framable], hashes: list[int], now: int
     ) -> int:
         """Frame messages of one subject into the journal as its next seqs (visible once
         durable); returns the first seq."""

@@ -14,6 +14,7 @@ deleted by a later job, once nothing in the store refers to them.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import threading
@@ -28,6 +29,9 @@ from qmq_broker.errors import StorageError
 from qmq_broker.storage.fsync import rewrite_file, sync_dir
 
 
+# Jobs compare by identity (``commit`` looks for the outstanding one) and keep the plain
+# repr: a flush job holds up to ``flush_at`` ids.
+@dataclasses.dataclass(eq=False, repr=False, slots=True)
 class DedupJob:
     """Background work a store planned: ``run()`` in a worker thread, then ``commit``.
 
@@ -37,11 +41,10 @@ class DedupJob:
 
     kind = "job"
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self._lock = threading.Lock()
-        self._done = False
-        self._error: Exception | None = None
+    directory: Path
+    _lock: threading.Lock = dataclasses.field(init=False, default_factory=threading.Lock)
+    _done: bool = dataclasses.field(init=False, default=False)
+    _error: Exception | None = dataclasses.field(init=False, default=None)
 
     @property
     def done(self) -> bool:
@@ -68,6 +71,7 @@ class DedupJob:
         raise NotImplementedError
 
 
+@dataclasses.dataclass(eq=False, repr=False, slots=True, kw_only=True)
 class FlushJob(DedupJob):
     """Write the frozen ids as a run, then set their bits in the live filter.
 
@@ -78,48 +82,42 @@ class FlushJob(DedupJob):
 
     kind = "flush"
 
-    def __init__(
-        self, directory: Path, *, ids: dict[int, int], horizon: int, bloom: BloomFilter
-    ) -> None:
-        super().__init__(directory)
-        self.ids = ids
-        self._horizon = horizon
-        self._bloom = bloom
-        self.run_written: MappedRun | None = None
+    ids: dict[int, int]
+    horizon: int
+    bloom: BloomFilter
+    run_written: MappedRun | None = dataclasses.field(init=False, default=None)
 
     def _work(self) -> None:
         count = len(self.ids)
         hashes = np.fromiter(self.ids.keys(), dtype=np.uint64, count=count)
         seqs = np.fromiter(self.ids.values(), dtype=np.uint64, count=count)
-        live = seqs >= np.uint64(self._horizon)
+        live = seqs >= np.uint64(self.horizon)
         hashes, seqs = hashes[live], seqs[live]
         header = write_run(self.directory, hashes, seqs)
         if header is not None:
             self.run_written = MappedRun(self.directory / header.name, header)
-            self._bloom.insert(hashes)
+            self.bloom.insert(hashes)
 
 
+@dataclasses.dataclass(eq=False, repr=False, slots=True, kw_only=True)
 class MergeJob(DedupJob):
     kind = "merge"
 
-    def __init__(self, directory: Path, *, inputs: tuple[MappedRun, ...], horizon: int) -> None:
-        super().__init__(directory)
-        self.inputs = inputs
-        self._horizon = horizon
-        self.merged: MappedRun | None = None
+    inputs: tuple[MappedRun, ...]
+    horizon: int
+    merged: MappedRun | None = dataclasses.field(init=False, default=None)
 
     def _work(self) -> None:
-        header = merge_runs(self.directory, self.inputs, horizon=self._horizon)
+        header = merge_runs(self.directory, self.inputs, horizon=self.horizon)
         if header is not None:
             self.merged = MappedRun(self.directory / header.name, header)
 
 
+@dataclasses.dataclass(eq=False, repr=False, slots=True, kw_only=True)
 class DeleteJob(DedupJob):
     kind = "delete"
 
-    def __init__(self, directory: Path, *, paths: tuple[Path, ...]) -> None:
-        super().__init__(directory)
-        self.paths = paths
+    paths: tuple[Path, ...]
 
     def _work(self) -> None:
         for path in self.paths:
@@ -127,31 +125,32 @@ class DeleteJob(DedupJob):
         sync_dir(self.directory)
 
 
+@dataclasses.dataclass(eq=False, repr=False, slots=True, kw_only=True)
 class RebuildFilterJob(DedupJob):
     kind = "rebuild-filter"
 
-    def __init__(self, directory: Path, *, runs: tuple[MappedRun, ...], horizon: int) -> None:
-        super().__init__(directory)
-        self.runs = runs
-        self.horizon = horizon
-        self.runs_end = max((run.header.end_seq for run in runs), default=0)
-        self.built: BloomFilter | None = None
+    runs: tuple[MappedRun, ...]
+    horizon: int
+    runs_end: int = dataclasses.field(init=False)
+    built: BloomFilter | None = dataclasses.field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        self.runs_end = max((run.header.end_seq for run in self.runs), default=0)
 
     def _work(self) -> None:
         self.built = filter_of(self.runs, self.horizon)
         save_filter(self.directory, self.built, self.runs_end)
 
 
+@dataclasses.dataclass(eq=False, repr=False, slots=True, kw_only=True)
 class SaveFilterJob(DedupJob):
     kind = "save-filter"
 
-    def __init__(self, directory: Path, *, bloom: BloomFilter, runs_end: int) -> None:
-        super().__init__(directory)
-        self._bloom = bloom
-        self.runs_end = runs_end
+    bloom: BloomFilter
+    runs_end: int
 
     def _work(self) -> None:
-        save_filter(self.directory, self._bloom, self.runs_end)
+        save_filter(self.directory, self.bloom, self.runs_end)
 
 
 def filter_of(runs: tuple[MappedRun, ...] | list[MappedRun], horizon: int) -> BloomFilter:

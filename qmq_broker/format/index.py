@@ -55,6 +55,11 @@ def chunk_start(seq: int) -> int:
     return seq - seq % INDEX_CHUNK_ENTRIES
 
 
+def entry_offset(seq: int) -> int:
+    """Where the entry of ``seq`` starts in its chunk file."""
+    return INDEX_HEADER.size + seq % INDEX_CHUNK_ENTRIES * INDEX_ENTRY_SIZE
+
+
 def index_dir(data_dir: str | os.PathLike[str], subject: str) -> Path:
     return Path(data_dir) / "index" / subject
 

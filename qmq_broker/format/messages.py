@@ -121,8 +121,10 @@ def message_fields(payload: bytes, *, path: str = "?", offset: int = -1) -> Mess
         subject = None if length == NONE_LEN else payload[pos + 2 : pos + 2 + length].decode()
         pos += 2 if length == NONE_LEN else 2 + length
         (length,) = u16(payload, pos)
-        message_id = None if length == NONE_LEN else payload[pos + 2 : pos + 2 + length].decode()
-        pos += 2 if length == NONE_LEN else 2 + length
+        if length == NONE_LEN:  # ids are never None: rejected where read
+            raise ValueError("message without id")
+        message_id = payload[pos + 2 : pos + 2 + length].decode()
+        pos += 2 + length
         (length,) = u16(payload, pos)
         key = None if length == NONE_LEN else payload[pos + 2 : pos + 2 + length].decode()
         pos += 2 if length == NONE_LEN else 2 + length
@@ -142,8 +144,6 @@ def message_fields(payload: bytes, *, path: str = "?", offset: int = -1) -> Mess
         pos += 4
         if pos + blen != len(payload) or subject is None:
             raise ValueError("lengths do not add up")
-        if message_id is None:
-            raise ValueError("message without id")
     except (struct.error, ValueError, orjson.JSONDecodeError) as exc:
         raise CorruptRecord(path=path, offset=offset, reason=str(exc)) from exc
     body = payload[pos:]
@@ -177,7 +177,8 @@ def peek_message(payload: bytes) -> tuple[int, int, str, str]:
 
 
 class Framable(Protocol):
-    """What ``message_frames`` reads of a message (the broker's ``IncomingMessage``)."""
+    """What ``message_frames`` reads of a message: the broker's ``IncomingMessage``, or a
+    ``MessageRecord`` stored again (a due delayed message)."""
 
     @property
     def id(self) -> str: ...

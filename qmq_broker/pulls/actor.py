@@ -51,14 +51,14 @@ class PullActor:
         group: str,
         *,
         capacity: int,
+        totals: PullCounts,
         series: ActorSeries | None = None,
-        totals: PullCounts | None = None,
     ) -> None:
         self.subject = subject
         self.group = group
         self.capacity = capacity
         self.series = series
-        self.totals = totals if totals is not None else PullCounts()
+        self.totals = totals  # the scheduler's, shared by all its actors
         self.mailbox: deque[QueuedPull] = deque()
         self.pending = 0  # requests not answered yet: queued, running or parked
         self.parked_count = 0

@@ -53,38 +53,28 @@ class _GroupView:
     turn: int = 0  # rotates which held partition a pull serves first
 
 
+@dataclasses.dataclass(kw_only=True, slots=True)
 class OrderedPulls:
     """Decisions for ``"mode": "ordered"`` pulls; the only owner of partition leases."""
 
-    def __init__(
-        self,
-        *,
-        book: RouteBook,
-        subjects: SubjectTable,
-        groups: GroupTable,
-        actions: ActionLog,
-        policy: Policy,
-        clock: Clock,
-        lease_s: float,
-        reader: SegmentReader,
-    ) -> None:
-        self._book = book
-        self._reader = reader
-        self._keys: dict[str, dict[int, Hashable]] = {}  # log -> seq -> the message's key
-        self._subjects = subjects
-        self._groups = groups
-        self._record = actions.record
-        self._policy = policy
-        self._clock = clock
-        self._lease_s = lease_s
-        self._views: dict[tuple[str, str], _GroupView] = {}
+    book: RouteBook
+    subjects: SubjectTable
+    groups: GroupTable
+    actions: ActionLog
+    policy: Policy
+    clock: Clock
+    lease_s: float
+    reader: SegmentReader
+    # log -> seq -> the message's key
+    _keys: dict[str, dict[int, Hashable]] = dataclasses.field(init=False, default_factory=dict)
+    _views: dict[tuple[str, str], _GroupView] = dataclasses.field(init=False, default_factory=dict)
 
     def ordered(self, subject: str) -> bool:
-        return self._book.is_ordered(subject)
+        return self.book.is_ordered(subject)
 
     def require_served(self, subject: str) -> None:
         """``subject_fenced`` when the subject's routes could not be recovered."""
-        self._book.get(subject)
+        self.book.get(subject)
 
     def require_partition(self, subject: str, partition: int) -> None:
         """``partition_not_found`` unless ``partition`` is one of the subject's."""
@@ -113,7 +103,7 @@ class OrderedPulls:
     def has_group(self, subject: str, group: str) -> bool:
         """Whether ``group`` ever pulled from the ordered ``subject``."""
         routes = self._routes(subject)
-        return (partition_log(subject, routes.at(1).partitions[0]), group) in self._groups
+        return (partition_log(subject, routes.at(1).partitions[0]), group) in self.groups
 
     def reset_partitions(
         self, subject: str, group: str, to: Position, partition: int | None
@@ -129,7 +119,7 @@ class OrderedPulls:
         return sorted(
             p
             for p in routes.every_partition()
-            if p in routes.at(1).partitions or (partition_log(subject, p), group) in self._groups
+            if p in routes.at(1).partitions or (partition_log(subject, p), group) in self.groups
         )
 
     def renew(self, subject: str, group: str, consumer: str) -> None:
@@ -137,11 +127,11 @@ class OrderedPulls:
         view = self._views.get((subject, group))
         if view is None:
             return
-        now = self._clock.now()
+        now = self.clock.now()
         view.seen[consumer] = now
         for lease in view.leases.values():
             if lease.consumer == consumer:
-                lease.until = now + self._lease_s
+                lease.until = now + self.lease_s
 
     # --- deciding a pull --------------------------------------------------------------------
 
@@ -150,7 +140,7 @@ class OrderedPulls:
         serve them), and when to look again if nothing (scheduler clock)."""
         subject, group, consumer = request.subject, request.group, request.consumer
         routes = self._routes(subject)
-        now, now_us = self._clock.now(), self._clock.wall_us()
+        now, now_us = self.clock.now(), self.clock.wall_us()
         view = self._views.setdefault((subject, group), _GroupView())
         view.seen[consumer] = now
         _, visible = self._visible(routes, group, now_us)
@@ -186,12 +176,12 @@ class OrderedPulls:
         """The groups that ever pulled from ``subject``."""
         routes = self._routes(subject)
         logs = {partition_log(subject, p) for p in routes.every_partition()}
-        return sorted({group for (log, group) in self._groups if log in logs})
+        return sorted({group for (log, group) in self.groups if log in logs})
 
     def partition_owners(self, subject: str) -> dict[str, dict[int, tuple[str, float]]]:
         """Read-only, for operators: per group, each partition whose lease is live now, with
         its consumer and the seconds left on the lease (renewed by that consumer's calls)."""
-        now = self._clock.now()
+        now = self.clock.now()
         return {
             group: {
                 partition: (lease.consumer, lease.until - now)
@@ -222,10 +212,10 @@ class OrderedPulls:
 
     def _finished(self, routes: Routes, partition: int, group: str) -> bool:
         """Whether ``group`` consumed ``partition`` up to and including its command."""
-        command = self._book.command_seq(routes.subject, partition)
+        command = self.book.command_seq(routes.subject, partition)
         if command is None:
             return False
-        found = self._groups.get((partition_log(routes.subject, partition), group))
+        found = self.groups.get((partition_log(routes.subject, partition), group))
         if found is None:
             return False
         state = found.states[SHARED]
@@ -242,7 +232,7 @@ class OrderedPulls:
     ) -> None:
         """Lease and ack a partition's command for the group once everything before it is
         acked: the partition is finished for the group."""
-        command = self._book.command_seq(routes.subject, partition)
+        command = self.book.command_seq(routes.subject, partition)
         if (
             command is None
             or state.cursor != command
@@ -253,8 +243,12 @@ class OrderedPulls:
             return
         log = partition_log(routes.subject, partition)
         fields = {"consumer": COMMAND_PRODUCER, "deadline": now_us, "attempts": [1]}
-        self._record(_action(ActionType.LEASE, now_us, log, group, [command], fields), relaxed=True)
-        self._record(_action(ActionType.ACK, now_us, log, group, [command], {}), relaxed=True)
+        self.actions.record(
+            _action(ActionType.LEASE, now_us, log, group, [command], fields), relaxed=True
+        )
+        self.actions.record(
+            _action(ActionType.ACK, now_us, log, group, [command], {}), relaxed=True
+        )
 
     def _assign(
         self, routes: Routes, group: str, visible: list[int], consumer: str, now: float
@@ -266,7 +260,7 @@ class OrderedPulls:
             if lease.until <= now or partition not in visible:
                 del view.leases[partition]
         for name, seen in list(view.seen.items()):
-            if seen + self._lease_s <= now:
+            if seen + self.lease_s <= now:
                 del view.seen[name]
         share = math.ceil(len(visible) / max(len(view.seen), 1))
         held = [p for p in visible if p in view.leases and view.leases[p].consumer == consumer]
@@ -274,7 +268,7 @@ class OrderedPulls:
         for partition in held:
             in_flight = self.state(routes.subject, partition, group).leases
             if len(kept) < share or in_flight:
-                view.leases[partition].until = now + self._lease_s
+                view.leases[partition].until = now + self.lease_s
                 kept.append(partition)
             else:
                 del view.leases[partition]  # beyond its share: another consumer's turn
@@ -282,7 +276,7 @@ class OrderedPulls:
             if len(kept) >= share:
                 break
             if partition not in view.leases:
-                view.leases[partition] = _Lease(consumer, now + self._lease_s)
+                view.leases[partition] = _Lease(consumer, now + self.lease_s)
                 kept.append(partition)
         return sorted(kept)
 
@@ -300,14 +294,16 @@ class OrderedPulls:
         is leased. Otherwise per key (``choose_keyed``)."""
         subject = routes.subject
         log_name = partition_log(subject, partition)
-        log = self._subjects[log_name]
+        log = self.subjects[log_name]
         state = self.state(subject, partition, group)
         state.skip_below(log.first_seq)
         gone = [seq for seq in state.retries if seq < log.first_seq]
         if gone:
             error = "removed by retention before it was acknowledged"
-            self._record(_action(ActionType.DEAD, now_us, log_name, group, gone, {"error": error}))
-        command = self._book.command_seq(subject, partition)
+            self.actions.record(
+                _action(ActionType.DEAD, now_us, log_name, group, gone, {"error": error})
+            )
+        command = self.book.command_seq(subject, partition)
         end = log.end_seq if command is None else min(log.end_seq, command)
         limit = request.max_messages
         if request.max_keys > 1 or state.skipped:
@@ -345,7 +341,7 @@ class OrderedPulls:
             if len(keys) >= KEY_CACHE_SIZE:
                 keys.clear()
             try:
-                keys[seq] = read_message(self._reader, self._subjects[log_name], seq).key
+                keys[seq] = read_message(self.reader, self.subjects[log_name], seq).key
             except (StorageError, CorruptRecord, ValueError, OverflowError):
                 keys[seq] = ("unreadable", seq)
         return keys[seq]
@@ -363,17 +359,19 @@ class OrderedPulls:
         """Lease ``seqs`` of the partition to ``consumer``: a batch to serve."""
         subject = routes.subject
         log_name = partition_log(subject, partition)
-        log = self._subjects[log_name]
+        log = self.subjects[log_name]
         positions = []
         for seq in seqs:
             segment, length, offset, _, _ = log.raw(seq)
             positions.append((segment, offset, length))
         fields = {
             "consumer": consumer,
-            "deadline": now_us + self._policy.ack_timeout_us,
+            "deadline": now_us + self.policy.ack_timeout_us,
             "attempts": attempts,
         }
-        self._record(_action(ActionType.LEASE, now_us, log_name, group, seqs, fields), relaxed=True)
+        self.actions.record(
+            _action(ActionType.LEASE, now_us, log_name, group, seqs, fields), relaxed=True
+        )
         return Batch(
             subject=log_name,
             seqs=seqs,
@@ -387,8 +385,8 @@ class OrderedPulls:
         self, subject: str, partition: int, group: str, state: DeliveryState, now_us: int
     ) -> None:
         log = partition_log(subject, partition)
-        for kind, seqs, fields in state.expire(now_us=now_us, policy=self._policy):
-            self._record(_action(kind, now_us, log, group, seqs, fields))
+        for kind, seqs, fields in state.expire(now_us=now_us, policy=self.policy):
+            self.actions.record(_action(kind, now_us, log, group, seqs, fields))
 
     def state(
         self, subject: str, partition: int, group: str, *, at: Position | None = None
@@ -396,15 +394,15 @@ class OrderedPulls:
         """The group's state on a partition, made (durably recorded) when first needed, at
         ``at`` (its first seq by default)."""
         log_name = partition_log(subject, partition)
-        found = self._groups.get((log_name, group))
+        found = self.groups.get((log_name, group))
         if found is None:
-            log = self._subjects.ensure(log_name)
+            log = self.subjects.ensure(log_name)
             cursor = log.first_seq if at is None else log.seq_at(at)
             fields = {"mode": "shared", "cursor": cursor}
-            self._record(
-                _action(ActionType.GROUP, self._clock.wall_us(), log_name, group, [], fields)
+            self.actions.record(
+                _action(ActionType.GROUP, self.clock.wall_us(), log_name, group, [], fields)
             )
-            found = self._groups[(log_name, group)]
+            found = self.groups[(log_name, group)]
         return found.states[SHARED]
 
     def _wake_at(
@@ -434,7 +432,7 @@ class OrderedPulls:
         return min(times) if times else None
 
     def _routes(self, subject: str) -> Routes:
-        routes = self._book.get(subject)
+        routes = self.book.get(subject)
         assert routes is not None, f"{subject!r} is not ordered"
         return routes
 

@@ -22,6 +22,7 @@ from qmq_broker.format.index import (
     INDEX_ENTRY_SIZE,
     INDEX_HEADER,
     chunk_start,
+    entry_offset,
     index_chunk_path,
     index_dir,
     list_index_chunks,
@@ -60,7 +61,7 @@ class WorkingIndex:
         start = chunk_start(seq)
         path = index_chunk_path(self.data_dir, self.name, start)
         with open(path, "rb") as handle:
-            handle.seek(INDEX_HEADER.size + (seq - start) * INDEX_ENTRY_SIZE)
+            handle.seek(entry_offset(seq))
             raw = handle.read(INDEX_ENTRY_SIZE)
         unpacked: Entry = INDEX_ENTRY.unpack(raw)
         return unpacked

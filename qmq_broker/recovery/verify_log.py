@@ -23,6 +23,7 @@ from qmq_broker.format.index import (
     INDEX_ENTRY_SIZE,
     INDEX_HEADER,
     IndexEntry,
+    entry_offset,
     index_chunk_path,
     list_index_chunks,
     list_indexed_subjects,
@@ -41,10 +42,6 @@ class Indexed:
     seq: int
     entry: IndexEntry
     path: Path
-
-    @property
-    def position(self) -> int:
-        return INDEX_HEADER.size + (self.seq % INDEX_CHUNK_ENTRIES) * INDEX_ENTRY_SIZE
 
     @property
     def marked_unreadable(self) -> bool:
@@ -212,7 +209,7 @@ def unmatched_entries(
         seq = indexed.seq
         if present.holds(indexed.subject, seq):
             damage = f"entry for seq {seq} does not match the log ({why})"
-            findings.append(derived(indexed.path, indexed.position, damage, f"seq {seq}"))
+            findings.append(derived(indexed.path, entry_offset(indexed.seq), damage, f"seq {seq}"))
         else:
             gone[segment].append(indexed)
     for segment, items in gone.items():

@@ -116,6 +116,7 @@ class ChunkReader:
             return block[1][at : at + INDEX_ENTRY_SIZE]
         start = chunk_start(seq)
         first = seq - seq % _READ_BLOCK
+        # format.index.entry_offset(first), inline: this read serves pulls
         data = os.pread(
             self._fd(subject, start),
             _READ_BLOCK * INDEX_ENTRY_SIZE,

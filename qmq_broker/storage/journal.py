@@ -47,9 +47,9 @@ from qmq_broker.format.frames import frame
 from qmq_broker.format.index import (
     INDEX_CHUNK_ENTRIES,
     INDEX_ENTRY,
-    INDEX_ENTRY_SIZE,
     INDEX_HEADER,
     chunk_start,
+    entry_offset,
     index_chunk_path,
     index_header,
 )
@@ -186,8 +186,7 @@ class _AppendFiles:
             take = min(len(entries) - at, start + INDEX_CHUNK_ENTRIES - seq)
             fd = self._index_fd(subject, start)
             data = b"".join(entries[at : at + take])
-            offset = INDEX_HEADER.size + (seq - start) * INDEX_ENTRY_SIZE
-            if os.pwrite(fd, data, offset) != len(data):
+            if os.pwrite(fd, data, entry_offset(seq)) != len(data):
                 raise StorageError(f"short write to the index of {subject}")
             seq += take
             at += take
