@@ -8,6 +8,7 @@ pull never serves a message the broker could still lose.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -30,30 +31,19 @@ if TYPE_CHECKING:
     from qmq_broker.delayed.service import DelayedMessages
 
 
+@dataclasses.dataclass(kw_only=True, slots=True, eq=False)
 class ProduceService:
     """``produce`` for producers, ``store_due`` for delayed messages coming due."""
 
-    def __init__(
-        self,
-        *,
-        lifecycle: Lifecycle,
-        journal: Journal,
-        subjects: SubjectTable,
-        reader: SegmentReader,
-        clock: Clock,
-        metrics: BrokerMetrics,
-        wake: Callable[[str], None],
-        book: RouteBook | None = None,
-    ) -> None:
-        self._lifecycle = lifecycle
-        self._book = book if book is not None else RouteBook()
-        self._journal = journal
-        self._subjects = subjects
-        self._reader = reader
-        self._clock = clock
-        self._metrics = metrics
-        self._wake = wake
-        self._delayed: DelayedMessages | None = None
+    lifecycle: Lifecycle
+    journal: Journal
+    subjects: SubjectTable
+    reader: SegmentReader
+    clock: Clock
+    metrics: BrokerMetrics
+    wake: Callable[[str], None]
+    book: RouteBook = dataclasses.field(default_factory=RouteBook)
+    _delayed: DelayedMessages | None = dataclasses.field(init=False, default=None)
 
     def attach(self, delayed: DelayedMessages) -> None:
         """The delayed-message service (built after this one: it stores through us)."""
@@ -65,10 +55,10 @@ class ProduceService:
         A message due later (``deliver_at_us`` after now) goes to the schedule log and is
         answered ``scheduled`` with seq null; it is stored through ``store_due`` when due.
         """
-        self._lifecycle.require()
+        self.lifecycle.require()
         delayed = self._delayed
         assert delayed is not None, "attach() the delayed-message service first"
-        now = self._clock.wall_us()
+        now = self.clock.wall_us()
         hashes = [id_hash(message.id) for message in messages]
         targets = self._targets(messages, now)
         logs = [message.subject for message in messages] if targets is None else targets[0]
@@ -100,7 +90,7 @@ class ProduceService:
             zip(messages, logs, hashes, known, strict=True)
         ):
             if target != name:  # a batch mostly names one subject: look it up once per run
-                name, log = target, self._subjects.find(target)
+                name, log = target, self.subjects.find(target)
             if seq is not None and log is not None:
                 seq = self._confirmed(log, seq, message.id)
             status: ProduceStatus
@@ -133,7 +123,7 @@ class ProduceService:
         for at, earlier in repeats:
             seqs[at] = seqs[earlier]
         await self._settle(visible)
-        self._metrics.produced.inc(sum(map(len, to_store.values())))
+        self.metrics.produced.inc(sum(map(len, to_store.values())))
         results: list[ProduceResultJson] = [
             {"id": message.id, "subject": message.subject, "status": status, "seq": seq}
             for message, status, seq in zip(messages, statuses, seqs, strict=True)
@@ -153,7 +143,7 @@ class ProduceService:
         subject = messages[0].subject
         first = self._store(subject, messages, hashes, now)
         await self._settle({subject: first + len(messages)})
-        self._metrics.produced.inc(len(messages))
+        self.metrics.produced.inc(len(messages))
         return [
             {"id": message.id, "subject": subject, "status": "stored", "seq": seq}
             for seq, message in enumerate(messages, first)
@@ -164,7 +154,7 @@ class ProduceService:
     ) -> tuple[list[str], list[Target | None]] | None:
         """The log each message goes to, when the batch names an ordered subject (None
         when it does not: every message goes to its subject's own log)."""
-        book = self._book
+        book = self.book
         if not book or not any(book.is_ordered(message.subject) for message in messages):
             return None  # the usual produce: no lookup per message
         logs: list[str] = []
@@ -200,7 +190,7 @@ class ProduceService:
             if target is None or known[at] is not None:
                 continue
             for earlier in target.earlier:
-                log = self._subjects.find(earlier)
+                log = self.subjects.find(earlier)
                 seq = None if log is None else log.seq_of(hashes[at])
                 if (
                     log is not None
@@ -220,7 +210,7 @@ class ProduceService:
         answer once they are durable. ``placed`` gets their seqs as soon as they are
         allocated, before they can become visible: a pull must never take a command for a
         message. Broker-internal: no lifecycle check, no dedup."""
-        now = self._clock.wall_us()
+        now = self.clock.wall_us()
         seqs = [
             self._store(log, [message], [id_hash(message.id)], now) for log, message in commands
         ]
@@ -234,13 +224,13 @@ class ProduceService:
         Returns each one's seq, or -1 when its subject already holds the id (a dispatch
         repeated after a crash), and the stored_at time, once durable.
         """
-        self._lifecycle.require()
-        now = self._clock.wall_us()
+        self.lifecycle.require()
+        now = self.clock.wall_us()
         visible: dict[str, int] = {}
         seqs: list[int] = []
         for record in records:
             hashed = id_hash(record.id)
-            log = self._subjects.find(record.subject)
+            log = self.subjects.find(record.subject)
             found = None if log is None else log.seq_of(hashed)
             if (
                 log is not None
@@ -253,7 +243,7 @@ class ProduceService:
             visible[record.subject] = seq + 1
             seqs.append(seq)
         await self._settle(visible)
-        self._metrics.produced.inc(sum(1 for seq in seqs if seq >= 0))
+        self.metrics.produced.inc(sum(1 for seq in seqs if seq >= 0))
         return seqs, now
 
     def _known(self, logs: list[str], hashes: list[int]) -> list[int | None]:
@@ -261,7 +251,7 @@ class ProduceService:
         (asked a log at a time, so the dedup filter sees whole batches)."""
         first = logs[0] if logs else ""
         if all(log == first for log in logs):  # the usual request
-            found_log = self._subjects.find(first)
+            found_log = self.subjects.find(first)
             return [None] * len(logs) if found_log is None else found_log.seqs_of(hashes)
         found: list[int | None] = [None] * len(logs)
         positions: dict[str, list[int]] = {}
@@ -271,7 +261,7 @@ class ProduceService:
                 at_log = positions[name] = []
             at_log.append(at)
         for name, at_log in positions.items():
-            log = self._subjects.find(name)
+            log = self.subjects.find(name)
             if log is not None:
                 seqs = log.seqs_of([hashes[at] for at in at_log])
                 for at, seq in zip(at_log, seqs, strict=True):
@@ -286,7 +276,7 @@ class ProduceService:
         if seq >= subject.end_seq or seq < subject.first_seq:
             return seq  # in flight or past retention: the 64-bit hash decides
         try:
-            same = read_message(self._reader, subject, seq).id == message_id
+            same = read_message(self.reader, subject, seq).id == message_id
         except (StorageError, CorruptRecord):
             same = False
         return seq if same else None
@@ -296,12 +286,12 @@ class ProduceService:
     ) -> int:
         """Frame messages of one subject into the journal as its next seqs (visible once
         durable); returns the first seq."""
-        first = self._subjects.next_seq(subject)
+        first = self.subjects.next_seq(subject)
         frames = message_frames(messages, subject=subject, first_seq=first, stored_at_us=now)
-        entries = self._journal.append_messages(
+        entries = self.journal.append_messages(
             frames, subject=subject, first_seq=first, stored_at_us=now, hashed_ids=hashes
         )
-        allocated = self._subjects.append(
+        allocated = self.subjects.append(
             subject, entries, hashes, framed_bytes=sum(map(len, frames))
         )
         assert allocated == first
@@ -313,7 +303,7 @@ class ProduceService:
         Always waits, even for a batch of duplicates only: the original may still be in
         flight, and a ``duplicate`` answer must not come before it is durable.
         """
-        commit = self._journal.commit_point()
+        commit = self.journal.commit_point()
         if visible:
             commit.add_done_callback(lambda f: self._make_visible(f, visible))
         await durable(commit)
@@ -322,5 +312,5 @@ class ProduceService:
         if future.cancelled() or future.exception() is not None:
             return
         for name, end in visible.items():
-            self._subjects.make_visible(name, end)
-            self._wake(name)
+            self.subjects.make_visible(name, end)
+            self.wake(name)
