@@ -343,7 +343,7 @@ class Consumer:
             threads = ThreadPool(connections, name=f"qmq-consumer[{self.group}]-client")
             threads.start()
             resources.callback(threads.close)
-            return OnThreads(cast(BrokerClient, injected), threads)  # or one with its calls
+            return OnThreads(cast(BrokerClient, injected), threads)  # or any client with its calls
         assert self.transport is not None  # the constructor saw to it
         spec = ConsumerSpec(
             group=self.group,
