@@ -53,7 +53,7 @@ class _GroupView:
     turn: int = 0  # rotates which held partition a pull serves first
 
 
-@dataclasses.dataclass(kw_only=True, slots=True)
+@dataclasses.dataclass(kw_only=True, slots=True, eq=False)
 class OrderedPulls:
     """Decisions for ``"mode": "ordered"`` pulls; the only owner of partition leases."""
 
