@@ -242,9 +242,11 @@ class Runner:
             options["tags"] = list(self.specs[subject].tags)
         if not carried:
             return await self.client.pull(subject, cfg.group, cfg.consumer_id, **options)
-        # No long poll with acks on board: their answer (and slots) would wait for it. If
-        # the subject has gone quiet, the next pull waits, carrying nothing.
-        options["wait_ms"] = 0
+        # Acks on board: the broker applies them on arrival, but their answer (and slots)
+        # come with the pull's, so it waits for messages no longer than the acker would
+        # have held the acks. At a steady trickle that is one request a message, not a
+        # pull and then an ack; a quiet subject's next pull waits, carrying nothing.
+        options["wait_ms"] = min(cfg.wait_ms, round(cfg.ack_interval * 1000))
         answer = await self.client.ack_and_pull(
             subject, cfg.group, cfg.consumer_id, carried, **options
         )

@@ -3,10 +3,13 @@ redelivery deduplicated by IdempotentStore, twins, broadcast."""
 
 from __future__ import annotations
 
+import re
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -218,6 +221,36 @@ def test_many_messages_many_batching_consumers_each_effect_once(
         wait_for(lambda: group_state(client, subject, group)["acked"] == 200)
     assert count(engine, invoices) == 200
     assert sum(c.stats().processed for c in consumers) == 200
+
+
+def _requests(broker: BrokerProcess, endpoint: str) -> int:
+    """How many requests to ``endpoint`` the broker answered 200, from its metrics."""
+    metrics = httpx.get(f"{broker.url}/metrics", timeout=5).text
+    pattern = rf'^qmq_broker_request_seconds_count{{endpoint="{endpoint}",status="200"}} (\S+)$'
+    found = re.search(pattern, metrics, re.MULTILINE)
+    return int(float(found.group(1))) if found else 0
+
+
+def test_a_trickle_costs_one_pull_a_message_with_the_acks_riding_on_the_pulls(
+    broker: BrokerProcess, engine: Engine
+) -> None:
+    """Messages one at a time, closer together than ``ack_interval``: the pull that follows
+    a message carries its ack and waits for the next one, so each message costs one pull
+    and no ack request of its own (not a pull to get it and another to ack it)."""
+    subject, group, sent = unique("orders"), "billing", 30
+    consumer = _consumer(broker.url, group, ack_interval=1.0, wait_ms=5000)
+    consumer.add_handler(subject, _bill, idempotent=IdempotentStore(sessionmaker(engine)))
+    with BrokerClient(broker.url) as client, running(consumer):
+        for i in range(sent):
+            produce(client, subject, [f'{{"order_id": "t-{i}"}}'.encode()])
+            wait_for(lambda i=i: count(engine, invoices) == i + 1)
+            time.sleep(0.02)
+        wait_for(lambda: group_state(client, subject, group)["acked"] == sent)
+        pulls, acks = _requests(broker, "pull"), _requests(broker, "ack")
+    assert count(engine, invoices) == sent
+    # each message waited for before the next: at least a pull each, and about no more
+    assert sent <= pulls <= sent + 3, f"{pulls} pulls for {sent} messages"
+    assert acks <= 1, f"{acks} ack requests: the acks should ride on the pulls"
 
 
 def test_broadcast_gives_every_consumer_of_the_group_every_message(
