@@ -20,7 +20,7 @@ from qmq_broker.lifecycle import Lifecycle, durable
 from qmq_broker.messages import pulled, rfc3339
 from qmq_broker.metrics import BrokerMetrics
 from qmq_broker.pulls.ordered import OrderedPulls
-from qmq_broker.pulls.reads import read_message
+from qmq_broker.pulls.reads import Served, read_message
 from qmq_broker.pulls.scheduler import PullScheduler
 from qmq_broker.storage.journal import Journal
 from qmq_broker.storage.segments import SegmentReader
@@ -94,7 +94,8 @@ class DeliveryService:
         linger_ms: int = 0,
         max_keys: int = DEFAULT_KEYS_IN_FLIGHT,
         tags: list[str] | None = None,
-    ) -> tuple[list[PulledMessageJson], AckResult | None]:
+        records: bool = False,
+    ) -> tuple[list[Served], AckResult | None]:
         """Queue a pull in its group's actor and wait for the answer, acking ``ack`` (the
         consumer's previous batch, or None) in the same request.
 
@@ -113,7 +114,8 @@ class DeliveryService:
         ``unknown``. The ``AckResult`` is None when ``ack`` is.
 
         ``tags``: the group's tag filter, fixed by the pull that creates the group (a
-        different one is ``tags_conflict``); not for ordered subjects.
+        different one is ``tags_conflict``); not for ordered subjects. ``records``: the
+        messages as stored (``qmq_wire.records_entry`` each), not their JSON.
         """
         self.lifecycle.require()
         if isinstance(start, str):  # "earliest" or "latest"
@@ -142,6 +144,7 @@ class DeliveryService:
             min_messages=min_messages,
             linger_s=linger_ms / 1000,
             max_keys=max_keys,
+            records=records,
         )
         try:
             acked = None if not ack else self._record_acks(subject, group, consumer, ack)
@@ -150,7 +153,7 @@ class DeliveryService:
         except BaseException:
             future.cancel()  # not served to a caller that will not read the answer
             raise
-        messages: list[PulledMessageJson] = await future
+        messages: list[Served] = await future
         return messages, acked
 
     def charge(self, *, subject: str, group: str, measured: float, estimated: float) -> None:

@@ -8,8 +8,9 @@ from datetime import UTC, datetime, timedelta
 
 import msgspec
 
-from qmq_broker.format.messages import FLAG_BODY_BASE64, MessageFields, MessageRecord
+from qmq_broker.format.messages import MessageRecord
 from qmq_wire import BodyEncoding, PulledMessageJson
+from qmq_wire.records import FLAG_BODY_BASE64, MessageFields
 
 
 class IncomingMessage(msgspec.Struct, frozen=True, kw_only=True, gc=False):

@@ -20,8 +20,9 @@ import orjson
 
 import qmq_wire
 from qmq_outbox.envelope import Message, OutgoingMessage, ProduceResult
-from qmq_outbox.errors import BrokerRejected, BrokerUnavailable
+from qmq_outbox.errors import BrokerError, BrokerRejected, BrokerUnavailable
 from qmq_wire import OnDead, PositionJson, ResetAnswerJson, RoutesAnswerJson
+from qmq_wire.records import RECORDS_MEDIA_TYPE, RecordError, is_records_answer, read_records_answer
 
 DEFAULT_TIMEOUT = 10.0  # seconds a call may take (a long poll: plus its wait)
 
@@ -44,18 +45,27 @@ class Call(Generic[T]):
     content: bytes | None = None
     params: dict[str, Any] | None = None
     timeout: float | None = None  # None: the client's
+    headers: tuple[tuple[str, str], ...] = ()  # the request's own, beside the client's
+    decode: Callable[[bytes], Any] = orjson.loads  # a 200 answer's body, for ``read``
 
     def request(self, http: httpx.Client | httpx.AsyncClient) -> httpx.Request:
         timeout = httpx.USE_CLIENT_DEFAULT if self.timeout is None else self.timeout
         return http.build_request(
-            self.method, self.path, content=self.content, params=self.params, timeout=timeout
+            self.method,
+            self.path,
+            content=self.content,
+            params=self.params,
+            headers=dict(self.headers),
+            timeout=timeout,
         )
 
     def answer(self, response: httpx.Response) -> T:
-        return self.read(_check(response.status_code, response.content))
+        return self.answer_body(response.status_code, response.content)
 
     def answer_body(self, status: int, content: bytes) -> T:
         """The answer from the status and body alone (``answer`` reads them off a Response)."""
+        if status == 200:
+            return self.read(self.decode(content))
         return self.read(_check(status, content))
 
 
@@ -147,7 +157,7 @@ def pull(
     if max_keys is not None:
         doc["max_keys"] = max_keys
     timeout = DEFAULT_TIMEOUT + wait_ms / 1000
-    return _post("/v1/pull", doc, _messages, timeout=timeout)
+    return _post("/v1/pull", doc, _messages, timeout=timeout, **_RECORDS)
 
 
 def _pull_doc(
@@ -178,9 +188,31 @@ def _pull_doc(
     return doc
 
 
+def _pull_answer(content: bytes) -> dict[str, Any]:
+    """A pull's answer with its messages read: the records as stored (what the SDK asks
+    for, ``_RECORDS``), or JSON (a broker or a fake that answers only JSON)."""
+    if not is_records_answer(content):
+        doc: dict[str, Any] = orjson.loads(content)
+        adopt = Message.adopt  # the decoded dicts are ours
+        doc["messages"] = [adopt(m) for m in doc["messages"]]
+        return doc
+    try:
+        fields, entries = read_records_answer(content, orjson.loads)
+    except RecordError as exc:
+        raise BrokerError(f"broker answered a pull that does not read: {exc}") from exc
+    from_record = Message.from_record
+    fields["messages"] = [from_record(*entry) for entry in entries]
+    result: dict[str, Any] = fields
+    return result
+
+
+# A pull asks for the records as stored: no JSON per message on either side.
+_RECORDS: dict[str, Any] = {"headers": (("accept", RECORDS_MEDIA_TYPE),), "decode": _pull_answer}
+
+
 def _messages(doc: Any) -> list[Message]:
-    adopt = Message.adopt  # the decoded dicts are ours
-    return [adopt(m) for m in doc["messages"]]
+    messages: list[Message] = doc["messages"]
+    return messages
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -218,7 +250,7 @@ def ack_and_pull(
     )  # fmt: skip
     doc["ack"] = list(ack)
     timeout = DEFAULT_TIMEOUT + wait_ms / 1000
-    return _post("/v1/pull", doc, _acked_pull, timeout=timeout)
+    return _post("/v1/pull", doc, _acked_pull, timeout=timeout, **_RECORDS)
 
 
 def _acked_pull(doc: Any) -> AckedPull:

@@ -97,7 +97,9 @@ class _Client(Generic[HttpClient, Transport, Lean]):
         )
         self._timeouts = httpx.Timeout(timeout).as_dict()
         self._call_timeouts: dict[float, http11.Timeouts] = {}  # a long poll's, per value
-        self._heads: dict[tuple[str, str, str], http11.RequestHead] = {}
+        self._heads: dict[
+            tuple[str, str, str, tuple[tuple[str, str], ...]], http11.RequestHead
+        ] = {}
         self._methods: dict[Callable[..., Any], Callable[..., Any]] = {}
 
     def bound(self, build: Callable[..., Any]) -> Callable[..., Any]:
@@ -116,11 +118,15 @@ class _Client(Generic[HttpClient, Transport, Lean]):
     def _head(self, call: Call[Any]) -> http11.RequestHead:
         """``call``'s request head as ``httpx.Client.build_request`` makes it (base URL, the
         client's headers), built once per method and path (and query) for the direct path."""
-        params = call.params
-        key = (call.method, call.path, "" if not params else repr(sorted(params.items())))
+        params, headers = call.params, call.headers
+        query = "" if not params else repr(sorted(params.items()))
+        key = (call.method, call.path, query, headers)
         head = self._heads.get(key)
         if head is None:
-            head = http11.RequestHead.of(self._http.build_request(*key[:2], params=params))
+            request = self._http.build_request(
+                call.method, call.path, params=params, headers=dict(headers)
+            )
+            head = http11.RequestHead.of(request)
             if len(self._heads) < _KNOWN_HEADS:
                 self._heads[key] = head
         return head

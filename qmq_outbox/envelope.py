@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import orjson
+
+from qmq_wire.ordered import split_partition_log
+from qmq_wire.records import MessageFields
 
 _new = object.__new__
 _fill = object.__setattr__  # how a frozen dataclass sets its own fields
@@ -190,6 +193,9 @@ _ORDERED_KEYS = _DELIVERED_KEYS | {"partition"}  # a message of an ordered subje
 # A delivered message keeps the wire text of its timestamps under these keys until they are
 # first read: most handlers never read them, and parsing both costs per message.
 _TIMESTAMP_TEXT = {"created_at": "_created_at_text", "stored_at": "_stored_at_text"}
+# One read from a record as stored keeps their microseconds since the epoch instead.
+_TIMESTAMP_US = {"created_at": "_created_at_us", "stored_at": "_stored_at_us"}
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, init=False)
@@ -300,13 +306,46 @@ class Message:
         _fill(message, "__dict__", wire)
         return message
 
+    @classmethod
+    def from_record(cls, attempt: int, partition: int | None, fields: MessageFields) -> Message:
+        """A message from its record as stored (``qmq_wire.records``: a records answer's
+        entry); an ordered subject's record names its partition's log, shown as the
+        subject. ``created_at`` and ``stored_at`` are made when first read."""
+        seq, _, created, stored, _, subject, message_id, key, producer, headers, body, tags = fields
+        if partition is not None:
+            subject = split_partition_log(subject)[0]
+        message = _new(cls)
+        _fill(
+            message,
+            "__dict__",
+            {
+                "id": message_id,
+                "subject": subject,
+                "seq": seq,
+                "attempt": attempt,
+                "key": key,
+                "headers": headers,
+                "body": body,
+                "producer": producer,
+                "_created_at_us": created,
+                "_stored_at_us": stored,
+                "partition": partition,
+                "tags": tags,
+            },
+        )
+        return message
+
     if not TYPE_CHECKING:  # for mypy, the two fields are plain attributes
 
         def __getattr__(self, name: str) -> Any:
-            """``created_at`` / ``stored_at`` of a message read from the wire, parsed now."""
-            text_key = _TIMESTAMP_TEXT.get(name)
+            """``created_at`` / ``stored_at`` of a message read from the wire, made now."""
             fields = self.__dict__
-            if text_key is None or text_key not in fields:
-                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-            value = fields[name] = parse_timestamp(fields[text_key])
-            return value
+            text_key = _TIMESTAMP_TEXT.get(name)
+            if text_key is not None and text_key in fields:
+                value = fields[name] = parse_timestamp(fields[text_key])
+                return value
+            micros_key = _TIMESTAMP_US.get(name)
+            if micros_key is not None and micros_key in fields:
+                value = fields[name] = _EPOCH + timedelta(microseconds=fields[micros_key])
+                return value
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")

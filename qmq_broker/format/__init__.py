@@ -66,12 +66,12 @@ from qmq_broker.format.files import (
 )
 from qmq_broker.format.frames import BadRegion, iter_frames, walk_frames
 from qmq_broker.format.messages import (
-    MessageFields,
     MessageRecord,
     iter_message_records,
     message_fields,
 )
 from qmq_broker.format.schedule import DispatchRecord, iter_dispatch_records
+from qmq_wire.records import MessageFields
 
 __all__ = [
     "FORMAT_FILE",

@@ -1,12 +1,10 @@
 """Message records: one stored message, as framed in the message log.
 
-A record is ``[u8 type][u8 flags][u64 seq][i64 created_us][i64 stored_us][i64 deliver_us]``,
-then the subject, id, key and producer (each ``[u16 length][UTF-8]``, length 0xFFFF for
-None), ``[u32 length][JSON headers]`` and ``[u32 length][body]``.
-
-A message with tags sets ``FLAG_TAGS`` and has ``[u16 length][tags joined by ","]`` between
-its headers and its body's length. Records without tags never set the flag and are laid out
-as before it existed, so every older data directory reads unchanged (no format version).
+The layout (``qmq_wire.records``, which also decodes it: records go out as stored to pulls
+that accept them) is the fixed fields, the subject, id, key and producer, the JSON headers
+and the body. A message with tags sets ``FLAG_TAGS`` and has its tags between its headers
+and its body's length. Records without tags never set the flag and are laid out as before
+it existed, so every older data directory reads unchanged (no format version).
 """
 
 from __future__ import annotations
@@ -23,18 +21,25 @@ import orjson
 from qmq_broker.errors import CorruptRecord
 from qmq_broker.format.files import SegmentKind
 from qmq_broker.format.frames import FRAME, crc32, iter_records, record_check
+from qmq_wire.records import (
+    FLAG_BODY_BASE64,
+    FLAG_TAGS,
+    MSG_FIXED,
+    NONE_LEN,
+    RECORD_MESSAGE,
+    U16,
+    U32,
+    MessageFields,
+    RecordError,
+    decode_message,
+)
 
-_MSG_FIXED = struct.Struct("<BBQqqq")  # type, flags, seq, created_us, stored_us, deliver_us
+_MSG_FIXED = MSG_FIXED
 _MSG_HEAD = struct.Struct("<BBQqqqH")  # the fixed fields and the subject's length
-_U16 = struct.Struct("<H")
-_U32 = struct.Struct("<I")
-NONE_LEN = 0xFFFF  # the length of a string that is None
+_U16 = U16
+_U32 = U32
 _NO_STRING = _U16.pack(NONE_LEN)  # a key or producer that is None
 _NO_HEADERS = _U32.pack(0)
-RECORD_MESSAGE = 1
-FLAG_BODY_BASE64 = 1
-FLAG_TAGS = 2  # a tags field follows the headers (``qmq_wire.TAG_PATTERN`` has no comma)
-SUBJECT_AT = _MSG_FIXED.size  # where a message record's subject (its u16 length) starts
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,73 +89,17 @@ class MessageRecord:
         )
 
 
-MessageFields = tuple[
-    int,
-    int,
-    int,
-    int,
-    int,
-    str,
-    str,
-    "str | None",
-    "str | None",
-    dict[str, str],
-    bytes,
-    tuple[str, ...],
-]
-
-
 def message_fields(payload: bytes, *, path: str = "?", offset: int = -1) -> MessageFields:
-    """A message record's fields as a plain tuple: ``(seq, flags, created_us, stored_us,
-    deliver_us, subject, id, key, producer, headers, body, tags)``.
+    """A message record's fields as a plain tuple (``qmq_wire.records.MessageFields``).
 
     ``MessageRecord.decode`` builds its record from this; a pull turns it straight into the
     wire form (``qmq_broker.messages.pulled_fields``), which spares a record per served message.
     ``CorruptRecord`` when the payload does not read as a message.
     """
-    # Unrolled, with no helper calls: a pull decodes every message it serves. Positions
-    # advance by the declared lengths; a length that overruns the payload makes a later
-    # unpack fail or the final sum miss, so one check at the end covers every field.
-    u16 = _U16.unpack_from
     try:
-        kind, flags, seq, created, stored, deliver = _MSG_FIXED.unpack_from(payload, 0)
-        if kind != RECORD_MESSAGE:
-            raise ValueError(f"record type {kind} is not a message")
-        pos = SUBJECT_AT
-        (length,) = u16(payload, pos)
-        subject = None if length == NONE_LEN else payload[pos + 2 : pos + 2 + length].decode()
-        pos += 2 if length == NONE_LEN else 2 + length
-        (length,) = u16(payload, pos)
-        if length == NONE_LEN:  # ids are never None: rejected where read
-            raise ValueError("message without id")
-        message_id = payload[pos + 2 : pos + 2 + length].decode()
-        pos += 2 + length
-        (length,) = u16(payload, pos)
-        key = None if length == NONE_LEN else payload[pos + 2 : pos + 2 + length].decode()
-        pos += 2 if length == NONE_LEN else 2 + length
-        (length,) = u16(payload, pos)
-        producer = None if length == NONE_LEN else payload[pos + 2 : pos + 2 + length].decode()
-        pos += 2 if length == NONE_LEN else 2 + length
-        (hlen,) = _U32.unpack_from(payload, pos)
-        pos += 4
-        headers = orjson.loads(payload[pos : pos + hlen]) if hlen else {}
-        pos += hlen
-        tags: tuple[str, ...] = ()
-        if flags & FLAG_TAGS:
-            (length,) = u16(payload, pos)
-            tags = tuple(payload[pos + 2 : pos + 2 + length].decode().split(","))
-            pos += 2 + length
-        (blen,) = _U32.unpack_from(payload, pos)
-        pos += 4
-        if pos + blen != len(payload) or subject is None:
-            raise ValueError("lengths do not add up")
-    except (struct.error, ValueError, orjson.JSONDecodeError) as exc:
+        return decode_message(payload, orjson.loads)
+    except RecordError as exc:
         raise CorruptRecord(path=path, offset=offset, reason=str(exc)) from exc
-    body = payload[pos:]
-    return (
-        seq, flags, created, stored, deliver, subject, message_id, key, producer, headers, body,
-        tags,
-    )  # fmt: skip
 
 
 _MSG_PEEK = struct.Struct("<BxQ8xq8xH")  # type, seq, stored_us, the subject's length

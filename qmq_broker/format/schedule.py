@@ -22,7 +22,8 @@ from pathlib import Path
 from qmq_broker.errors import CorruptRecord
 from qmq_broker.format.files import SegmentKind
 from qmq_broker.format.frames import iter_records, record_check
-from qmq_broker.format.messages import SUBJECT_AT, MessageRecord, read_string
+from qmq_broker.format.messages import MessageRecord, read_string
+from qmq_wire.records import SUBJECT_AT
 
 HOUR_US = 3_600_000_000
 _SCHED_FIXED = struct.Struct("<BBqQ")  # type, flags, deliver_us, schedule key

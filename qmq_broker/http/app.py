@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -37,6 +37,7 @@ from qmq_broker.http.schemas import (
 )
 from qmq_broker.services import Services, Shared
 from qmq_wire import rules
+from qmq_wire.records import RECORDS_MEDIA_TYPE, records_answer
 
 M = TypeVar("M", bound=BaseModel)
 Settle = TypeVar("Settle", bodies.AckBody, bodies.NackBody)
@@ -138,6 +139,8 @@ class Api:
         self._require(grant, Right.CONSUME, parsed.subject, group=parsed.group, field="group")
         self.shared.recent_consumers.saw(parsed.subject, parsed.group, parsed.consumer)
         wait_ms = min(parsed.wait_ms, self.shared.config.max_wait_ms)
+        # A client that reads records (the SDK's) asks for them: no JSON per message.
+        records = RECORDS_MEDIA_TYPE in request.headers.get("accept", "")
         decoded = time.thread_time()
         messages, acked = await self.services().delivery.ack_and_pull(
             subject=parsed.subject,
@@ -152,13 +155,17 @@ class Api:
             linger_ms=parsed.linger_ms,
             max_keys=parsed.max_keys,
             tags=parsed.tags,
+            records=records,
         )
         answered = time.thread_time()
-        if acked is None:
-            response = _json({"messages": messages})
+        fields: dict[str, object] = {}
+        if acked is not None:
+            fields = {"acked": acked.acked, "unknown": acked.unknown}
+        if records:
+            answer = records_answer(orjson.dumps(fields), cast("list[bytes]", messages))
+            response = Response(answer, media_type=RECORDS_MEDIA_TYPE)
         else:
-            doc = {"messages": messages, "acked": acked.acked, "unknown": acked.unknown}
-            response = _json(doc)
+            response = _json({"messages": messages, **fields})
         # The request's own work outside the pull scheduler counts toward its group's share.
         spent = decoded - began + time.thread_time() - answered
         self.services().delivery.charge(

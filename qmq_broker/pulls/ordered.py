@@ -159,7 +159,11 @@ class OrderedPulls:
             for (partition, (seqs, attempts)), share in zip(ready, shares, strict=True):
                 if share:
                     taken = seqs[:share], attempts[:share]
-                    batches.append(self._lease(routes, partition, group, consumer, *taken, now_us))
+                    batches.append(
+                        self._lease(
+                            routes, partition, group, consumer, *taken, now_us, request.records
+                        )
+                    )
         if batches:
             return batches, None
         short = len(held) < math.ceil(len(visible) / max(len(view.seen), 1))
@@ -355,8 +359,10 @@ class OrderedPulls:
         seqs: list[int],
         attempts: list[int],
         now_us: int,
+        records: bool,
     ) -> Batch:
-        """Lease ``seqs`` of the partition to ``consumer``: a batch to serve."""
+        """Lease ``seqs`` of the partition to ``consumer``: a batch to serve (``records``:
+        as stored)."""
         subject = routes.subject
         log_name = partition_log(subject, partition)
         log = self.subjects[log_name]
@@ -379,6 +385,7 @@ class OrderedPulls:
             positions=positions,
             now_us=now_us,
             shown_as=(subject, partition),
+            records=records,
         )
 
     def _expire(

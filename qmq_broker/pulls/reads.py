@@ -22,15 +22,18 @@ from collections.abc import Iterator
 
 from qmq_broker.errors import CorruptRecord, StorageError
 from qmq_broker.format.frames import read_frame_at
-from qmq_broker.format.messages import MessageRecord, message_fields
+from qmq_broker.format.messages import MessageRecord, message_fields, peek_message
 from qmq_broker.messages import pulled_fields
 from qmq_broker.storage.segments import SegmentReader
 from qmq_broker.subjects import SubjectLog
 from qmq_wire import PulledMessageJson
+from qmq_wire.records import records_entry
 
 MAX_RUN_BYTES = 4 * 1024 * 1024  # read by one pread at most
 
-Read = tuple[list[PulledMessageJson], list[tuple[int, str]]]  # messages, (seq, error)
+# A served message: its JSON, or its record as stored behind its attempt and partition.
+Served = PulledMessageJson | bytes
+Read = tuple[list[Served], list[tuple[int, str]]]  # messages, (seq, error)
 
 
 def read_message(reader: SegmentReader, log: SubjectLog, seq: int) -> MessageRecord:
@@ -66,6 +69,7 @@ class Batch:
     now_us: int
     # an ordered subject's partition: (subject, partition) to answer instead of the log name
     shown_as: tuple[str, int] | None = None
+    records: bool = False  # served as stored (``qmq_wire.records``), not as JSON
 
 
 def read_batches(
@@ -100,9 +104,11 @@ def _read_batch(
 ) -> Read:
     if delay_s > 0:
         time.sleep(delay_s)
-    out: list[PulledMessageJson] = []
-    unreadable: list[tuple[int, str]] = []
     payloads = _payloads(reader, batch.positions, cached_only)
+    if batch.records:
+        return _records(batch, payloads)
+    out: list[Served] = []
+    unreadable: list[tuple[int, str]] = []
     for seq, attempt, (segment, offset, _), payload in zip(
         batch.seqs, batch.attempts, batch.positions, payloads, strict=True
     ):
@@ -126,6 +132,29 @@ def _read_batch(
         if batch.shown_as is not None:
             message["subject"], message["partition"] = batch.shown_as
         out.append(message)
+    return out, unreadable
+
+
+def _records(batch: Batch, payloads: list[bytes | BaseException]) -> Read:
+    """The records as stored: only their identity is checked (the frame's CRC was). Not
+    parsed here, a record is served as it is; what a JSON answer cannot carry (a body that
+    is not the UTF-8 it claims) the client reads as bytes."""
+    out: list[Served] = []
+    unreadable: list[tuple[int, str]] = []
+    partition = None if batch.shown_as is None else batch.shown_as[1]
+    for seq, attempt, (segment, offset, _), payload in zip(
+        batch.seqs, batch.attempts, batch.positions, payloads, strict=True
+    ):
+        if isinstance(payload, BaseException):
+            unreadable.append((seq, str(payload)))
+            continue
+        try:
+            found_seq, _, found_subject, _ = peek_message(payload)
+            _check_fields(found_seq, found_subject, batch.subject, seq, segment, offset)
+        except CorruptRecord as exc:
+            unreadable.append((seq, str(exc)))
+            continue
+        out.append(records_entry(attempt, partition, payload))
     return out, unreadable
 
 

@@ -40,6 +40,7 @@ class QueuedPull:
     min_messages: int = 1
     max_keys: int = 1  # ordered mode: a partition's keys with a message in flight at once
     linger_until: float = 0.0
+    records: bool = False  # answered with the records as stored (``qmq_wire.records``)
     status: PullStatus = PullStatus.QUEUED
     timed_out: bool = False  # its wait ended while parked: answer now, data or not
     queued_at: float = 0.0

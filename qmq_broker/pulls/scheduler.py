@@ -124,11 +124,13 @@ class PullScheduler:
         min_messages: int = 1,
         linger_s: float = 0.0,
         max_keys: int = 1,
+        records: bool = False,
     ) -> asyncio.Future[list[Any]]:
         """Queue a pull in its group's mailbox; the future resolves with the messages.
 
         ``min_messages``/``linger_s``: for up to ``linger_s`` (within ``wait_s``) it is not
-        answered with fewer than ``min_messages`` messages.
+        answered with fewer than ``min_messages`` messages. ``records``: the messages as
+        stored (``qmq_wire.records``) instead of their JSON.
 
         Raises ``MailboxFull`` (429) at once when the group has ``mailbox_size`` pending,
         ``TooManyPulls`` (429) when all groups together have ``max_pending``. Parked long
@@ -151,6 +153,7 @@ class PullScheduler:
             max_keys=max_keys,
             min_messages=min_messages,
             linger_until=now + min(linger_s, wait_s),
+            records=records,
             arrived=now,
             wait_until=now + wait_s,
             deadline=now + wait_s + self.deadline_grace_s,

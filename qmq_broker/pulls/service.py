@@ -30,7 +30,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from qmq_broker.actions import ActionLog, action
 from qmq_broker.clock import Clock
@@ -43,6 +43,9 @@ from qmq_broker.pulls.request import TIMER_SLACK_S, PullOutcome, QueuedPull, Ser
 from qmq_broker.storage.segments import CACHED_READS, NotCached, SegmentReader
 from qmq_broker.subjects import SubjectLog, SubjectTable
 from qmq_wire.rules import tags_match
+
+if TYPE_CHECKING:
+    from qmq_wire import PulledMessageJson
 
 logger = logging.getLogger(__name__)
 
@@ -232,7 +235,12 @@ class PullService:
         fields = {"consumer": request.consumer, "deadline": deadline, "attempts": attempts}
         self._record(_action(ActionType.LEASE, now, request, seqs, fields), relaxed=True)
         return Batch(
-            subject=request.subject, seqs=seqs, attempts=attempts, positions=positions, now_us=now
+            subject=request.subject,
+            seqs=seqs,
+            attempts=attempts,
+            positions=positions,
+            now_us=now,
+            records=request.records,
         )
 
     async def _decide_filtered(
@@ -289,7 +297,8 @@ class PullService:
         )
         delay = self._read_delays.get((request.subject, request.group), 0.0)
         [(messages, unreadable)], work = await self._read([(batch, delay)])
-        matches = [m["seq"] for m in messages if tags_match(m.get("tags", ()), wanted)]
+        shown = cast("list[PulledMessageJson]", messages)  # the scan's batch is JSON
+        matches = [m["seq"] for m in shown if tags_match(m.get("tags", ()), wanted)]
         return matches, unreadable, work
 
     def _decide_matches(
@@ -345,7 +354,12 @@ class PullService:
         self._record(_action(ActionType.LEASE, now, request, seqs, fields), relaxed=True)
         self._metrics.filtered.inc(filtered)
         return Batch(
-            subject=request.subject, seqs=seqs, attempts=attempts, positions=positions, now_us=now
+            subject=request.subject,
+            seqs=seqs,
+            attempts=attempts,
+            positions=positions,
+            now_us=now,
+            records=request.records,
         )
 
     def _skip(

@@ -21,8 +21,11 @@ import pytest
 from pydantic import BaseModel
 
 from qmq_broker.http import answers
+from qmq_broker.messages import pulled_fields
 from qmq_outbox.client import AsyncBrokerClient, BrokerClient
 from qmq_outbox.testing import BASE_URL, InMemoryBroker, StepClock
+from qmq_wire.ordered import split_partition_log
+from qmq_wire.records import is_records_answer, read_records_answer
 from tests.support.broker_process import BrokerProcess
 
 ACK_TIMEOUT_S = 1.0
@@ -71,7 +74,21 @@ class Answers:
 
     def check(self) -> None:
         for method, path, status, body in self.seen:
-            answer_model(method, path, status).model_validate_json(body)
+            answer_model(method, path, status).model_validate_json(_as_json(body))
+
+
+def _as_json(body: bytes) -> bytes:
+    """A records answer (what the SDK's pulls ask for) as the JSON answer it stands for."""
+    if not is_records_answer(body):
+        return body
+    doc, entries = read_records_answer(body, orjson.loads)
+    messages = []
+    for attempt, partition, fields in entries:
+        message: dict[str, Any] = dict(pulled_fields(fields, attempt=attempt))
+        if partition is not None:
+            message["subject"], message["partition"] = split_partition_log(fields[5])
+        messages.append(message)
+    return orjson.dumps({**doc, "messages": messages})
 
 
 class _Recording(httpx.BaseTransport):
