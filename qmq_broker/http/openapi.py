@@ -33,6 +33,7 @@ from qmq_broker.http.schemas import (
     ResetRequest,
     SplitRequest,
 )
+from qmq_wire.records import RECORDS_MEDIA_TYPE
 
 _REF = "#/components/schemas/{model}"
 MAX_SCHEDULE_HOURS = 20_000
@@ -76,6 +77,8 @@ class _Operation:
     errors: tuple[int, ...] = ()
     api: bool = True
     """Part of API v1: behind auth (when on) and the broker's lifecycle check (503)."""
+    records: bool = False
+    """The 200 answer also comes as records, to a client that accepts them."""
 
 
 def _ref(model: type[BaseModel]) -> dict[str, str]:
@@ -99,12 +102,10 @@ def _statuses(operation: _Operation, *, auth: bool) -> list[int]:
 
 def _op(operation: _Operation, *, auth: bool) -> dict[str, Any]:
     answer = operation.answer
-    responses: dict[str, Any] = {
-        "200": {
-            "description": "OK",
-            "content": _json(answer if isinstance(answer, dict) else _ref(answer)),
-        }
-    }
+    content = _json(answer if isinstance(answer, dict) else _ref(answer))
+    if operation.records:  # docs/architecture.md 3.1, "Pull answers as records"
+        content[RECORDS_MEDIA_TYPE] = {"schema": {"type": "string", "format": "binary"}}
+    responses: dict[str, Any] = {"200": {"description": "OK", "content": content}}
     for status in _statuses(operation, auth=auth):
         response: dict[str, Any] = {
             "description": _DESCRIPTIONS[status],
@@ -192,6 +193,7 @@ def _operations() -> dict[str, dict[str, _Operation]]:
                 request=PullRequest,
                 answer=answers.PullResponse,
                 errors=(404, 409, 429),
+                records=True,
             )
         },
         "/v1/ack": {
