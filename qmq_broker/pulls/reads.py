@@ -105,8 +105,8 @@ def _read_batch(
     if delay_s > 0:
         time.sleep(delay_s)
     payloads = _payloads(reader, batch.positions, cached_only)
-    if batch.records:
-        return _records(batch, payloads)
+    records = batch.records
+    partition = None if batch.shown_as is None else batch.shown_as[1]
     out: list[Served] = []
     unreadable: list[tuple[int, str]] = []
     for seq, attempt, (segment, offset, _), payload in zip(
@@ -116,10 +116,19 @@ def _read_batch(
             unreadable.append((seq, str(payload)))
             continue
         try:
-            fields = message_fields(payload, path=f"messages/{segment}", offset=offset)
-            _check_fields(fields[0], fields[5], batch.subject, seq, segment, offset)
+            if records:  # served as stored: only its identity is checked (the CRC was)
+                found_seq, _, found_subject, _ = peek_message(payload)
+            else:
+                fields = message_fields(payload, path=f"messages/{segment}", offset=offset)
+                found_seq, found_subject = fields[0], fields[5]
+            _check_fields(found_seq, found_subject, batch.subject, seq, segment, offset)
         except CorruptRecord as exc:
             unreadable.append((seq, str(exc)))
+            continue
+        if records:
+            # Not parsed: what a JSON answer cannot carry (a body that is not the UTF-8 it
+            # claims) the client reads as bytes.
+            out.append(records_entry(attempt, partition, payload))
             continue
         try:
             message = pulled_fields(fields, attempt=attempt)
@@ -132,29 +141,6 @@ def _read_batch(
         if batch.shown_as is not None:
             message["subject"], message["partition"] = batch.shown_as
         out.append(message)
-    return out, unreadable
-
-
-def _records(batch: Batch, payloads: list[bytes | BaseException]) -> Read:
-    """The records as stored: only their identity is checked (the frame's CRC was). Not
-    parsed here, a record is served as it is; what a JSON answer cannot carry (a body that
-    is not the UTF-8 it claims) the client reads as bytes."""
-    out: list[Served] = []
-    unreadable: list[tuple[int, str]] = []
-    partition = None if batch.shown_as is None else batch.shown_as[1]
-    for seq, attempt, (segment, offset, _), payload in zip(
-        batch.seqs, batch.attempts, batch.positions, payloads, strict=True
-    ):
-        if isinstance(payload, BaseException):
-            unreadable.append((seq, str(payload)))
-            continue
-        try:
-            found_seq, _, found_subject, _ = peek_message(payload)
-            _check_fields(found_seq, found_subject, batch.subject, seq, segment, offset)
-        except CorruptRecord as exc:
-            unreadable.append((seq, str(exc)))
-            continue
-        out.append(records_entry(attempt, partition, payload))
     return out, unreadable
 
 

@@ -234,14 +234,7 @@ class PullService:
         deadline = now + self._policy.ack_timeout_us
         fields = {"consumer": request.consumer, "deadline": deadline, "attempts": attempts}
         self._record(_action(ActionType.LEASE, now, request, seqs, fields), relaxed=True)
-        return Batch(
-            subject=request.subject,
-            seqs=seqs,
-            attempts=attempts,
-            positions=positions,
-            now_us=now,
-            records=request.records,
-        )
+        return _batch(request, seqs, attempts, positions, now)
 
     async def _decide_filtered(
         self, request: QueuedPull, state: DeliveryState, wanted: tuple[str, ...]
@@ -353,14 +346,7 @@ class PullService:
             fields["filtered"] = filtered
         self._record(_action(ActionType.LEASE, now, request, seqs, fields), relaxed=True)
         self._metrics.filtered.inc(filtered)
-        return Batch(
-            subject=request.subject,
-            seqs=seqs,
-            attempts=attempts,
-            positions=positions,
-            now_us=now,
-            records=request.records,
-        )
+        return _batch(request, seqs, attempts, positions, now)
 
     def _skip(
         self,
@@ -429,6 +415,24 @@ class PullService:
             return None
         delay = max((wakeup - self._clock.wall_us()) / 1_000_000, 0.001)
         return self._clock.now() + delay
+
+
+def _batch(
+    request: QueuedPull,
+    seqs: list[int],
+    attempts: list[int],
+    positions: list[tuple[int, int, int]],
+    now_us: int,
+) -> Batch:
+    """What ``request`` leased, to read and serve in the form it asked for."""
+    return Batch(
+        subject=request.subject,
+        seqs=seqs,
+        attempts=attempts,
+        positions=positions,
+        now_us=now_us,
+        records=request.records,
+    )
 
 
 def _filtered(start: int, end: int, matches: list[int], unreadable: list[tuple[int, str]]) -> int:
