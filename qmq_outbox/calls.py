@@ -201,9 +201,7 @@ def _pull_answer(content: bytes) -> dict[str, Any]:
     except RecordError as exc:
         raise BrokerError(f"broker answered a pull that does not read: {exc}") from exc
     from_record = Message.from_record
-    fields["messages"] = [from_record(*entry) for entry in entries]
-    result: dict[str, Any] = fields
-    return result
+    return {**fields, "messages": [from_record(*entry) for entry in entries]}
 
 
 # A pull asks for the records as stored: no JSON per message on either side.

@@ -318,9 +318,12 @@ class Message:
         seq, _, created, stored, _, subject, message_id, key, producer, headers, body, tags = fields
         if partition is not None:
             subject = split_partition_log(subject)[0]
-        values = (message_id, subject, seq, attempt, key, headers, body, producer, created, stored)
+        values = (
+            message_id, subject, seq, attempt, key, headers, body, producer, created, stored,
+            partition, tags,
+        )  # fmt: skip
         message = _new(cls)
-        _fill(message, "__dict__", dict(zip(_RECORD_KEYS, (*values, partition, tags), strict=True)))
+        _fill(message, "__dict__", dict(zip(_RECORD_KEYS, values, strict=True)))
         return message
 
     if not TYPE_CHECKING:  # for mypy, the two fields are plain attributes

@@ -24,7 +24,6 @@ from qmq_broker.format.frames import FRAME, crc32, iter_records, record_check
 from qmq_wire.records import (
     FLAG_BODY_BASE64,
     FLAG_TAGS,
-    MSG_FIXED,
     NONE_LEN,
     RECORD_MESSAGE,
     U16,
@@ -34,12 +33,9 @@ from qmq_wire.records import (
     decode_message,
 )
 
-_MSG_FIXED = MSG_FIXED
 _MSG_HEAD = struct.Struct("<BBQqqqH")  # the fixed fields and the subject's length
-_U16 = U16
-_U32 = U32
-_NO_STRING = _U16.pack(NONE_LEN)  # a key or producer that is None
-_NO_HEADERS = _U32.pack(0)
+_NO_STRING = U16.pack(NONE_LEN)  # a key or producer that is None
+_NO_HEADERS = U32.pack(0)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -115,7 +111,7 @@ def peek_message(payload: bytes) -> tuple[int, int, str, str]:
         at = _MSG_PEEK.size
         raw_subject = payload[at : at + length]
         at += length
-        (id_length,) = _U16.unpack_from(payload, at)
+        (id_length,) = U16.unpack_from(payload, at)
         raw_id = payload[at + 2 : at + 2 + id_length]
         if len(raw_subject) != length or id_length == NONE_LEN or len(raw_id) != id_length:
             raise ValueError("string cut short")
@@ -159,7 +155,7 @@ def message_frames(
     CRC runs over the head and then the body."""
     raw_subject = subject.encode()
     subject_length = len(raw_subject)
-    pack_head, pack_u16, pack_u32, pack_frame = _MSG_HEAD.pack, _U16.pack, _U32.pack, FRAME.pack
+    pack_head, pack_u16, pack_u32, pack_frame = _MSG_HEAD.pack, U16.pack, U32.pack, FRAME.pack
     checksum, join = crc32, b"".join
     frames = []
     seq = first_seq
@@ -226,20 +222,20 @@ def _message_head(
                 len(raw_subject),
             ),
             raw_subject,
-            _U16.pack(len(raw_id)),
+            U16.pack(len(raw_id)),
             raw_id,
             _NO_STRING if key is None else _pack_str(key),
             _NO_STRING if producer is None else _pack_str(producer),
             _pack_headers(headers) if headers else _NO_HEADERS,
             _pack_tags(tags) if tags else b"",
-            _U32.pack(body_length),
+            U32.pack(body_length),
         )
     )
 
 
 def _pack_headers(headers: dict[str, str]) -> bytes:
     raw = orjson.dumps(headers)
-    return _U32.pack(len(raw)) + raw
+    return U32.pack(len(raw)) + raw
 
 
 def _pack_tags(tags: tuple[str, ...]) -> bytes:
@@ -248,13 +244,13 @@ def _pack_tags(tags: tuple[str, ...]) -> bytes:
 
 def _pack_str(value: str) -> bytes:
     raw = value.encode("utf-8")
-    return _U16.pack(len(raw)) + raw
+    return U16.pack(len(raw)) + raw
 
 
 def read_string(buf: bytes | memoryview | mmap.mmap, pos: int) -> tuple[str, int]:
     """The ``[u16 length][UTF-8]`` string at ``pos`` (not None) and the position after it;
     ``ValueError`` or ``struct.error`` when it does not read."""
-    (length,) = _U16.unpack_from(buf, pos)
+    (length,) = U16.unpack_from(buf, pos)
     end = pos + 2 + length
     raw = buf[pos + 2 : end]
     if length == NONE_LEN or len(raw) != length:

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import httpx
 import orjson
 
-from qmq_outbox import BrokerClient, Message, OutgoingMessage
+from qmq_outbox import BrokerClient, Message, OutgoingMessage, calls
 from qmq_wire.records import RECORDS_MEDIA_TYPE, read_records_answer
 from tests.support.broker_process import BrokerProcess
 
@@ -50,6 +50,7 @@ def test_records_carry_what_json_does_for_every_kind_of_message(broker: BrokerPr
         client.produce(messages)
         records = client.pull("rec.s", "records", "c1", max_messages=10)
     shown = _json_pull(broker, {"subject": "rec.s", "group": "json", "consumer": "c1", "max": 10})
+    assert ("accept", RECORDS_MEDIA_TYPE) in calls.pull("rec.s", "records", "c1").headers
     assert [m.id for m in records] == ["plain", "full", "binary"]
     assert [_fields(m) for m in records] == [_fields(m) for m in shown]
     assert records[1].created_at == CREATED
