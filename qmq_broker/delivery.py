@@ -311,9 +311,10 @@ class DeliveryService:
     def _record_acks(self, subject: str, group: str, consumer: str, seqs: list[int]) -> AckResult:
         """Append the ACK record of the seqs this consumer holds (not yet durable)."""
         state, key = self._state_of(subject, group, consumer)
-        unique = list(dict.fromkeys(seqs))
-        known = [s for s in unique if state.holds(s, consumer)]
-        unknown = [s for s in unique if not state.holds(s, consumer)]
+        known: list[int] = []
+        unknown: list[int] = []
+        for seq in dict.fromkeys(seqs):
+            (known if state.holds(seq, consumer) else unknown).append(seq)
         if known:
             now = self.clock.wall_us()
             self.actions.record(

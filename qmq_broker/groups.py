@@ -236,11 +236,20 @@ class DeliveryState:
         # a filtered pull's gaps are done (filtered, or dead if unreadable); an ordered one's
         # are passed over (the tag filters are not for ordered subjects)
         filtering = "filtered" in record.fields or "skip_to" in record.fields
+        shared: dict[int, Lease] = {}  # one lease per attempt number: they are immutable
+        leases, retries, skipped, heap = self.leases, self.retries, self.skipped, self.lease_heap
         for seq, attempt in zip(record.seqs, attempts, strict=True):
-            self.retries.pop(seq, None)
-            self.skipped.discard(seq)
-            self.leases[seq] = Lease(consumer=consumer, attempt=int(attempt), deadline_us=deadline)
-            heapq.heappush(self.lease_heap, (deadline, seq))
+            if retries:
+                retries.pop(seq, None)
+            if skipped:
+                skipped.discard(seq)
+            lease = shared.get(attempt)
+            if lease is None:
+                lease = shared[attempt] = Lease(
+                    consumer=consumer, attempt=int(attempt), deadline_us=deadline
+                )
+            leases[seq] = lease
+            heapq.heappush(heap, (deadline, seq))
             if seq > self.cursor and not filtering:
                 self.skipped.update(s for s in range(self.cursor, seq) if s not in self.dead)
             if seq >= self.cursor:

@@ -111,6 +111,33 @@ class SubjectLog:
             values = INDEX_ENTRY.unpack(self._reader.entry(self.name, seq))
         return values
 
+    def positions(self, seqs: list[int]) -> list[tuple[int, int, int]]:
+        """``(segment, offset, length)`` of each seq: ``raw`` for the run of seqs a pull
+        reads, each sealed block looked up once."""
+        unpack = INDEX_ENTRY.unpack_from
+        open_start = self._open_start
+        filled_start = open_start - INDEX_CHUNK_ENTRIES if self._filled is not None else open_start
+        block_first = block_end = -1
+        block = b""
+        out = []
+        for seq in seqs:
+            if seq >= open_start:
+                segment, length, offset, _, _ = unpack(
+                    self._open, (seq - open_start) * INDEX_ENTRY_SIZE
+                )
+            elif seq >= filled_start:
+                assert self._filled is not None
+                at = (seq - filled_start) * INDEX_ENTRY_SIZE
+                segment, length, offset, _, _ = unpack(self._filled, at)
+            else:
+                if not block_first <= seq < block_end:
+                    block_first, block = self._reader.block(self.name, seq)
+                    block_end = block_first + len(block) // INDEX_ENTRY_SIZE
+                at = (seq - block_first) * INDEX_ENTRY_SIZE
+                segment, length, offset, _, _ = unpack(block, at)
+            out.append((segment, offset, length))
+        return out
+
     def dedup_stats(self) -> DedupStats | None:
         return None if self._dedup is None else self._dedup.stats()
 

@@ -101,7 +101,7 @@ def decode_message(payload: bytes, loads: Callable[[bytes], Any]) -> MessageFiel
     )  # fmt: skip
 
 
-def records_entry(attempt: int, partition: int | None, record: bytes) -> bytes:
+def records_entry(attempt: int, partition: int | None, record: bytes | memoryview) -> bytes:
     """One message of a records answer: its attempt, its partition and its record."""
     return _ENTRY.pack(attempt, -1 if partition is None else partition, len(record)) + record
 

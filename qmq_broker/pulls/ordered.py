@@ -366,10 +366,7 @@ class OrderedPulls:
         subject = routes.subject
         log_name = partition_log(subject, partition)
         log = self.subjects[log_name]
-        positions = []
-        for seq in seqs:
-            segment, length, offset, _, _ = log.raw(seq)
-            positions.append((segment, offset, length))
+        positions = log.positions(seqs)
         fields = {
             "consumer": consumer,
             "deadline": now_us + self.policy.ack_timeout_us,

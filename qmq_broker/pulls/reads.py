@@ -17,19 +17,22 @@ the loop instead when it reads ahead).
 from __future__ import annotations
 
 import dataclasses
+import struct
 import time
 from collections.abc import Iterator
 
 from qmq_broker.errors import CorruptRecord, StorageError
-from qmq_broker.format.frames import read_frame_at
+from qmq_broker.format.frames import FRAME, FRAME_SIZE, crc32, read_frame_at
 from qmq_broker.format.messages import MessageRecord, message_fields, peek_message
 from qmq_broker.messages import pulled_fields
 from qmq_broker.storage.segments import SegmentReader
 from qmq_broker.subjects import SubjectLog
 from qmq_wire import PulledMessageJson
-from qmq_wire.records import records_entry
+from qmq_wire.records import RECORD_MESSAGE, SUBJECT_AT, records_entry
 
 MAX_RUN_BYTES = 4 * 1024 * 1024  # read by one pread at most
+# a message record's type, seq and subject length (``qmq_wire.records``)
+_MSG_IDENTITY = struct.Struct("<BxQ24xH")
 
 # A served message: its JSON, or its record as stored behind its attempt and partition.
 Served = PulledMessageJson | bytes
@@ -104,9 +107,9 @@ def _read_batch(
 ) -> Read:
     if delay_s > 0:
         time.sleep(delay_s)
+    if batch.records:
+        return _read_records(reader, batch, cached_only)
     payloads = _payloads(reader, batch.positions, cached_only)
-    records = batch.records
-    partition = None if batch.shown_as is None else batch.shown_as[1]
     out: list[Served] = []
     unreadable: list[tuple[int, str]] = []
     for seq, attempt, (segment, offset, _), payload in zip(
@@ -116,19 +119,10 @@ def _read_batch(
             unreadable.append((seq, str(payload)))
             continue
         try:
-            if records:  # served as stored: only its identity is checked (the CRC was)
-                found_seq, _, found_subject, _ = peek_message(payload)
-            else:
-                fields = message_fields(payload, path=f"messages/{segment}", offset=offset)
-                found_seq, found_subject = fields[0], fields[5]
-            _check_fields(found_seq, found_subject, batch.subject, seq, segment, offset)
+            fields = message_fields(payload, path=f"messages/{segment}", offset=offset)
+            _check_fields(fields[0], fields[5], batch.subject, seq, segment, offset)
         except CorruptRecord as exc:
             unreadable.append((seq, str(exc)))
-            continue
-        if records:
-            # Not parsed: what a JSON answer cannot carry (a body that is not the UTF-8 it
-            # claims) the client reads as bytes.
-            out.append(records_entry(attempt, partition, payload))
             continue
         try:
             message = pulled_fields(fields, attempt=attempt)
@@ -141,6 +135,60 @@ def _read_batch(
         if batch.shown_as is not None:
             message["subject"], message["partition"] = batch.shown_as
         out.append(message)
+    return out, unreadable
+
+
+def _read_records(reader: SegmentReader, batch: Batch, cached_only: bool) -> Read:
+    """``_read_batch`` of a pull answered with records: each record as stored behind its
+    attempt and partition, its frame's CRC and its identity (seq, subject) checked, nothing
+    else parsed, and each copied once out of the buffer its run was read into.
+
+    Not parsed: what a JSON answer cannot carry (a body that is not the UTF-8 it claims)
+    the client reads as bytes.
+    """
+    partition = None if batch.shown_as is None else batch.shown_as[1]
+    subject = batch.subject.encode()
+    subject_at, subject_end = SUBJECT_AT + 2, SUBJECT_AT + 2 + len(subject)
+    seqs, attempts, positions = batch.seqs, batch.attempts, batch.positions
+    frame_at, peek_at = FRAME.unpack_from, _MSG_IDENTITY.unpack_from
+    out: list[Served] = []
+    unreadable: list[tuple[int, str]] = []
+    for i, j, segment, start, end in _runs(positions):
+        try:
+            data = memoryview(reader.read_run(segment, start, end - start, cached_only=cached_only))
+        except (StorageError, OSError) as exc:
+            unreadable += [(seq, str(exc)) for seq in seqs[i:j]]
+            continue
+        for seq, attempt, (_, offset, length) in zip(
+            seqs[i:j], attempts[i:j], positions[i:j], strict=True
+        ):
+            at = offset - start
+            record = data[at + FRAME_SIZE : at + length]
+            try:
+                size, crc = frame_at(data, at)
+                kind, found_seq, found_length = peek_at(record)
+            except struct.error:
+                size = crc = kind = found_seq = found_length = -1
+            if (
+                size != len(record)
+                or crc32(record) != crc
+                or kind != RECORD_MESSAGE
+                or found_seq != seq
+                or found_length != len(subject)
+                or record[subject_at:subject_end] != subject
+            ):
+                # not the indexed record whole: the checks that name what is wrong
+                try:
+                    payload = read_frame_at(
+                        data[at : at + length], offset=offset, path=f"messages/{segment}"
+                    )
+                    found_seq, _, found_subject, _ = peek_message(payload)
+                    _check_fields(found_seq, found_subject, batch.subject, seq, segment, offset)
+                except CorruptRecord as exc:
+                    unreadable.append((seq, str(exc)))
+                    continue
+                record = memoryview(payload)  # whole after all (an index longer than its frame)
+            out.append(records_entry(attempt, partition, record))
     return out, unreadable
 
 

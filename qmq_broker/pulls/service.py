@@ -227,10 +227,7 @@ class PullService:
         lingering = self._clock.now() + TIMER_SLACK_S < request.linger_until
         if len(seqs) < request.min_messages and lingering:
             return LINGER  # chooses nothing yet: waits for a fuller batch
-        positions = []
-        for seq in seqs:
-            segment, length, offset, _, _ = log.raw(seq)
-            positions.append((segment, offset, length))
+        positions = log.positions(seqs)
         deadline = now + self._policy.ack_timeout_us
         fields = {"consumer": request.consumer, "deadline": deadline, "attempts": attempts}
         self._record(_action(ActionType.LEASE, now, request, seqs, fields), relaxed=True)
@@ -276,11 +273,8 @@ class PullService:
     ) -> tuple[list[int], list[tuple[int, str]], float]:
         """The seqs in ``[start, end)`` whose tags match, the unreadable ones, and the CPU
         seconds the read took."""
-        positions = []
-        for seq in range(start, end):
-            segment, length, offset, _, _ = log.raw(seq)
-            positions.append((segment, offset, length))
         seqs = list(range(start, end))
+        positions = log.positions(seqs)
         batch = Batch(
             subject=request.subject,
             seqs=seqs,
@@ -330,10 +324,7 @@ class PullService:
         filtered = _filtered(start, skip_to, taken, unreadable)
         seqs += taken
         attempts += [1] * len(taken)
-        positions = []
-        for seq in seqs:
-            segment, length, offset, _, _ = log.raw(seq)
-            positions.append((segment, offset, length))
+        positions = log.positions(seqs)
         deadline = now + self._policy.ack_timeout_us
         fields: dict[str, Any] = {
             "consumer": request.consumer,

@@ -110,10 +110,16 @@ class ChunkReader:
 
     def entry(self, subject: str, seq: int) -> bytes:
         """The packed entry of ``seq``; ``StorageError`` if its chunk is gone or short."""
+        first, data = self.block(subject, seq)
+        at = (seq - first) * INDEX_ENTRY_SIZE
+        return data[at : at + INDEX_ENTRY_SIZE]
+
+    def block(self, subject: str, seq: int) -> tuple[int, bytes]:
+        """``(first seq, packed entries)`` of a block that holds ``seq`` (the subject's last
+        one when it does); ``StorageError`` if its chunk is gone or short."""
         block = self._blocks.get(subject)
         if block is not None and 0 <= seq - block[0] < len(block[1]) // INDEX_ENTRY_SIZE:
-            at = (seq - block[0]) * INDEX_ENTRY_SIZE
-            return block[1][at : at + INDEX_ENTRY_SIZE]
+            return block
         start = chunk_start(seq)
         first = seq - seq % _READ_BLOCK
         # format.index.entry_offset(first), inline: this read serves pulls
@@ -122,11 +128,10 @@ class ChunkReader:
             _READ_BLOCK * INDEX_ENTRY_SIZE,
             INDEX_HEADER.size + (first - start) * INDEX_ENTRY_SIZE,
         )
-        at = (seq - first) * INDEX_ENTRY_SIZE
-        if len(data) < at + INDEX_ENTRY_SIZE:
+        if len(data) < (seq - first + 1) * INDEX_ENTRY_SIZE:
             raise StorageError(f"index of {subject}: seq {seq} is past its chunk's end")
-        self._blocks[subject] = (first, data)
-        return data[at : at + INDEX_ENTRY_SIZE]
+        block = self._blocks[subject] = (first, data)
+        return block
 
     def _fd(self, subject: str, start: int) -> int:
         key = (subject, start)

@@ -7,7 +7,8 @@ or a cut at a random offset), runs ``verify``, then starts a broker on it (with
 hang (the per-test timeout), no message whose frame is intact is lost, nothing is served
 twice or with a wrong body, no seq is handed out again, and verify's count of unreadable
 messages equals what the broker lost. Delayed messages are checked by what is still
-scheduled. Reproduce one trial: ``pytest tests/acceptance/test_damage_campaign.py -k
+scheduled. Every other trial reads back with pulls answered as records, as the SDK's are.
+Reproduce one trial: ``pytest tests/acceptance/test_damage_campaign.py -k
 "trial-17" -m slow``; ``-s`` prints what each trial damaged.
 """
 
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from qmq_broker.config import BrokerConfig, FsyncPolicy
@@ -33,6 +35,7 @@ from qmq_broker.http.app import create_app
 from qmq_broker.metrics import BrokerMetrics
 from qmq_broker.recovery.verify import verify
 from qmq_broker.recovery.verify_log import read_index
+from qmq_wire.records import RECORDS_MEDIA_TYPE, read_records_answer
 from tests.support.broker_process import BrokerProcess
 
 PLAIN, ORDERED, DELAYED = "plain", "ordered", "delayed"
@@ -160,7 +163,7 @@ def hit(what: str, path: Path, offset: int, where: Where) -> set[tuple[str, int]
 # --- the broker after the damage ------------------------------------------------------------
 
 
-async def read_back(data_dir: Path, on_damage: str) -> dict[str, Any]:
+async def read_back(data_dir: Path, on_damage: str, *, records: bool = False) -> dict[str, Any]:
     broker = Broker(
         BrokerConfig(data_dir=data_dir, fsync=FsyncPolicy(mode="never"), on_damage=on_damage),
         metrics=BrokerMetrics(),
@@ -169,24 +172,27 @@ async def read_back(data_dir: Path, on_damage: str) -> dict[str, Any]:
     try:
         transport = httpx.ASGITransport(app=create_app(broker))
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
-            return await _read_all(client)
+            return await _read_all(client, records)
     finally:
         await broker.close()
 
 
 async def _drain(
-    client: httpx.AsyncClient, subject: str, *, ordered: bool
+    client: httpx.AsyncClient, subject: str, *, ordered: bool, records: bool
 ) -> tuple[list[dict[str, Any]], int]:
-    """Everything group ``fresh`` gets, acked; and how many it dead-lettered."""
+    """Everything group ``fresh`` gets, acked; and how many it dead-lettered. ``records``:
+    pulls answered with the records as stored (what the SDK asks for), not JSON."""
     served: list[dict[str, Any]] = []
     mode = {"mode": "ordered"} if ordered else {}
+    accept = {"accept": RECORDS_MEDIA_TYPE} if records else {}
     for _ in range(10_000):
         answer = await client.post(
             "/v1/pull",
             json={"subject": subject, "group": "fresh", "consumer": "c", "max": 500, **mode},
+            headers=accept,
         )
         assert answer.status_code == 200, answer.text
-        batch = answer.json()["messages"]
+        batch = _messages(answer.content) if records else answer.json()["messages"]
         if not batch:
             break
         served += batch
@@ -203,10 +209,20 @@ async def _drain(
     return served, dead
 
 
-async def _read_all(client: httpx.AsyncClient) -> dict[str, Any]:
-    plain, plain_dead = await _drain(client, PLAIN, ordered=False)
-    ordered, ordered_dead = await _drain(client, ORDERED, ordered=True)
-    again, _ = await _drain(client, PLAIN, ordered=False)  # nothing more for the same group
+def _messages(content: bytes) -> list[dict[str, Any]]:
+    """A records answer's messages as the JSON answer shows the fields checked here."""
+    _, entries = read_records_answer(content, orjson.loads)
+    return [
+        {"seq": fields[0], "id": fields[6], "body": fields[10].decode(), "partition": partition}
+        for _, partition, fields in entries
+    ]
+
+
+async def _read_all(client: httpx.AsyncClient, records: bool) -> dict[str, Any]:
+    plain, plain_dead = await _drain(client, PLAIN, ordered=False, records=records)
+    ordered, ordered_dead = await _drain(client, ORDERED, ordered=True, records=records)
+    # nothing more for the same group
+    again, _ = await _drain(client, PLAIN, ordered=False, records=records)
     stored = (
         await client.post(
             "/v1/messages",
@@ -244,11 +260,12 @@ def trial(template: Path, tmp_path: Path, seed: int) -> None:
     counted = verify(data_dir).unreadable
     schedule = recover_schedule(data_dir, on_damage="skip", write=False)  # as verify reads it
     print(f"trial {seed}: {what} {path.relative_to(data_dir)} at {offset}; hit {len(touched)}")
+    as_records = seed % 2 == 1  # every other trial reads back as the SDK does
     try:
-        result = asyncio.run(read_back(data_dir, "fail"))
+        result = asyncio.run(read_back(data_dir, "fail", records=as_records))
     except QmqBrokerError as exc:
         refused = str(exc)
-        result = asyncio.run(read_back(data_dir, "skip"))
+        result = asyncio.run(read_back(data_dir, "skip", records=as_records))
     else:
         refused = ""
     assert not refused or "--on-damage skip" in refused or path.name in refused, refused

@@ -83,6 +83,14 @@ def test_entries_roll_into_sealed_chunks_and_old_seqs_read_from_disk(tmp_path: P
         for seq in (0, 1, INDEX_CHUNK_ENTRIES - 1, INDEX_CHUNK_ENTRIES, TOTAL - 1):
             message = await read_seq(broker, seq)
             assert (message["seq"], message["id"]) == (seq, f"m-{seq}")
+        # a pull's run of seqs across sealed blocks and chunks and into the open chunk
+        log = subjects_of(broker)["orders"]
+        run = [*range(120, 300), *range(2 * INDEX_CHUNK_ENTRIES - 70, 2 * INDEX_CHUNK_ENTRIES + 9)]
+        run += [5, TOTAL - 1, 7]
+        expected = [
+            (segment, offset, length) for segment, length, offset, _, _ in map(log.raw, run)
+        ]
+        assert log.positions(run) == expected
 
     run_broker(tmp_path, scenario)
     chunks = [0, INDEX_CHUNK_ENTRIES, 2 * INDEX_CHUNK_ENTRIES]
@@ -290,6 +298,10 @@ def test_a_chunk_that_just_filled_is_read_from_memory_until_all_of_it_is_visible
         )
     table.make_visible("orders", 100)  # the rest of the chunk is still in flight
     assert table["orders"].raw(5) == (0, 40, 16 + 200, 5, 5)
+    assert table["orders"].positions([5, INDEX_CHUNK_ENTRIES + 1]) == [
+        (0, 16 + 200, 40),
+        (0, 16 + 40 * (INDEX_CHUNK_ENTRIES + 1), 40),
+    ]
     table.make_visible("orders", INDEX_CHUNK_ENTRIES + 10)
     with pytest.raises(StorageError, match="is gone"):
         table["orders"].raw(5)  # all visible: the file serves it (here: there is none)
