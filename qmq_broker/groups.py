@@ -126,11 +126,9 @@ class DeliveryState:
         for seq in seqs:
             retry = self.retries[seq]
             heapq.heappush(heap, (retry.due_us, seq))
-        cursor = self.cursor
-        while len(seqs) < limit and cursor < end_seq:
-            seqs.append(cursor)
-            attempts.append(1)
-            cursor += 1
+        new = range(self.cursor, max(self.cursor, min(end_seq, self.cursor + limit - len(seqs))))
+        seqs += new
+        attempts += [1] * len(new)
         return seqs, attempts
 
     def nack_outcomes(
@@ -238,6 +236,7 @@ class DeliveryState:
         filtering = "filtered" in record.fields or "skip_to" in record.fields
         shared: dict[int, Lease] = {}  # one lease per attempt number: they are immutable
         leases, retries, skipped, heap = self.leases, self.retries, self.skipped, self.lease_heap
+        cursor = self.cursor
         for seq, attempt in zip(record.seqs, attempts, strict=True):
             if retries:
                 retries.pop(seq, None)
@@ -250,10 +249,11 @@ class DeliveryState:
                 )
             leases[seq] = lease
             heapq.heappush(heap, (deadline, seq))
-            if seq > self.cursor and not filtering:
-                self.skipped.update(s for s in range(self.cursor, seq) if s not in self.dead)
-            if seq >= self.cursor:
-                self.cursor = seq + 1
+            if seq >= cursor:
+                if seq > cursor and not filtering:
+                    skipped.update(s for s in range(cursor, seq) if s not in self.dead)
+                cursor = seq + 1
+        self.cursor = cursor
         # A tag filter's skips (absent from records without a filter, and older ones)
         skip_to = record.fields.get("skip_to")
         if skip_to is not None and int(skip_to) > self.cursor:

@@ -7,6 +7,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+import msgspec
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -176,37 +177,22 @@ class Api:
         )
         return response
 
-    async def _settling(self, request: Request, body: type[Settle]) -> Settle:
-        """An ack or nack body, decoded, its consumer allowed on its group and seen."""
+    async def _settle(
+        self, request: Request, body: type[Settle], settle: Callable[..., Awaitable[object]]
+    ) -> Response:
+        """An ack or nack: its body decoded, its consumer allowed on its group and seen, and
+        the body's fields (named as ``settle``'s keywords) handed to ``settle``."""
         grant = self._grant(request)
         parsed = bodies.decode(await self._body(request), body)
         self._require(grant, Right.CONSUME, parsed.subject, group=parsed.group, field="group")
         self.shared.recent_consumers.saw(parsed.subject, parsed.group, parsed.consumer)
-        return parsed
+        return _json(await settle(**msgspec.structs.asdict(parsed)))
 
     async def ack(self, request: Request) -> Response:
-        parsed = await self._settling(request, bodies.AckBody)
-        result = await self.services().delivery.ack(
-            subject=parsed.subject,
-            group=parsed.group,
-            consumer=parsed.consumer,
-            seqs=parsed.seqs,
-            partition=parsed.partition,
-        )
-        return _json(result)
+        return await self._settle(request, bodies.AckBody, self.services().delivery.ack)
 
     async def nack(self, request: Request) -> Response:
-        parsed = await self._settling(request, bodies.NackBody)
-        result = await self.services().delivery.nack(
-            subject=parsed.subject,
-            group=parsed.group,
-            consumer=parsed.consumer,
-            seqs=parsed.seqs,
-            delay_ms=parsed.delay_ms,
-            error=parsed.error,
-            partition=parsed.partition,
-        )
-        return _json(result)
+        return await self._settle(request, bodies.NackBody, self.services().delivery.nack)
 
     async def subjects(self, request: Request) -> Response:
         grant = self._grant(request)

@@ -216,9 +216,9 @@ class PullService:
             seqs, attempts = state.choose(
                 limit=request.max_messages, now_us=now, end_seq=log.end_seq
             )
-            gone = [seq for seq in seqs if seq < log.first_seq]
-            if not gone:
+            if not seqs or min(seqs) >= log.first_seq:
                 break
+            gone = [seq for seq in seqs if seq < log.first_seq]
             # Retries of messages that retention deleted: dead, saying why, then choose again.
             error = "removed by retention before it was acknowledged"
             self._record(_action(ActionType.DEAD, now, request, gone, {"error": error}))
