@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import base64
 import functools
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import msgspec
 
 from qmq_broker.format.messages import MessageRecord
 from qmq_wire import BodyEncoding, PulledMessageJson
 from qmq_wire.records import FLAG_BODY_BASE64, MessageFields
+from qmq_wire.rules import EPOCH
 
 
 class IncomingMessage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -33,9 +34,6 @@ class IncomingMessage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     tags: tuple[str, ...] = ()
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
 def rfc3339(micros: int) -> str:
     """Microseconds since the epoch as RFC 3339 UTC text, ``YYYY-MM-DDTHH:MM:SS.ffffffZ``.
 
@@ -50,7 +48,7 @@ def rfc3339(micros: int) -> str:
 
 @functools.lru_cache(maxsize=4096)
 def _whole_second(seconds: int) -> str:
-    return (_EPOCH + timedelta(seconds=seconds)).isoformat(timespec="seconds")[:19]
+    return (EPOCH + timedelta(seconds=seconds)).isoformat(timespec="seconds")[:19]
 
 
 def pulled(record: MessageRecord, *, attempt: int) -> PulledMessageJson:

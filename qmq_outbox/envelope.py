@@ -18,6 +18,7 @@ import orjson
 
 from qmq_wire.ordered import split_partition_log
 from qmq_wire.records import MessageFields
+from qmq_wire.rules import EPOCH
 
 _new = object.__new__
 _fill = object.__setattr__  # how a frozen dataclass sets its own fields
@@ -195,7 +196,6 @@ _ORDERED_KEYS = _DELIVERED_KEYS | {"partition"}  # a message of an ordered subje
 _TIMESTAMP_TEXT = {"created_at": "_created_at_text", "stored_at": "_stored_at_text"}
 # One read from a record as stored keeps their microseconds since the epoch instead.
 _TIMESTAMP_US = {"created_at": "_created_at_us", "stored_at": "_stored_at_us"}
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, init=False)
@@ -334,6 +334,6 @@ class Message:
                 return value
             micros_key = _TIMESTAMP_US.get(name)
             if micros_key is not None and micros_key in fields:
-                value = fields[name] = _EPOCH + timedelta(microseconds=fields[micros_key])
+                value = fields[name] = EPOCH + timedelta(microseconds=fields[micros_key])
                 return value
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")

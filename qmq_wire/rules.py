@@ -53,7 +53,8 @@ from qmq_wire.ordered import LOGIC_PARTITIONS, MAX_PARTITIONS, ON_DEAD
 
 BASE64_PATTERN: Final = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 """Standard base64 with its padding: what ``body_encoding: "base64"`` bodies must be."""
-_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+"""Where microseconds since the epoch count from (the records' and the wire's times)."""
 _MICROSECOND: Final = timedelta(microseconds=1)
 
 
@@ -426,7 +427,7 @@ def parse_timestamp(value: Any) -> datetime | None:
 
 def micros(value: datetime) -> int:
     """Microseconds since the epoch, exact (never overflows, unlike converting to UTC)."""
-    return (value - _EPOCH) // _MICROSECOND
+    return (value - EPOCH) // _MICROSECOND
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -458,6 +459,6 @@ class Position:
         if self.kind == "seq":
             return f"seq {self.value}"
         if self.kind == "time":
-            moment = _EPOCH + self.value * _MICROSECOND
+            moment = EPOCH + self.value * _MICROSECOND
             return f"time {moment.isoformat().replace('+00:00', 'Z')}"
         return self.kind

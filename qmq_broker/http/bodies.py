@@ -22,7 +22,7 @@ are accepted with the same instants. The range check stays with the route (its e
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Annotated, Any, Final, TypeVar
 
 import msgspec
@@ -52,7 +52,6 @@ class TimestampUs(int):
     __slots__ = ()
 
 
-_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND: Final = timedelta(microseconds=1)
 _REFERENCE_TIMESTAMP: Final = TypeAdapter(schemas.Timestamp, config=ConfigDict(strict=True))
 
@@ -70,11 +69,11 @@ def timestamp_us(text: str) -> TimestampUs:
         or (shape == "--T::." and 21 < size < 28 and text[-1] == "Z")
     ) and text.isascii():
         try:
-            return TimestampUs((datetime.fromisoformat(text) - _EPOCH) // _MICROSECOND)
+            return TimestampUs((datetime.fromisoformat(text) - rules.EPOCH) // _MICROSECOND)
         except ValueError:
             pass  # e.g. a 30th of February: the reference says what is wrong
     value = _REFERENCE_TIMESTAMP.validate_json(orjson.dumps(text))  # ValidationError: ValueError
-    return TimestampUs((value - _EPOCH) // _MICROSECOND)
+    return TimestampUs((value - rules.EPOCH) // _MICROSECOND)
 
 
 def _decode_hook(kind: type[Any], value: Any) -> Any:

@@ -11,7 +11,7 @@ document is never refused with a 400.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -143,7 +143,7 @@ def _utc_text(text: str) -> str:
     us = rules.micros(moment)
     if not wire.MIN_TIME_US <= us <= wire.MAX_TIME_US:
         return text
-    return (_EPOCH + timedelta(microseconds=us)).isoformat().replace("+00:00", "Z")
+    return (rules.EPOCH + timedelta(microseconds=us)).isoformat().replace("+00:00", "Z")
 
 
 POSITION_SCHEMA: dict[str, Any] = {
@@ -170,7 +170,6 @@ POSITION_SCHEMA: dict[str, Any] = {
     ),
 }
 _TIMESTAMP: TypeAdapter[datetime] = TypeAdapter(Timestamp, config=ConfigDict(strict=True))
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 Position = Annotated[Any, AfterValidator(_position), WithJsonSchema(POSITION_SCHEMA)]
 """A group's position: the same rule as ``qmq_wire.rules.POSITION``."""
 

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import qmq_wire as wire
 from qmq_wire.ordered import partition_log
-from qmq_wire.rules import Position, micros, parse_timestamp
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+from qmq_wire.rules import EPOCH, Position, micros, parse_timestamp
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -136,5 +134,5 @@ def log_name(subject: str, partition: int | None) -> str:
 
 
 def rfc3339(micros_: int) -> str:
-    moment = _EPOCH + timedelta(microseconds=micros_)
+    moment = EPOCH + timedelta(microseconds=micros_)
     return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
