@@ -31,7 +31,7 @@ U32 = struct.Struct("<I")
 # A records answer: magic and version, the answer's other fields as JSON, the count, then
 # per message ``[u32 attempt][i32 partition, -1 for none][u32 length][record]``.
 _ANSWER_MAGIC = b"QMQR\x01"
-RECORD_ENTRY = struct.Struct("<IiI")  # what stands before each record
+_ENTRY = struct.Struct("<IiI")
 
 MessageFields = tuple[
     int,  # seq
@@ -103,7 +103,7 @@ def decode_message(payload: bytes, loads: Callable[[bytes], Any]) -> MessageFiel
 
 def records_entry(attempt: int, partition: int | None, record: bytes | memoryview) -> bytes:
     """One message of a records answer: its attempt, its partition and its record."""
-    return RECORD_ENTRY.pack(attempt, -1 if partition is None else partition, len(record)) + record
+    return _ENTRY.pack(attempt, -1 if partition is None else partition, len(record)) + record
 
 
 def records_answer(fields: bytes, entries: Sequence[bytes]) -> bytes:
@@ -133,11 +133,11 @@ def read_records_answer(
         pos += length
         (count,) = U32.unpack_from(content, pos)
         pos += 4
-        entry = RECORD_ENTRY.unpack_from
+        entry = _ENTRY.unpack_from
         messages = []
         for _ in range(count):
             attempt, partition, length = entry(content, pos)
-            pos += RECORD_ENTRY.size
+            pos += _ENTRY.size
             record = content[pos : pos + length]
             pos += length
             message = decode_message(record, loads)

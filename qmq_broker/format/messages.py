@@ -99,6 +99,8 @@ def message_fields(payload: bytes, *, path: str = "?", offset: int = -1) -> Mess
 
 
 _MSG_PEEK = struct.Struct("<BxQ8xq8xH")  # type, seq, stored_us, the subject's length
+# a message record's frame (length, CRC) and the same fields, read in one go (a pull's check)
+FRAMED_PEEK = struct.Struct(FRAME.format + _MSG_PEEK.format.lstrip("<"))
 
 
 def peek_message(payload: bytes) -> tuple[int, int, str, str]:

@@ -23,16 +23,14 @@ from collections.abc import Iterator
 
 from qmq_broker.errors import CorruptRecord, StorageError
 from qmq_broker.format.frames import FRAME_SIZE, crc32, read_frame_at
-from qmq_broker.format.messages import MessageRecord, message_fields, peek_message
+from qmq_broker.format.messages import FRAMED_PEEK, MessageRecord, message_fields, peek_message
 from qmq_broker.messages import pulled_fields
 from qmq_broker.storage.segments import SegmentReader
 from qmq_broker.subjects import SubjectLog
 from qmq_wire import PulledMessageJson
-from qmq_wire.records import RECORD_ENTRY, RECORD_MESSAGE, SUBJECT_AT
+from qmq_wire.records import RECORD_MESSAGE, SUBJECT_AT, records_entry
 
 MAX_RUN_BYTES = 4 * 1024 * 1024  # read by one pread at most
-# a frame's length and CRC, then its message record's type, seq and subject length
-_FRAMED_IDENTITY = struct.Struct("<II" + "BxQ24xH")
 
 # A served message: its JSON, or its record as stored behind its attempt and partition.
 Served = PulledMessageJson | bytes
@@ -146,13 +144,13 @@ def _read_records(reader: SegmentReader, batch: Batch, cached_only: bool) -> Rea
     Not parsed: what a JSON answer cannot carry (a body that is not the UTF-8 it claims)
     the client reads as bytes.
     """
-    partition = -1 if batch.shown_as is None else batch.shown_as[1]
+    partition = None if batch.shown_as is None else batch.shown_as[1]
     subject = batch.subject.encode()
     subject_at = FRAME_SIZE + SUBJECT_AT + 2  # in the frame
     subject_length = len(subject)
     subject_end = subject_at + subject_length
     seqs, attempts, positions = batch.seqs, batch.attempts, batch.positions
-    identity, entry = _FRAMED_IDENTITY.unpack_from, RECORD_ENTRY.pack  # ``records_entry``
+    peek = FRAMED_PEEK.unpack_from
     out: list[Served] = []
     unreadable: list[tuple[int, str]] = []
     for i, j, segment, start, end in _runs(positions):
@@ -167,7 +165,7 @@ def _read_records(reader: SegmentReader, batch: Batch, cached_only: bool) -> Rea
             at = offset - start
             record = data[at + FRAME_SIZE : at + length]
             try:
-                size, crc, kind, found_seq, found_length = identity(data, at)
+                size, crc, kind, found_seq, _, found_length = peek(data, at)
             except struct.error:
                 size = crc = kind = found_seq = found_length = -1
             if (
@@ -189,7 +187,7 @@ def _read_records(reader: SegmentReader, batch: Batch, cached_only: bool) -> Rea
                     unreadable.append((seq, str(exc)))
                     continue
                 record = memoryview(payload)  # whole after all (an index longer than its frame)
-            out.append(entry(attempt, partition, len(record)) + record)
+            out.append(records_entry(attempt, partition, record))
     return out, unreadable
 
 
