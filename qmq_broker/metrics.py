@@ -162,34 +162,37 @@ class _StorageCollector(ScrapedGauges):
         stats = [s for s in (log.dedup_stats() for log in logs) if s is not None]
         lookups = sum(s.filter_lookups for s in stats)
         false_positives = sum(s.filter_false_positives for s in stats)
-        values = {
-            "qmq_broker_index_memory_bytes": (
-                "Index entries held in memory (the newest chunk of each subject)",
-                subjects.memory_bytes(),
+        ratio = false_positives / lookups if lookups else 0.0
+        return [
+            ("qmq_broker_index_memory_bytes", _INDEX_MEMORY, subjects.memory_bytes()),
+            ("qmq_broker_index_open_chunk_files", _OPEN_CHUNKS, subjects.reader.open_files),
+            ("qmq_broker_dedup_filter_false_positive_ratio", _FALSE_POSITIVES, ratio),
+            *(
+                (name, documentation, sum(getattr(s, field) for s in stats))
+                for name, field, documentation in _DEDUP_SUMS
             ),
-            "qmq_broker_index_open_chunk_files": (
-                "Sealed index chunk files open for reads",
-                subjects.reader.open_files,
-            ),
-            "qmq_broker_dedup_recent_ids": (
-                "Ids in the dedup stores' in-memory dicts, not yet in a run",
-                sum(s.recent_ids for s in stats),
-            ),
-            "qmq_broker_dedup_run_ids": (
-                "Ids in the dedup stores' run files",
-                sum(s.run_ids for s in stats),
-            ),
-            "qmq_broker_dedup_run_bytes": (
-                "Bytes of the dedup stores' run files (on disk, mapped)",
-                sum(s.run_bytes for s in stats),
-            ),
-            "qmq_broker_dedup_filter_bytes": (
-                "Bytes of the dedup stores' filters (in memory)",
-                sum(s.filter_bytes for s in stats),
-            ),
-            "qmq_broker_dedup_filter_false_positive_ratio": (
-                "Filter lookups that said maybe and no run held the id, of all lookups",
-                false_positives / lookups if lookups else 0.0,
-            ),
-        }
-        return [(name, documentation, value) for name, (documentation, value) in values.items()]
+        ]
+
+
+_INDEX_MEMORY = "Index entries held in memory (the newest chunk of each subject)"
+_OPEN_CHUNKS = "Sealed index chunk files open for reads"
+_FALSE_POSITIVES = "Filter lookups that said maybe and no run held the id, of all lookups"
+# Gauges summed over the subjects' dedup stores: name, the field of ``DedupStats``, help.
+_DEDUP_SUMS = (
+    (
+        "qmq_broker_dedup_recent_ids",
+        "recent_ids",
+        "Ids in the dedup stores' in-memory dicts, not yet in a run",
+    ),
+    ("qmq_broker_dedup_run_ids", "run_ids", "Ids in the dedup stores' run files"),
+    (
+        "qmq_broker_dedup_run_bytes",
+        "run_bytes",
+        "Bytes of the dedup stores' run files (on disk, mapped)",
+    ),
+    (
+        "qmq_broker_dedup_filter_bytes",
+        "filter_bytes",
+        "Bytes of the dedup stores' filters (in memory)",
+    ),
+)
