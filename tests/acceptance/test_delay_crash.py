@@ -10,6 +10,7 @@ from pathlib import Path
 from qmq_outbox.client import BrokerClient
 from qmq_outbox.envelope import Message, OutgoingMessage
 from tests.support.broker_process import BrokerProcess
+from tests.support.metrics import metric
 
 
 def delayed(i: int, deliver_at: datetime) -> OutgoingMessage:
@@ -99,3 +100,21 @@ def drain_until_dispatched(client: BrokerClient, total: int, timeout: float = 20
             break
         time.sleep(0.1)
     return stored
+
+
+def test_a_dispatch_on_an_idle_broker_is_durable_before_the_next_write(
+    broker_factory: type[BrokerProcess], tmp_path: Path
+) -> None:
+    """The dispatch record goes to disk with its own fsync: a kill -9 a moment after an idle
+    broker's dispatch, with nothing written since, leaves nothing to send again."""
+    proc = broker_factory(tmp_path / "d").start()
+    due = datetime.now(UTC) + timedelta(seconds=0.5)
+    with BrokerClient(proc.url) as client:
+        client.produce([delayed(i, due) for i in range(5)])
+        assert drain_until_dispatched(client, 5) == 5
+        time.sleep(0.2)  # well under the checkpoint's interval: only the record's own write
+    proc.kill9()
+    proc.restart()
+    with BrokerClient(proc.url) as client:
+        assert metric(proc.url, "qmq_broker_schedule_redispatched_messages_total") == 0
+        assert_once_each(drain(client, "audit", expect=5, timeout=5), 5)
