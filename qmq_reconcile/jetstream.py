@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import dataclasses
 import hashlib
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -90,42 +90,68 @@ def read_streams(spark: SparkSession, sources: Sequence[StreamSource]) -> DataFr
     return spark.createDataFrame(table, schema=schema)
 
 
+def check_streams(sources: Sequence[StreamSource]) -> None:
+    """``StreamUnreadable`` now, before Spark starts, when a server does not answer or does
+    not hold a stream: the error reading it would raise, without a JVM's start first."""
+    asyncio.run(_check_all(sources))
+
+
 def fetch_rows(sources: Sequence[StreamSource]) -> list[dict[str, Any]]:
     """Every stream's messages as rows (column name -> value), stream by stream."""
     return asyncio.run(_fetch_all(sources))
 
 
+async def _check_all(sources: Sequence[StreamSource]) -> None:
+    for source in sources:
+        async with _stream(source):
+            pass
+
+
 async def _fetch_all(sources: Sequence[StreamSource]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for source in sources:
-        rows.extend(await _fetch(source))
+        async with _stream(source) as (js, info):
+            first, last = info.state.first_seq, info.state.last_seq
+            for start in range(first, last + 1, WINDOW):
+                seqs = range(start, min(start + WINDOW, last + 1))
+                found = await asyncio.gather(*(_get(js, source.stream, seq) for seq in seqs))
+                rows.extend(_row(source, msg) for msg in found if msg is not None)
     return rows
 
 
-async def _fetch(source: StreamSource) -> list[dict[str, Any]]:
+@contextlib.asynccontextmanager
+async def _stream(source: StreamSource) -> AsyncIterator[tuple[Any, Any]]:
+    """A JetStream context on ``source``'s server and the stream's info; what fails on the
+    way, or in the body, as ``StreamUnreadable`` naming the stream."""
     import nats.errors
     import nats.js.errors
     from nats.aio.client import Client
 
-    async def quiet(exc: Exception) -> None:
-        """nats-py reports each failed attempt here; the one error raised below says it."""
+    failures: list[Exception] = []
+
+    async def note(exc: Exception) -> None:
+        """nats-py reports each failed attempt here: the last one says why."""
+        failures.append(exc)
 
     client = Client()
     try:
-        # nats-py retries a refused first connection on its own: bounded from outside.
-        await asyncio.wait_for(
+        await asyncio.wait_for(  # a server that accepts and never answers: bounded here
             client.connect(
                 servers=[one.strip() for one in source.url.split(",")],
                 connect_timeout=CONNECT_TIMEOUT_S,
                 allow_reconnect=False,
-                error_cb=quiet,
+                max_reconnect_attempts=1,  # each server once: a refusal fails at once
+                reconnect_time_wait=0,
+                error_cb=note,
             ),
             CONNECT_TIMEOUT_S,
         )
     except (TimeoutError, OSError, nats.errors.Error) as exc:
         with contextlib.suppress(Exception):
             await client.close()
-        reason = str(exc) or f"no connection within {CONNECT_TIMEOUT_S:g} s"
+        reason = str(failures[-1] if failures else exc) or (
+            f"no connection within {CONNECT_TIMEOUT_S:g} s"
+        )
         raise StreamUnreadable(f"JetStream {source.label}: cannot connect: {reason}") from exc
     try:
         js = client.jetstream(timeout=REQUEST_TIMEOUT_S)
@@ -133,13 +159,7 @@ async def _fetch(source: StreamSource) -> list[dict[str, Any]]:
             info = await js.stream_info(source.stream)
         except nats.js.errors.NotFoundError as exc:
             raise StreamUnreadable(f"JetStream {source.label}: no such stream") from exc
-        first, last = info.state.first_seq, info.state.last_seq
-        rows: list[dict[str, Any]] = []
-        for start in range(first, last + 1, WINDOW):
-            seqs = range(start, min(start + WINDOW, last + 1))
-            found = await asyncio.gather(*(_get(js, source.stream, seq) for seq in seqs))
-            rows.extend(_row(source, msg) for msg in found if msg is not None)
-        return rows
+        yield js, info
     except (OSError, nats.errors.Error) as exc:
         raise StreamUnreadable(f"JetStream {source.label}: {exc}") from exc
     finally:

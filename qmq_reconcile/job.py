@@ -45,7 +45,7 @@ from qmq_reconcile.errors import (
     OutboxUnreadable,
     UnreadablePath,
 )
-from qmq_reconcile.jetstream import StreamSource, read_streams, stream_sources
+from qmq_reconcile.jetstream import StreamSource, check_streams, read_streams, stream_sources
 from qmq_reconcile.progress import Progress, stage
 
 logger = logging.getLogger(__name__)
@@ -164,6 +164,8 @@ def run(
             "give at least one broker data directory, JetStream stream or --consumed database"
         )
     driver_jars = session.check_jars(session.default_jars() if jars is None else jars)
+    if stream_list:
+        check_streams(stream_list)  # an unreachable server or a missing stream: before Spark
     info = report.RunInfo(
         started_at=started,
         outboxes=[s.label for s in sources],

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from qmq_outbox.schema import metadata, outbox_table
 from qmq_outbox.transports import JetStreamTransport
 from qmq_outbox.transports import headers as envelope
 from qmq_reconcile import CATEGORIES, reconcile
+from qmq_reconcile.errors import StreamUnreadable
+from qmq_reconcile.jetstream import CONNECT_TIMEOUT_S, StreamSource, check_streams
 from tests.spark.worlds import row
 from tests.support.postgres import fresh_database
 
@@ -215,3 +218,17 @@ def test_bad_stream_options_are_one_line(
     lines = done.stderr.strip().splitlines()
     assert message in lines[-1], done.stderr
     assert done.stdout == ""
+
+
+def test_a_server_list_passes_over_a_refusing_server_and_a_refusal_fails_at_once(
+    world: World,
+) -> None:
+    """Checked before Spark starts: a refused server of a comma-separated list is passed
+    over for the next; a list of refusing servers fails at once, naming the last refusal."""
+    check_streams([StreamSource(f"nats://127.0.0.1:1,{NATS_URL}", world.stream)])
+    began = time.monotonic()
+    with pytest.raises(StreamUnreadable, match=r"cannot connect: .*Connect call failed"):
+        check_streams([StreamSource("nats://127.0.0.1:1,nats://127.0.0.1:2", world.stream)])
+    assert time.monotonic() - began < CONNECT_TIMEOUT_S  # no timeout waited out
+    with pytest.raises(StreamUnreadable, match="no such stream"):
+        check_streams([StreamSource(NATS_URL, f"{world.stream}_NONE")])
