@@ -8,7 +8,7 @@ import dataclasses
 from collections.abc import Mapping
 from datetime import datetime
 
-from qmq_outbox.envelope import OutgoingMessage, format_timestamp, parse_timestamp
+from qmq_outbox.envelope import Message, OutgoingMessage, format_timestamp, parse_timestamp
 
 KEY = "qmq-key"
 PRODUCER = "qmq-producer"
@@ -33,6 +33,31 @@ class Envelope:
     producer: str | None
     created_at: datetime | None
     tags: tuple[str, ...] = ()
+
+    def message(
+        self,
+        *,
+        id: str,
+        subject: str,
+        seq: int,
+        attempt: int,
+        body: bytes,
+        stored_at: datetime | None,
+    ) -> Message:
+        """The delivered message these headers came with, as the SDK hands it to a handler."""
+        return Message(
+            id=id,
+            subject=subject,
+            seq=seq,
+            attempt=attempt,
+            key=self.key,
+            headers=self.headers,
+            body=body,
+            producer=self.producer,
+            created_at=self.created_at,
+            stored_at=stored_at,
+            tags=self.tags,
+        )
 
 
 def encode(message: OutgoingMessage) -> dict[str, str]:

@@ -238,17 +238,11 @@ def _message(msg: Msg) -> Message:
     metadata = msg.metadata
     fields = dict(msg.headers or {})
     message_id = fields.pop(MSG_ID, None) or f"{metadata.stream}:{metadata.sequence.stream}"
-    envelope = headers.decode(fields)
-    return Message(
+    return headers.decode(fields).message(
         id=message_id,
         subject=msg.subject,
         seq=metadata.sequence.stream,
         attempt=metadata.num_delivered,
-        key=envelope.key,
-        headers=envelope.headers,
         body=msg.data,
-        producer=envelope.producer,
-        created_at=envelope.created_at,
         stored_at=metadata.timestamp,
-        tags=envelope.tags,
     )

@@ -303,17 +303,11 @@ def _copy(
 
 def _message(lease: Lease, seq: int) -> Message:
     incoming = lease.incoming
-    envelope = headers.decode(own_headers(incoming))
-    return Message(
+    return headers.decode(own_headers(incoming)).message(
         id=incoming.message_id or f"amqp-{seq}",
         subject=lease.subject,
         seq=seq,
         attempt=lease.attempt,
-        key=envelope.key,
-        headers=envelope.headers,
         body=incoming.body,
-        producer=envelope.producer,
-        created_at=envelope.created_at,
         stored_at=None,
-        tags=envelope.tags,
     )
