@@ -47,6 +47,6 @@ class Lifecycle:
 async def durable(commit_point: asyncio.Future[None]) -> None:
     """Wait for a journal commit point; a failed write answers ``storage_failed``."""
     try:
-        await asyncio.shield(commit_point)
+        await commit_point  # the caller's own future: cancelling it leaves the batch be
     except StorageError as exc:
         raise Unavailable(code="storage_failed", message=str(exc)) from exc

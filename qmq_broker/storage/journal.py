@@ -4,10 +4,11 @@ the bucketed schedule and dispatch logs.
 Appends are placed on the event loop and collected into the current batch. At the end of
 the loop's turn the batch goes to the journal's writer thread, which writes it and, under
 ``fsync always``, fdatasyncs every log segment it wrote, then hands the batch back to the
-loop in one call, where its future resolves (under ``interval:<ms>`` a timer asks the
-writer for the fsync; under ``never`` only checkpoints and shutdown do). While one batch is
-being written the next one fills up, and goes as soon as the first is back, so concurrent
-producers share one write + fsync. A small batch (``INLINE_BYTES``) found with the writer
+loop in one call, where each caller's future resolves (one per caller: a caller cancelled
+cancels only its own; under ``interval:<ms>`` a timer asks the writer for the fsync; under
+``never`` only checkpoints and shutdown do). While one batch is being written the next one
+fills up, and goes as soon as the first is back, so concurrent producers share one write +
+fsync. A small batch (``INLINE_BYTES``) found with the writer
 idle is written by the loop itself, as Redis does under ``appendfsync always``: the hand-off
 would cost more than the write, and what arrives during the fsync waits in the socket
 buffers and goes with the next batch. Only while fsyncs are quick, though
@@ -73,7 +74,8 @@ class _Batch:
     buckets: list[tuple[SegmentKind, Position, bytes]] = dataclasses.field(default_factory=list)
     tallies: dict[BucketKey, BucketTally] = dataclasses.field(default_factory=dict)
     jobs: list[Callable[[], None]] = dataclasses.field(default_factory=list)
-    future: asyncio.Future[None] | None = None
+    # one future per caller: a caller's task cancelled cancels its own, not the others'
+    waiters: list[asyncio.Future[None]] = dataclasses.field(default_factory=list)
     needs_fsync: bool = False  # under --fsync always: holds more than relaxed actions
     size: int = 0  # bytes of frames placed
 
@@ -339,10 +341,8 @@ class Journal:
             raise StorageError("the journal is closed")
         loop = self._loop
         assert loop is not None, "start() the journal first"
-        batch = self._batch
-        future = batch.future
-        if future is None:
-            future = batch.future = loop.create_future()
+        future = loop.create_future()
+        self._batch.waiters.append(future)
         if not (self._writing or self._dispatching):
             # at the end of this turn, so that what else this turn appends joins the batch
             self._dispatching = True
@@ -453,9 +453,8 @@ class Journal:
             return  # _written dispatches what gathered meanwhile
         batch = self._batch
         if batch.empty():
-            if batch.future is not None and not batch.future.done():
-                batch.future.set_result(None)
-            batch.future = None
+            waiters, batch.waiters = batch.waiters, []
+            _resolve(waiters, None)
             return
         self._batch = _Batch()
         self._writing = True
@@ -484,11 +483,9 @@ class Journal:
     def _written(self, batch: _Batch, error: BaseException | None) -> None:
         """Back from the writer thread, on the loop: resolve the batch, send the next."""
         self._writing = False
-        future = batch.future
         if error is None:
-            if future is not None and not future.done():
-                future.set_result(None)
-            if self._batch.future is not None:
+            _resolve(batch.waiters, None)
+            if self._batch.waiters:
                 self._dispatch()
             return
         # a failed write leaves the log in doubt: stop taking writes
@@ -498,9 +495,7 @@ class Journal:
             extra={"action": "broker.journal_failed"},
             exc_info=error,
         )
-        for pending in (future, self._batch.future):
-            if pending is not None and not pending.done():
-                pending.set_exception(StorageError(f"write failed: {error!r}"))
+        _resolve([*batch.waiters, *self._batch.waiters], error)
 
     async def _interval_fsync_loop(self, interval_ms: int) -> None:
         while not self._closing:
@@ -600,6 +595,18 @@ class Journal:
         self._inbox.put(None)  # after any batch still with the writer (a failed journal's)
         await self._stopped
         self._writer.join()  # it has nothing left to do but return
+
+
+def _resolve(waiters: list[asyncio.Future[None]], error: BaseException | None) -> None:
+    """Resolve a batch's waiters: written, or ``StorageError`` for a failed write (a waiter
+    whose task was cancelled is done already)."""
+    for waiter in waiters:
+        if waiter.done():
+            continue
+        if error is None:
+            waiter.set_result(None)
+        else:
+            waiter.set_exception(StorageError(f"write failed: {error!r}"))
 
 
 def _settle_future(future: asyncio.Future[None], error: BaseException | None) -> None:

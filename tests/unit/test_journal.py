@@ -54,11 +54,39 @@ def test_appends_of_one_loop_turn_share_one_write_and_fsync(tmp_path: Path) -> N
         for n in range(5):  # five requests answered in the same turn of the loop
             j.append_action(f"action {n}".encode())
             points.append(j.commit_point())
-        assert len({id(point) for point in points}) == 1
         await asyncio.gather(*points)
         assert len(fsyncs) == 1
         written = actions_written(tmp_path)
         assert all(f"action {n}".encode() in written for n in range(5))
+        await j.close()
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_caller_leaves_the_others_of_its_batch_waiting_for_the_write(
+    tmp_path: Path,
+) -> None:
+    """A task waiting for a commit point and cancelled (a shutdown cancels the loops) cancels
+    its own future only: the others of the batch, and a checkpoint's job asked for after,
+    still resolve once the batch is written."""
+    fsyncs: list[float] = []
+
+    async def main() -> None:
+        j = journal(tmp_path, fsyncs)
+        j.start()
+        j.append_action(b"a")
+        waiting = asyncio.create_task(asyncio.wait_for(j.commit_point(), 10))
+        cancelled = asyncio.create_task(asyncio.wait_for(j.commit_point(), 10))
+        await asyncio.sleep(0)  # both wait on the batch
+        cancelled.cancel()
+        jobs: list[str] = []
+        after = j.run_after_flush(lambda: jobs.append("checkpoint"))
+        await waiting
+        await after
+        assert jobs == ["checkpoint"]
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        assert b"a" in actions_written(tmp_path)
         await j.close()
 
     asyncio.run(main())
@@ -83,12 +111,13 @@ def test_what_gathers_while_a_batch_is_written_goes_next_in_order(tmp_path: Path
         second = j.commit_point()
         second.add_done_callback(lambda _: order.append("second"))
         nothing = j.commit_point()  # asks for what was appended so far: the same batch
-        assert nothing is second
+        nothing.add_done_callback(lambda _: order.append("same batch"))
         await asyncio.sleep(0.05)
         assert not second.done(), "the next batch waits for the one being written"
+        assert not nothing.done()
         release.set()
-        await asyncio.gather(first, second)
-        assert order == ["first", "second"]
+        await asyncio.gather(first, second, nothing)
+        assert order == ["first", "second", "same batch"]
         assert b"second" in actions_written(tmp_path)
         empty = j.commit_point()  # nothing appended and nothing in flight: at once
         await asyncio.wait_for(empty, 1)
