@@ -8,12 +8,12 @@ loop in one call, where each caller's future resolves (one per caller: a caller 
 cancels only its own; under ``interval:<ms>`` a timer asks the writer for the fsync; under
 ``never`` only checkpoints and shutdown do). While one batch is being written the next one
 fills up, and goes as soon as the first is back, so concurrent producers share one write +
-fsync. A small batch (``INLINE_BYTES``) found with the writer
-idle is written by the loop itself, as Redis does under ``appendfsync always``: the hand-off
-would cost more than the write, and what arrives during the fsync waits in the socket
-buffers and goes with the next batch. Only while fsyncs are quick, though
-(``INLINE_FSYNC_S``): on a slow disk the loop would stall, so every batch goes to the
-thread. And not a batch of actions to fsync (leases, acks, nacks): see ``_inline``.
+fsync. A small batch (``INLINE_BYTES``) found with the writer idle is written by the loop
+itself, as Redis does under ``appendfsync always``: the hand-off would cost more than the
+write, and what arrives during the fsync waits in the socket buffers and goes with the next
+batch. Only while fsyncs are quick, though (``INLINE_FSYNC_S``): on a slow disk the loop
+would stall, so every batch goes to the thread. And not a batch of actions to fsync
+(leases, acks, nacks): see ``_inline``.
 
 Leases, acks and nacks are "relaxed" actions: under ``--ack-fsync interval:<ms>`` or
 ``never`` a batch of nothing else is written but not fsynced; they reach the disk with the
