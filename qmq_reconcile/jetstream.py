@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import dataclasses
 import hashlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -80,49 +80,31 @@ def stream_sources(url: str | None, streams: Sequence[str]) -> list[StreamSource
     return [StreamSource(url, name) for name in dict.fromkeys(streams)]
 
 
-def read_streams(spark: SparkSession, sources: Sequence[StreamSource]) -> DataFrame:
-    """The messages of every stream, as a ``qmq-log`` messages read with ``unreadable=true``
-    gives them (a stream has no unreadable regions: that column is null)."""
+StreamRows = list[dict[str, Any]]  # the streams' messages, column name -> value
+
+
+def read_streams(spark: SparkSession, rows: StreamRows) -> DataFrame:
+    """The streams' messages (``fetch_rows``) as a ``qmq-log`` messages read with
+    ``unreadable=true`` gives them (a stream has no unreadable regions: that column is null)."""
     schema = schema_of("messages", unreadable=True)
-    table = pa.Table.from_pylist(
-        fetch_rows(sources), schema=to_arrow_schema(schema, timezone="UTC")
-    )
+    table = pa.Table.from_pylist(rows, schema=to_arrow_schema(schema, timezone="UTC"))
     return spark.createDataFrame(table, schema=schema)
 
 
-def check_streams(sources: Sequence[StreamSource]) -> None:
-    """``StreamUnreadable`` now, before Spark starts, when a server does not answer or does
-    not hold a stream: the error reading it would raise, without a JVM's start first."""
-    asyncio.run(_check_all(sources))
-
-
-def fetch_rows(sources: Sequence[StreamSource]) -> list[dict[str, Any]]:
-    """Every stream's messages as rows (column name -> value), stream by stream."""
+def fetch_rows(sources: Sequence[StreamSource]) -> StreamRows:
+    """Every stream's messages as rows, stream by stream; ``StreamUnreadable`` when a server
+    does not answer or does not hold a stream. The job reads them before Spark starts."""
     return asyncio.run(_fetch_all(sources))
 
 
-async def _check_all(sources: Sequence[StreamSource]) -> None:
+async def _fetch_all(sources: Sequence[StreamSource]) -> StreamRows:
+    rows: StreamRows = []
     for source in sources:
-        async with _stream(source):
-            pass
-
-
-async def _fetch_all(sources: Sequence[StreamSource]) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    for source in sources:
-        async with _stream(source) as (js, info):
-            first, last = info.state.first_seq, info.state.last_seq
-            for start in range(first, last + 1, WINDOW):
-                seqs = range(start, min(start + WINDOW, last + 1))
-                found = await asyncio.gather(*(_get(js, source.stream, seq) for seq in seqs))
-                rows.extend(_row(source, msg) for msg in found if msg is not None)
+        rows.extend(await _fetch(source))
     return rows
 
 
-@contextlib.asynccontextmanager
-async def _stream(source: StreamSource) -> AsyncIterator[tuple[Any, Any]]:
-    """A JetStream context on ``source``'s server and the stream's info; what fails on the
-    way, or in the body, as ``StreamUnreadable`` naming the stream."""
+async def _fetch(source: StreamSource) -> StreamRows:
     import nats.errors
     import nats.js.errors
     from nats.aio.client import Client
@@ -159,7 +141,13 @@ async def _stream(source: StreamSource) -> AsyncIterator[tuple[Any, Any]]:
             info = await js.stream_info(source.stream)
         except nats.js.errors.NotFoundError as exc:
             raise StreamUnreadable(f"JetStream {source.label}: no such stream") from exc
-        yield js, info
+        first, last = info.state.first_seq, info.state.last_seq
+        rows: StreamRows = []
+        for start in range(first, last + 1, WINDOW):
+            seqs = range(start, min(start + WINDOW, last + 1))
+            found = await asyncio.gather(*(_get(js, source.stream, seq) for seq in seqs))
+            rows.extend(_row(source, msg) for msg in found if msg is not None)
+        return rows
     except (OSError, nats.errors.Error) as exc:
         raise StreamUnreadable(f"JetStream {source.label}: {exc}") from exc
     finally:

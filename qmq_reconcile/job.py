@@ -45,7 +45,7 @@ from qmq_reconcile.errors import (
     OutboxUnreadable,
     UnreadablePath,
 )
-from qmq_reconcile.jetstream import StreamSource, check_streams, read_streams, stream_sources
+from qmq_reconcile.jetstream import StreamRows, fetch_rows, read_streams, stream_sources
 from qmq_reconcile.progress import Progress, stage
 
 logger = logging.getLogger(__name__)
@@ -164,8 +164,8 @@ def run(
             "give at least one broker data directory, JetStream stream or --consumed database"
         )
     driver_jars = session.check_jars(session.default_jars() if jars is None else jars)
-    if stream_list:
-        check_streams(stream_list)  # an unreachable server or a missing stream: before Spark
+    # read before Spark starts: an unreachable server or a missing stream fails without a JVM
+    stream_rows = fetch_rows(stream_list) if stream_list else None
     info = report.RunInfo(
         started_at=started,
         outboxes=[s.label for s in sources],
@@ -204,7 +204,7 @@ def run(
 
     def read_broker() -> _Broker:
         with timed("read_broker"):
-            return _read_broker(active, dirs, stream_list, cached)
+            return _read_broker(active, dirs, stream_rows, cached)
 
     def read_outbox() -> DataFrame:
         with timed("read_outbox"):
@@ -396,13 +396,13 @@ _UNUSED = {"messages": ("segment", "offset"), "actions": ("error",)}
 def _read_broker(
     spark: SparkSession,
     dirs: Sequence[str],
-    streams: Sequence[StreamSource],
+    stream_rows: StreamRows | None,
     cached: list[DataFrame],
 ) -> _Broker:
     def read(kind: str) -> DataFrame:
         frame = readers.read_broker(spark, dirs, kind)
-        if kind == "messages" and streams:
-            frame = frame.unionByName(read_streams(spark, streams))
+        if kind == "messages" and stream_rows is not None:
+            frame = frame.unionByName(read_streams(spark, stream_rows))
         return _cache(frame.drop(*_UNUSED[kind]), cached)
 
     read_messages, read_actions = read("messages"), read("actions")

@@ -33,7 +33,7 @@ from qmq_outbox.transports import JetStreamTransport
 from qmq_outbox.transports import headers as envelope
 from qmq_reconcile import CATEGORIES, reconcile
 from qmq_reconcile.errors import StreamUnreadable
-from qmq_reconcile.jetstream import CONNECT_TIMEOUT_S, StreamSource, check_streams
+from qmq_reconcile.jetstream import CONNECT_TIMEOUT_S, StreamSource, fetch_rows
 from tests.spark.worlds import row
 from tests.support.postgres import fresh_database
 
@@ -223,12 +223,13 @@ def test_bad_stream_options_are_one_line(
 def test_a_server_list_passes_over_a_refusing_server_and_a_refusal_fails_at_once(
     world: World,
 ) -> None:
-    """Checked before Spark starts: a refused server of a comma-separated list is passed
-    over for the next; a list of refusing servers fails at once, naming the last refusal."""
-    check_streams([StreamSource(f"nats://127.0.0.1:1,{NATS_URL}", world.stream)])
+    """Read before Spark starts: a refused server of a comma-separated list is passed over
+    for the next; a list of refusing servers fails at once, naming the last refusal."""
+    rows = fetch_rows([StreamSource(f"nats://127.0.0.1:1,{NATS_URL}", world.stream)])
+    assert {"orphan"} <= {row["id"] for row in rows}
     began = time.monotonic()
     with pytest.raises(StreamUnreadable, match=r"cannot connect: .*Connect call failed"):
-        check_streams([StreamSource("nats://127.0.0.1:1,nats://127.0.0.1:2", world.stream)])
+        fetch_rows([StreamSource("nats://127.0.0.1:1,nats://127.0.0.1:2", world.stream)])
     assert time.monotonic() - began < CONNECT_TIMEOUT_S  # no timeout waited out
     with pytest.raises(StreamUnreadable, match="no such stream"):
-        check_streams([StreamSource(NATS_URL, f"{world.stream}_NONE")])
+        fetch_rows([StreamSource(NATS_URL, f"{world.stream}_NONE")])
