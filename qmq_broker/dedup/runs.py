@@ -37,7 +37,6 @@ import struct
 import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from types import TracebackType
 
 import numpy as np
 from numpy.typing import NDArray
@@ -241,12 +240,7 @@ class RunWriter:
     def __enter__(self) -> RunWriter:
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

@@ -13,7 +13,6 @@ import fcntl
 import os
 import threading
 from pathlib import Path
-from types import TracebackType
 
 from qmq_broker.errors import StorageError
 
@@ -59,12 +58,7 @@ class DataDirLock:
             _held[self._key] = _Held(fd=self._take(), depth=1)
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         with _guard:
             held = _held[self._key]
             held.depth -= 1
