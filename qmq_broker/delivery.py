@@ -9,7 +9,6 @@ once their records are durable. Pulls are queued in their group's actor
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 from qmq_broker.actions import ActionLog, action
 from qmq_broker.clock import Clock
@@ -74,7 +73,6 @@ class DeliveryService:
     policy: RetryPolicy
     clock: Clock
     metrics: BrokerMetrics
-    wake: Callable[[str], None]
     ordered: OrderedPulls
 
     # --- pull ------------------------------------------------------------------------------
@@ -288,7 +286,7 @@ class DeliveryService:
         partition it unblocked may be served (to whoever holds it) now."""
         if self.ordered.ordered(subject):
             self.ordered.renew(subject, group, consumer)
-            self.wake(subject)
+            self.pulls.wake_subject(subject)
 
     # --- ack / nack ------------------------------------------------------------------------
 
@@ -381,7 +379,7 @@ class DeliveryService:
             record(ActionType.DEAD, dead, {"error": error})
         self._heard_from(shown, group, consumer)
         if retrying or dead:
-            self.wake(shown)
+            self.pulls.wake_subject(shown)
             await durable(self.journal.commit_point())
         self.metrics.nacked.inc(retrying + len(dead))
         return NackResult(retrying=retrying, dead=len(dead))
@@ -478,7 +476,7 @@ class DeliveryService:
                 )
                 total += len(chosen)
         if total:
-            self.wake(shown)
+            self.pulls.wake_subject(shown)
             await durable(self.journal.commit_point())
         return total
 

@@ -147,7 +147,6 @@ def build_services(
             policy=policy,
             clock=shared.clock,
             metrics=shared.metrics,
-            wake=pulls.wake_subject,
             ordered=ordered,
         ),
         resets=ResetService(
@@ -171,7 +170,6 @@ def build_services(
             store_commands=producer.store_commands,
             ordered=ordered,
             reader=shared.reader,
-            clock=shared.clock,
             wake=pulls.wake_subject,
             known_elsewhere=delayed.knows,
         ),

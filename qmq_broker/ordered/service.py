@@ -16,7 +16,6 @@ from collections.abc import Awaitable, Callable
 
 import orjson
 
-from qmq_broker.clock import Clock
 from qmq_broker.errors import Conflict, CorruptRecord, Invalid, NotFound, StorageError
 from qmq_broker.lifecycle import Lifecycle
 from qmq_broker.messages import IncomingMessage
@@ -54,7 +53,6 @@ class RouteService:
     store_commands: StoreCommands  # appends commands, answers once durable
     ordered: OrderedPulls
     reader: SegmentReader
-    clock: Clock
     wake: Callable[[str], None]
     known_elsewhere: Callable[[str], bool]  # e.g. delayed messages of a plain subject
     _changing: dict[str, asyncio.Lock] = dataclasses.field(init=False, default_factory=dict)
